@@ -1,0 +1,1 @@
+"""jaxlm: pretraining language models in JAX/Flax on a device mesh."""

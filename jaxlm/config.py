@@ -1,0 +1,220 @@
+"""Run configuration: frozen dataclasses per section, YAML files, dotted overrides, validation."""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any
+
+import yaml
+
+from jaxlm.models.config import TransformerConfig
+from jaxlm.models.presets import model_config
+
+
+class ConfigError(ValueError):
+    """A configuration the user must fix; the message says how."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    corpus: tuple[str, ...] = ("demo:austen", "demo:wikipedia")
+    prepared_dir: str = "data/prepared"
+    vocab: str = "bert-base-uncased"
+    lowercase: bool = True
+    max_seq_length: int = 128
+    max_predictions: int = 20
+    mask_prob: float = 0.15
+    short_seq_prob: float = 0.1
+    dupe_factor: int = 1
+    valid_fraction: float = 0.05
+    shard_size: int = 20000
+    seed: int = 12345
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+    rules: str = "dp"
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    name: str = "adamw"
+    peak_lr: float = 1e-4
+    warmup_steps: int = 1000
+    end_lr: float = 0.0
+    weight_decay: float = 0.01
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-6
+    clip_norm: float = 1.0
+    grad_accum: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    run_dir: str = "runs/default"
+    steps: int = 1000
+    global_batch: int = 256
+    seed: int = 0
+    log_every: int = 10
+    eval_every: int = 500
+    eval_batches: int = 20
+    checkpoint_every: int = 500
+    keep_checkpoints: int = 3
+    init_from: str = ""
+    time_limit_minutes: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    enabled: str = "auto"
+    coordinator: str = ""
+    num_processes: int = 0
+    process_id: int = -1
+    local_device_count: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    steps: int = 20
+    warmup: int = 3
+    peak_flops_per_device: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    model: TransformerConfig = TransformerConfig()
+    data: DataConfig = DataConfig()
+    mesh: MeshConfig = MeshConfig()
+    optim: OptimConfig = OptimConfig()
+    train: TrainConfig = TrainConfig()
+    distributed: DistributedConfig = DistributedConfig()
+    bench: BenchConfig = BenchConfig()
+
+
+SECTIONS = {f.name: f.type for f in dataclasses.fields(RunConfig)}
+SECTION_TYPES = {
+    "data": DataConfig, "mesh": MeshConfig, "optim": OptimConfig, "train": TrainConfig,
+    "distributed": DistributedConfig, "bench": BenchConfig,
+}
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {dotted!r}: {key!r} is not a section")
+    node[keys[-1]] = value
+
+
+def parse_overrides(overrides: list[str]) -> dict:
+    """`a.b=value` strings into a nested dict; values parsed as YAML scalars."""
+    tree: dict = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like section.key=value (e.g. train.steps=100)")
+        key, raw = item.split("=", 1)
+        _set_dotted(tree, key.strip(), yaml.safe_load(raw))
+    return tree
+
+
+def merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _section(cls, values: dict, name: str):
+    valid = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(valid))
+    if unknown:
+        raise ConfigError(f"unknown key(s) {', '.join(name + '.' + k for k in unknown)}; "
+                          f"valid keys in {name}: {', '.join(valid)}")
+    typed = {}
+    for key, value in values.items():
+        default = getattr(cls(), key)
+        if isinstance(default, tuple):
+            value = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+        elif isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ConfigError(f"{name}.{key} must be true or false, got {value!r}")
+        elif isinstance(default, (int, float)) and not isinstance(default, bool):
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise ConfigError(f"{name}.{key} must be a number, got {value!r}")
+            value = type(default)(value) if isinstance(default, float) else value
+        elif isinstance(default, str) and not isinstance(value, str):
+            value = str(value)
+        typed[key] = value
+    return cls(**typed)
+
+
+def from_dict(tree: dict) -> RunConfig:
+    unknown = sorted(set(tree) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"unknown section(s) {unknown}; valid sections: {', '.join(SECTIONS)}")
+    model_values = dict(tree.get("model") or {})
+    try:
+        model = model_config(model_values.pop("preset", None), **model_values)
+        model.validate()
+    except (ValueError, TypeError) as err:
+        raise ConfigError(str(err)) from None
+    sections = {name: _section(cls, tree.get(name) or {}, name) for name, cls in SECTION_TYPES.items()}
+    config = RunConfig(model=model, **sections)
+    validate(config)
+    return config
+
+
+def load_tree(path: str | pathlib.Path) -> dict:
+    """A YAML file, following `include:` (a path relative to the including file) first."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist; configs live in configs/ (e.g. configs/bert-tiny.yaml)")
+    tree = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path} must hold a mapping of sections, not {type(tree).__name__}")
+    include = tree.pop("include", None)
+    if include:
+        tree = merge(load_tree(path.parent / include), tree)
+    return tree
+
+
+def load(path: str | pathlib.Path, overrides: list[str] = ()) -> RunConfig:
+    return from_dict(merge(load_tree(path), parse_overrides(list(overrides))))
+
+
+def to_dict(config: RunConfig) -> dict:
+    return dataclasses.asdict(config)
+
+
+def validate(config: RunConfig) -> None:
+    """Cross-section checks that need no devices and no data."""
+    data, model, train, optim = config.data, config.model, config.train, config.optim
+    if data.max_seq_length > model.max_position_embeddings:
+        raise ConfigError(
+            f"data.max_seq_length={data.max_seq_length} exceeds the model's position table "
+            f"(model.max_position_embeddings={model.max_position_embeddings}); lower the one or raise the other")
+    if data.max_predictions > data.max_seq_length:
+        raise ConfigError(f"data.max_predictions={data.max_predictions} exceeds data.max_seq_length={data.max_seq_length}")
+    if not data.corpus:
+        raise ConfigError("data.corpus is empty; name text files or demo corpora (demo:austen, demo:wikipedia, demo:news)")
+    if optim.name not in ("adamw", "lamb"):
+        raise ConfigError(f"optim.name={optim.name!r}; choose adamw or lamb")
+    if train.global_batch % optim.grad_accum:
+        raise ConfigError(f"train.global_batch={train.global_batch} is not divisible by optim.grad_accum={optim.grad_accum}")
+    if config.mesh.rules not in ("dp", "fsdp", "fsdp_tp"):
+        raise ConfigError(f"mesh.rules={config.mesh.rules!r}; choose dp, fsdp or fsdp_tp")
+    sizes = [config.mesh.data, config.mesh.fsdp, config.mesh.tensor]
+    if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+        raise ConfigError(f"mesh sizes data={sizes[0]} fsdp={sizes[1]} tensor={sizes[2]}: use positive sizes, at most one -1")
+    for name in ("steps", "global_batch", "log_every", "checkpoint_every", "eval_every"):
+        if getattr(train, name) <= 0:
+            raise ConfigError(f"train.{name} must be positive, got {getattr(train, name)}")

@@ -1,0 +1,104 @@
+"""BERT sentence-pair instances for MLM+NSP, built from documents of tokenized sentences."""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+Document = Sequence[Sequence[int]]
+
+
+class Instance(NamedTuple):
+    tokens: np.ndarray  # int32 [CLS] A [SEP] B [SEP]
+    len_a: int  # length of the [CLS] A [SEP] part
+    is_random_next: int  # 1 if B was drawn from another document
+
+
+def truncate_pair(a: list[int], b: list[int], max_num_tokens: int, rng: np.random.Generator) -> None:
+    """Shortens the longer of a and b, one token at a time from a random end, until both fit."""
+    while len(a) + len(b) > max_num_tokens:
+        longer = a if len(a) > len(b) else b
+        if rng.random() < 0.5:
+            del longer[0]
+        else:
+            longer.pop()
+
+
+def _random_segments(documents: Sequence[Document], exclude: int, target: int,
+                     rng: np.random.Generator) -> list[int]:
+    n = len(documents)
+    other = int(rng.integers(n - 1)) if n > 1 else 0
+    if n > 1 and other >= exclude:
+        other += 1
+    doc = documents[other]
+    out: list[int] = []
+    for segment in doc[int(rng.integers(len(doc))):]:
+        out.extend(segment)
+        if len(out) >= target:
+            break
+    return out
+
+
+def instances_from_document(documents: Sequence[Document], index: int, max_seq_length: int,
+                            short_seq_prob: float, rng: np.random.Generator,
+                            cls_id: int, sep_id: int) -> list[Instance]:
+    """BERT's create_instances_from_document: pairs (A, B) from document `index` of `documents`.
+
+    One departure keeps NSP at 50%: where BERT forces a random B because the chunk holds a single
+    sentence, a true-continuation draw pairs it with the next sentence (or, at the document's end,
+    the previous one); only one-sentence documents still always get a random B.
+    """
+    document = documents[index]
+    max_num_tokens = max_seq_length - 3
+    target = max_num_tokens
+    if rng.random() < short_seq_prob:
+        target = int(rng.integers(2, max_num_tokens + 1))
+    instances: list[Instance] = []
+    chunk: list[Sequence[int]] = []
+    chunk_len = 0
+    i = 0
+    while i < len(document):
+        chunk.append(document[i])
+        chunk_len += len(document[i])
+        if i == len(document) - 1 or chunk_len >= target:
+            is_random = rng.random() < 0.5
+            if len(chunk) == 1 and not is_random:
+                if i + 1 < len(document):
+                    i += 1
+                    chunk.append(document[i])
+                elif i > 0:
+                    chunk.insert(0, document[i - 1])
+                else:
+                    is_random = True
+            a_end = int(rng.integers(1, len(chunk))) if len(chunk) >= 2 else 1
+            a = [t for seg in chunk[:a_end] for t in seg]
+            if is_random:
+                b = _random_segments(documents, index, target - len(a), rng)
+                i -= len(chunk) - a_end
+            else:
+                b = [t for seg in chunk[a_end:] for t in seg]
+            truncate_pair(a, b, max_num_tokens, rng)
+            tokens = np.array([cls_id, *a, sep_id, *b, sep_id], dtype=np.int32)
+            instances.append(Instance(tokens, len(a) + 2, int(is_random)))
+            chunk, chunk_len = [], 0
+        i += 1
+    return instances
+
+
+def create_instances(documents: Sequence[Document], max_seq_length: int, rng: np.random.Generator,
+                     *, cls_id: int, sep_id: int, short_seq_prob: float = 0.1,
+                     dupe_factor: int = 1) -> list[Instance]:
+    """All instances of `dupe_factor` passes over `documents`, in creation order.
+
+    Random B segments come only from `documents`; empty sentences are ignored.
+    """
+    if max_seq_length < 5:
+        raise ValueError(f"max_seq_length must be at least 5 ([CLS] A [SEP] B [SEP]), got {max_seq_length}")
+    docs = [[s for s in doc if len(s)] for doc in documents]
+    docs = [d for d in docs if d]
+    out: list[Instance] = []
+    for _ in range(dupe_factor):
+        for index in range(len(docs)):
+            out.extend(instances_from_document(docs, index, max_seq_length, short_seq_prob,
+                                               rng, cls_id, sep_id))
+    return out

@@ -1,0 +1,176 @@
+"""Random-access BERT MLM+NSP examples and per-process batches from a prepared directory."""
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections import Counter
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+from array_record.python.array_record_data_source import ArrayRecordDataSource
+
+from jaxlm.data.masking import mask_example
+from jaxlm.data.prepare import FORMAT, MANIFEST, decode_record
+
+
+def load_manifest(data_dir: str | Path) -> dict:
+    path = Path(data_dir) / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"no prepared dataset at {data_dir} ({MANIFEST} missing): "
+                                "run `jaxlm prepare CONFIG` first")
+    manifest = json.loads(path.read_text())
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{path} has format {manifest.get('format')!r}, expected {FORMAT!r}: "
+                         "re-run `jaxlm prepare CONFIG`")
+    return manifest
+
+
+def _check(manifest: dict, key: str, expected, data_dir) -> None:
+    if expected is not None and manifest[key] != expected:
+        raise ValueError(f"{key} mismatch: the data in {data_dir} was prepared with {manifest[key]!r}, "
+                         f"but this run uses {expected!r}; re-run `jaxlm prepare CONFIG` "
+                         "(with --overwrite) for this tokenizer and sequence length")
+
+
+class PretrainingData:
+    """One split of a prepared dataset; every example is a pure function of (seed, epoch, index)."""
+
+    def __init__(self, data_dir: str | Path, split: str, *, seed: int, max_predictions: int,
+                 mask_prob: float = 0.15, tokenizer_fingerprint: str | None = None,
+                 vocab_size: int | None = None, max_seq_length: int | None = None):
+        self.data_dir = Path(data_dir)
+        self.manifest = load_manifest(self.data_dir)
+        _check(self.manifest, "tokenizer_fingerprint", tokenizer_fingerprint, data_dir)
+        _check(self.manifest, "vocab_size", vocab_size, data_dir)
+        _check(self.manifest, "max_seq_length", max_seq_length, data_dir)
+        splits = self.manifest["splits"]
+        if split not in splits:
+            raise ValueError(f"split {split!r} not in {data_dir}; available: {sorted(splits)}")
+        if splits[split]["examples"] == 0:
+            raise ValueError(f"split {split!r} of {data_dir} has no examples")
+        self.split, self.seed = split, seed
+        self.max_seq_length = self.manifest["max_seq_length"]
+        self.max_predictions, self.mask_prob = max_predictions, mask_prob
+        special = self.manifest["special_ids"]
+        self._mask_kwargs = dict(
+            vocab_size=self.manifest["vocab_size"], mask_id=special["mask_id"],
+            special_ids=(special["pad_id"], special["cls_id"], special["sep_id"], special["mask_id"]),
+            max_seq_length=self.max_seq_length, max_predictions=max_predictions,
+            mask_prob=mask_prob, pad_id=special["pad_id"])
+        self._source = ArrayRecordDataSource(
+            [str(self.data_dir / name) for name in splits[split]["shards"]])
+        self._len = len(self._source)
+        self.permutation = lru_cache(maxsize=2)(self._permutation)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(self._len)
+
+    def _make(self, record: bytes, index: int, epoch: int) -> dict[str, np.ndarray]:
+        tokens, len_a, is_random_next = decode_record(record)
+        rng = np.random.default_rng([self.seed, epoch, int(index)])
+        out = mask_example(tokens, len_a, rng, **self._mask_kwargs)
+        out["nsp_label"] = np.int32(is_random_next)
+        return out
+
+    def raw(self, index: int) -> tuple[np.ndarray, int, int]:
+        """The stored (tokens, len_a, is_random_next) of example `index`, before masking."""
+        return decode_record(self._source[int(index)])
+
+    def example(self, index: int, epoch: int) -> dict[str, np.ndarray]:
+        """Example `index` as masked in `epoch`; nsp_label 1 means B is a random sentence."""
+        return self._make(self._source[int(index)], index, epoch)
+
+    def steps_per_epoch(self, global_batch: int) -> int:
+        if global_batch > self._len:
+            raise ValueError(f"global_batch {global_batch} is larger than the {self.split} split "
+                             f"({self._len} examples); lower the batch size or prepare more data")
+        return self._len // global_batch
+
+    def batch_indices(self, step: int, global_batch: int) -> tuple[int, np.ndarray]:
+        """(epoch, example indices) of global batch `step`; each epoch's tail remainder is dropped."""
+        per_epoch = self.steps_per_epoch(global_batch)
+        epoch, within = divmod(step, per_epoch)
+        return epoch, self.permutation(epoch)[within * global_batch:(within + 1) * global_batch]
+
+    def local_batch(self, step: int, global_batch: int, process_index: int = 0,
+                    process_count: int = 1) -> dict[str, np.ndarray]:
+        """This process's contiguous slice of global batch `step`, stacked."""
+        if global_batch % process_count:
+            raise ValueError(f"global_batch {global_batch} is not divisible by process_count {process_count}")
+        if not 0 <= process_index < process_count:
+            raise ValueError(f"process_index {process_index} not in [0, {process_count})")
+        epoch, indices = self.batch_indices(step, global_batch)
+        per = global_batch // process_count
+        indices = indices[process_index * per:(process_index + 1) * per]
+        records = self._source.__getitems__(indices.tolist())
+        examples = [self._make(r, i, epoch) for r, i in zip(records, indices)]
+        return {k: np.stack([e[k] for e in examples]) for k in examples[0]}
+
+    def iterate(self, start_step: int, global_batch: int, process_index: int = 0,
+                process_count: int = 1, prefetch: int = 2) -> Iterator[dict[str, np.ndarray]]:
+        """Local batches for start_step, start_step + 1, ..., built ahead in a background thread."""
+        self.steps_per_epoch(global_batch)
+        q: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
+        stop = threading.Event()
+
+        def put(item) -> None:
+            while not stop.is_set():
+                try:
+                    return q.put(item, timeout=0.1)
+                except queue.Full:
+                    continue
+
+        def produce():
+            step = start_step
+            try:
+                while not stop.is_set():
+                    put((self.local_batch(step, global_batch, process_index, process_count), None))
+                    step += 1
+            except BaseException as e:  # handed to the consumer
+                put((None, e))
+
+        thread = threading.Thread(target=produce, daemon=True, name="PretrainingData.iterate")
+        thread.start()
+        try:
+            while True:
+                batch, error = q.get()
+                if error is not None:
+                    raise error
+                yield batch
+        finally:
+            stop.set()
+
+    def show(self, n: int, tokenizer) -> list[dict]:
+        """The first n examples of epoch 0 in visiting order, JSON-friendly, as the model sees them."""
+        rows = []
+        for index in self.permutation(0)[:n]:
+            ex = self.example(int(index), 0)
+            rows.append({
+                "index": int(index),
+                "input_ids": ex["input_ids"].tolist(),
+                "tokens": tokenizer.convert_ids_to_tokens(ex["input_ids"].tolist()),
+                "segment_ids": ex["segment_ids"].tolist(),
+                "input_mask": ex["input_mask"].tolist(),
+                "masked_positions": ex["masked_positions"].tolist(),
+                "masked_labels": ex["masked_labels"].tolist(),
+                "masked_label_tokens": tokenizer.convert_ids_to_tokens(ex["masked_labels"].tolist()),
+                "masked_weights": ex["masked_weights"].tolist(),
+                "nsp_label": int(ex["nsp_label"]),
+            })
+        return rows
+
+
+def most_frequent_token_baseline(data: PretrainingData, epoch: int = 0, limit: int | None = None) -> float:
+    """Accuracy of always predicting the split's most frequent masked label."""
+    counts: Counter = Counter()
+    for index in range(len(data) if limit is None else min(limit, len(data))):
+        ex = data.example(index, epoch)
+        counts.update(ex["masked_labels"][ex["masked_weights"] > 0].tolist())
+    total = sum(counts.values())
+    return counts.most_common(1)[0][1] / total if total else 0.0

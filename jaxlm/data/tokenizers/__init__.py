@@ -1,0 +1,1 @@
+"""jaxlm.data.tokenizers."""

@@ -1,0 +1,42 @@
+"""TransformerConfig: the small, frozen description of a network that every module takes."""
+from __future__ import annotations
+
+import dataclasses
+
+ATTENTION_KERNELS = ("xla", "cudnn")
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    intermediate_size: int = 3072
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    dtype: str = "bfloat16"
+    param_dtype: str = "float32"
+    attention_kernel: str = "xla"
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def validate(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"model.hidden_size={self.hidden_size} is not divisible by model.num_heads={self.num_heads}"
+            )
+        if self.attention_kernel not in ATTENTION_KERNELS:
+            raise ValueError(
+                f"model.attention_kernel={self.attention_kernel!r}; choose one of {ATTENTION_KERNELS}"
+            )
+        if self.attention_kernel == "cudnn" and self.attention_dropout:
+            raise ValueError(
+                "model.attention_kernel='cudnn' has no attention dropout; set model.attention_dropout=0"
+            )

@@ -1,0 +1,73 @@
+"""The BERT encoder: embeddings, post-LN self-attention blocks and the [CLS] pooler."""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxlm.models.config import TransformerConfig
+from jaxlm.nn.attention import dot_product_attention
+from jaxlm.nn.embed import BertEmbeddings
+from jaxlm.nn.layers import Dense, LayerNorm, Mlp
+
+ACTIVATION = ("batch", "length", "embed")
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with an output projection and dropout."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array, padding_mask: jax.Array, deterministic: bool) -> jax.Array:
+        cfg = self.config
+        heads = (cfg.num_heads, cfg.head_dim)
+        project = lambda name: Dense(cfg, heads, ("embed",), ("heads", "kv"), name=name)(x)
+        q, k, v = project("query"), project("key"), project("value")
+        q, k, v = (nn.with_logical_constraint(t, ("batch", "length", "heads", "kv")) for t in (q, k, v))
+        use_dropout = not deterministic and cfg.attention_dropout > 0.0
+        out = dot_product_attention(
+            q, k, v, padding_mask=padding_mask, kernel=cfg.attention_kernel,
+            dropout_rate=cfg.attention_dropout if use_dropout else 0.0,
+            dropout_rng=self.make_rng("dropout") if use_dropout else None)
+        out = Dense(cfg, cfg.hidden_size, ("heads", "kv"), ("embed",), contract=2, name="output")(out)
+        return nn.Dropout(cfg.hidden_dropout)(out, deterministic=deterministic)
+
+
+class EncoderLayer(nn.Module):
+    """Post-LN block: x = LN(x + attn(x)); x = LN(x + mlp(x))."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array, padding_mask: jax.Array, deterministic: bool) -> jax.Array:
+        x = LayerNorm(self.config, name="attention_norm")(
+            x + SelfAttention(self.config, name="attention")(x, padding_mask, deterministic))
+        x = LayerNorm(self.config, name="mlp_norm")(x + Mlp(self.config, name="mlp")(x, deterministic))
+        return nn.with_logical_constraint(x, ACTIVATION)
+
+
+class BertEncoder(nn.Module):
+    """input ids, segment ids and padding mask -> (hidden states [B, T, E], pooled [CLS] [B, E])."""
+
+    config: TransformerConfig
+
+    def setup(self):
+        cfg = self.config
+        self.embeddings = BertEmbeddings(cfg)
+        self.layers = [EncoderLayer(cfg, name=f"layer_{i}") for i in range(cfg.num_layers)]
+        self.pooler = Dense(cfg, cfg.hidden_size, ("embed",), ("embed_out",))
+
+    def __call__(self, input_ids, segment_ids=None, padding_mask=None, deterministic: bool = True):
+        if segment_ids is None:
+            segment_ids = jnp.zeros_like(input_ids)
+        if padding_mask is None:
+            padding_mask = jnp.ones(input_ids.shape, bool)
+        x = self.embeddings(input_ids, segment_ids, deterministic)
+        for layer in self.layers:
+            x = layer(x, padding_mask.astype(bool), deterministic)
+        pooled = jnp.tanh(self.pooler(x[:, 0]))
+        return x, pooled
+
+    def word_embeddings(self, x: jax.Array) -> jax.Array:
+        return self.embeddings.word.attend(x)

@@ -1,0 +1,46 @@
+"""Pretraining heads: BERT's masked-LM head on gathered positions and the next-sentence head."""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxlm.models.config import TransformerConfig
+from jaxlm.models.encoder import BertEncoder
+from jaxlm.nn.layers import Dense, LayerNorm, gelu, zeros_init
+
+
+def gather_positions(hidden: jax.Array, positions: jax.Array) -> jax.Array:
+    """[B, T, E] states at [B, P] positions -> [B, P, E]."""
+    return jnp.take_along_axis(hidden, positions[..., None].astype(jnp.int32), axis=1)
+
+
+class MlmHead(nn.Module):
+    """dense, GELU, LayerNorm, then the decoder tied to the token embeddings plus a bias."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, states: jax.Array, decode) -> jax.Array:
+        cfg = self.config
+        h = gelu(Dense(cfg, cfg.hidden_size, ("embed",), ("embed_out",), name="transform")(states))
+        h = LayerNorm(cfg, name="norm")(h)
+        bias = self.param("bias", zeros_init(("vocab",)), (cfg.vocab_size,), jnp.dtype(cfg.param_dtype))
+        return decode(h).astype(jnp.float32) + bias
+
+
+class BertForPreTraining(nn.Module):
+    """BERT with MLM logits at `masked_positions` [B, P, V] and NSP logits [B, 2]."""
+
+    config: TransformerConfig
+
+    def setup(self):
+        self.encoder = BertEncoder(self.config)
+        self.mlm = MlmHead(self.config)
+        self.nsp = Dense(self.config, 2, ("embed",), ("classes",))
+
+    def __call__(self, input_ids, segment_ids, padding_mask, masked_positions, deterministic: bool = True):
+        hidden, pooled = self.encoder(input_ids, segment_ids, padding_mask, deterministic)
+        mlm_logits = self.mlm(gather_positions(hidden, masked_positions), self.encoder.word_embeddings)
+        nsp_logits = self.nsp(pooled).astype(jnp.float32)
+        return mlm_logits, nsp_logits

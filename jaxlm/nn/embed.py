@@ -1,0 +1,49 @@
+"""Token, learned-position and segment embeddings, summed and normalised as BERT does."""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxlm.models.config import TransformerConfig
+from jaxlm.nn.layers import LayerNorm, normal_init
+
+
+class Embed(nn.Module):
+    """A lookup table with logical axis names; `attend` uses it as a tied output projection."""
+
+    config: TransformerConfig
+    num_embeddings: int
+    axes: tuple[str, str] = ("vocab", "embed")
+
+    def setup(self):
+        self.embedding = self.param(
+            "embedding", normal_init(self.config, self.axes),
+            (self.num_embeddings, self.config.hidden_size), jnp.dtype(self.config.param_dtype))
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        return jnp.take(self.embedding, ids, axis=0).astype(jnp.dtype(self.config.dtype))
+
+    def attend(self, x: jax.Array) -> jax.Array:
+        table = self.embedding.astype(jnp.dtype(self.config.dtype))
+        return jnp.einsum("...e,ve->...v", x, table)
+
+
+class BertEmbeddings(nn.Module):
+    """word + position + token-type embeddings, LayerNorm, dropout."""
+
+    config: TransformerConfig
+
+    def setup(self):
+        cfg = self.config
+        self.word = Embed(cfg, cfg.vocab_size, ("vocab", "embed"))
+        self.position = Embed(cfg, cfg.max_position_embeddings, ("length", "embed"))
+        self.token_type = Embed(cfg, cfg.type_vocab_size, ("segment", "embed"))
+        self.norm = LayerNorm(cfg)
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+
+    def __call__(self, input_ids, segment_ids, deterministic: bool) -> jax.Array:
+        positions = jnp.arange(input_ids.shape[1])[None, :]
+        x = self.word(input_ids) + self.position(positions) + self.token_type(segment_ids)
+        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+        return self.dropout(self.norm(x), deterministic=deterministic)

@@ -1,0 +1,20 @@
+"""Cross-entropy in float32 with weights, returning sums so callers can aggregate exactly."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def weighted_cross_entropy(logits: jax.Array, labels: jax.Array, weights: jax.Array | None = None):
+    """(loss sum, correct-prediction sum, weight sum) of softmax cross-entropy over the last axis."""
+    logits = logits.astype(jnp.float32)
+    weights = jnp.ones(labels.shape, jnp.float32) if weights is None else weights.astype(jnp.float32)
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    label_logit = jnp.take_along_axis(logits, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    loss = (log_z - label_logit) * weights
+    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32) * weights
+    return jnp.sum(loss), jnp.sum(correct), jnp.sum(weights)
+
+
+def ratio(numerator: jax.Array, denominator: jax.Array) -> jax.Array:
+    return numerator / jnp.maximum(denominator, 1e-9)

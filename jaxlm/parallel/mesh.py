@@ -1,0 +1,53 @@
+"""The device mesh (data, fsdp, tensor) from the config, and shardings from logical names."""
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxlm.config import ConfigError, MeshConfig
+from jaxlm.parallel.rules import MESH_AXES, Rules
+
+
+def resolve_shape(config: MeshConfig, device_count: int) -> tuple[int, int, int]:
+    """Mesh sizes with a -1 filled in; raises when the product cannot equal the device count."""
+    sizes = [config.data, config.fsdp, config.tensor]
+    named = " x ".join(f"{n}={s}" for n, s in zip(MESH_AXES, sizes))
+    if -1 in sizes:
+        known = math.prod(s for s in sizes if s != -1)
+        if device_count % known:
+            raise ConfigError(f"mesh {named}: the fixed axes ({known}) do not divide the {device_count} devices present")
+        sizes[sizes.index(-1)] = device_count // known
+    if math.prod(sizes) != device_count:
+        raise ConfigError(
+            f"mesh {named} has {math.prod(sizes)} devices but {device_count} are present; "
+            f"make the product equal {device_count} or set one axis to -1")
+    return tuple(sizes)
+
+
+def make_mesh(config: MeshConfig, devices=None) -> Mesh:
+    devices = list(jax.devices() if devices is None else devices)
+    shape = resolve_shape(config, len(devices))
+    try:
+        from jax.experimental import mesh_utils
+        grid = mesh_utils.create_device_mesh(shape, devices=devices)
+    except (ValueError, NotImplementedError, AssertionError):
+        grid = np.asarray(devices).reshape(shape)
+    return Mesh(grid, MESH_AXES)
+
+
+def logical_sharding(mesh: Mesh, rules: Rules, logical: tuple[str | None, ...]) -> NamedSharding:
+    return NamedSharding(mesh, nn.logical_to_mesh_axes(logical, rules))
+
+
+def tree_shardings(mesh: Mesh, rules: Rules, boxed_abstract_tree):
+    """NamedShardings for a tree whose leaves may carry flax logical axis metadata."""
+    specs = nn.get_partition_spec(boxed_abstract_tree)
+    return nn.logical_to_mesh_sharding(specs, mesh, rules)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())

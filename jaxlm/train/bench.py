@@ -1,0 +1,78 @@
+"""Times the compiled train step on the devices present: tokens/s and MFU with the peak used."""
+from __future__ import annotations
+
+import time
+
+import jax
+import numpy as np
+
+from jaxlm.config import RunConfig
+from jaxlm.parallel import distributed
+from jaxlm.train import flops
+from jaxlm.train.loop import build, compile_steps, global_batch, memory_summary
+from jaxlm.train.state import count_params, create_state
+
+
+def synthetic_batch(config: RunConfig, batch: int, seed: int = 0) -> dict:
+    """Full-length sequences with BERT's masked-position count, so the step does real work."""
+    rng = np.random.default_rng(seed)
+    seq, preds, vocab = config.data.max_seq_length, config.data.max_predictions, config.model.vocab_size
+    positions = np.sort(np.stack([rng.choice(np.arange(1, seq), preds, replace=False) for _ in range(batch)]), axis=1)
+    segment = (np.arange(seq)[None, :] >= seq // 2).astype(np.int32).repeat(batch, 0)
+    return {"input_ids": rng.integers(1000, vocab, (batch, seq), dtype=np.int32),
+            "segment_ids": segment, "input_mask": np.ones((batch, seq), np.int32),
+            "masked_positions": positions.astype(np.int32),
+            "masked_labels": rng.integers(1000, vocab, (batch, preds), dtype=np.int32),
+            "masked_weights": np.ones((batch, preds), np.float32),
+            "nsp_label": rng.integers(0, 2, (batch,), dtype=np.int32)}
+
+
+def bench(config: RunConfig) -> dict:
+    distributed.initialize(config.distributed)
+    setup = build(config)
+    state = create_state(setup.objective.init, setup.optimizer, setup.shardings, setup.mesh, setup.rules,
+                         jax.random.key(0))
+    started = time.perf_counter()
+    compiled_train, _ = compile_steps(setup)
+    compile_s = time.perf_counter() - started
+    size = config.train.global_batch
+    local = synthetic_batch(config, size // jax.process_count(), seed=jax.process_index())
+    batch, rng = global_batch(setup, local), jax.random.key(0)
+    for _ in range(config.bench.warmup):
+        state, metrics = compiled_train(state, batch, rng)
+    jax.block_until_ready(metrics)
+    started = time.perf_counter()
+    for _ in range(config.bench.steps):
+        state, metrics = compiled_train(state, batch, rng)
+    jax.block_until_ready((state, metrics))
+    seconds = (time.perf_counter() - started) / config.bench.steps
+    tokens_per_s = size * config.data.max_seq_length / seconds
+    peak, peak_text = flops.peak_flops(override=config.bench.peak_flops_per_device)
+    per_token = setup.objective.flops_per_token()
+    return {"model": f"L{config.model.num_layers} H{config.model.hidden_size}", "params_M": count_params(state.params) / 1e6,
+            "seq_len": config.data.max_seq_length, "global_batch": size, "devices": jax.device_count(),
+            "device_kind": jax.devices()[0].device_kind, "dtype": config.model.dtype,
+            "attention": config.model.attention_kernel, "step_ms": seconds * 1e3,
+            "tokens_per_s": tokens_per_s, "gflops_per_token": per_token / 1e9,
+            "mfu": flops.mfu(tokens_per_s, per_token, jax.device_count(), peak), "peak": peak_text,
+            "compile_s": compile_s, "memory": memory_summary(compiled_train),
+            "loss": float(metrics["loss"])}
+
+
+def format_table(rows: list[dict]) -> str:
+    columns = ("model", "seq_len", "global_batch", "devices", "device_kind", "dtype", "attention", "step_ms",
+               "tokens_per_s", "mfu")
+    cells = [[_fmt(c, row.get(c)) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in cells]
+    lines += [f"peak: {rows[0]['peak']}", f"memory: {rows[0]['memory']}"] if rows else []
+    return "\n".join(lines)
+
+
+def _fmt(column: str, value) -> str:
+    if value is None:
+        return "n/a"
+    if column == "mfu":
+        return f"{value:.1%}"
+    return f"{value:,.1f}" if isinstance(value, float) else str(value)

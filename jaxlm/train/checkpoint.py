@@ -1,0 +1,45 @@
+"""Orbax checkpoints of a run: train state, data position and resolved config, async, kept K."""
+from __future__ import annotations
+
+import pathlib
+
+import orbax.checkpoint as ocp
+
+ITEMS = ("state", "data", "config")
+
+
+def manager(directory: str | pathlib.Path, every: int, keep: int, async_save: bool = True) -> ocp.CheckpointManager:
+    options = ocp.CheckpointManagerOptions(
+        save_interval_steps=every, max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
+    return ocp.CheckpointManager(pathlib.Path(directory).absolute(), item_names=ITEMS, options=options)
+
+
+def save(mngr: ocp.CheckpointManager, step: int, state, data_position: dict, config: dict, force: bool = False) -> bool:
+    return mngr.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position),
+        config=ocp.args.JsonSave(config)), force=force)
+
+
+def restore(mngr: ocp.CheckpointManager, abstract_state, step: int | None = None):
+    """(state, data position, config) restored onto the shardings carried by `abstract_state`."""
+    step = mngr.latest_step() if step is None else step
+    restored = mngr.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore(),
+        config=ocp.args.JsonRestore()))
+    return restored["state"], restored["data"], restored["config"]
+
+
+def restore_params(directory: str | pathlib.Path, abstract_params, step: int | None = None):
+    """Only the parameters of another run's checkpoint (for `init_from`)."""
+    mngr = ocp.CheckpointManager(pathlib.Path(directory).absolute(), item_names=ITEMS,
+                                 options=ocp.CheckpointManagerOptions(read_only=True))
+    step = mngr.latest_step() if step is None else step
+    if step is None:
+        raise FileNotFoundError(f"no checkpoint found in {directory}")
+    meta = mngr.item_metadata(step)["state"]
+    target = {"params": abstract_params}
+    restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+        item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+        partial_restore=True)))
+    del meta
+    return restored["state"]["params"]

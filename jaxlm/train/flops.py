@@ -1,0 +1,28 @@
+"""Peak device FLOP/s and model FLOPs utilisation, by DESIGN.md's formula."""
+from __future__ import annotations
+
+import jax
+
+# Dense bf16 peak per device (one chip / one GPU), from the vendors' data sheets.
+PEAK_BF16_FLOPS = {
+    "h200": 989e12, "h100": 989e12, "a100": 312e12, "l4": 121e12, "a10": 125e12,
+    "tpu v6": 918e12, "tpu v5p": 459e12, "tpu v5 lite": 197e12, "tpu v5e": 197e12, "tpu v4": 275e12,
+}
+
+
+def peak_flops(device=None, override: float = 0.0) -> tuple[float | None, str]:
+    """(peak FLOP/s per device or None when unknown, a description of where it came from)."""
+    if override > 0:
+        return override, f"{override:.3g} FLOP/s per device (bench.peak_flops_per_device)"
+    device = device or jax.devices()[0]
+    kind = device.device_kind.lower()
+    for name, value in PEAK_BF16_FLOPS.items():
+        if name in kind:
+            return value, f"{value / 1e12:.0f} TFLOP/s bf16 dense ({device.device_kind})"
+    return None, f"unknown peak for {device.device_kind}; set bench.peak_flops_per_device"
+
+
+def mfu(tokens_per_second: float, flops_per_token: float, device_count: int, peak: float | None) -> float | None:
+    if not peak:
+        return None
+    return tokens_per_second * flops_per_token / (peak * device_count)

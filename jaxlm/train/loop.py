@@ -1,0 +1,224 @@
+"""The training loop, top to bottom: set-up, compile, train, evaluate, checkpoint, report."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from jaxlm import config as config_lib
+from jaxlm.config import ConfigError, RunConfig
+from jaxlm.objectives.mlm_nsp import BATCH_AXES, MlmNsp
+from jaxlm.parallel import distributed
+from jaxlm.parallel.mesh import logical_sharding, make_mesh, replicated
+from jaxlm.parallel.rules import Rules, rules_for
+from jaxlm.train import checkpoint, flops
+from jaxlm.train.metrics import MetricsWriter, plot_curves
+from jaxlm.train.optim import make_optimizer, schedule
+from jaxlm.train.state import abstract_state, count_params, create_state, state_shardings
+from jaxlm.train.step import make_eval_step, make_train_step
+
+
+# ---------------------------------------------------------------- set-up (no compute)
+
+@dataclasses.dataclass
+class Setup:
+    config: RunConfig
+    mesh: Mesh
+    rules: Rules
+    objective: MlmNsp
+    optimizer: object
+    schedule: object
+    shardings: object
+    abstract: object
+    batch_shardings: dict
+
+
+def check_batch(config: RunConfig, mesh: Mesh) -> None:
+    batch, shards = config.train.global_batch, mesh.shape["data"] * mesh.shape["fsdp"]
+    if batch % shards:
+        raise ConfigError(f"train.global_batch={batch} is not divisible by the batch shards "
+                          f"(mesh data x fsdp = {shards})")
+    if batch % jax.process_count():
+        raise ConfigError(f"train.global_batch={batch} is not divisible by the {jax.process_count()} processes")
+    if (batch // config.optim.grad_accum) % shards:
+        raise ConfigError(f"micro-batch {batch // config.optim.grad_accum} (global_batch / optim.grad_accum) "
+                          f"is not divisible by the batch shards ({shards})")
+
+
+def build(config: RunConfig) -> Setup:
+    """Everything the step needs, from the config: mesh, objective, optimiser, shardings."""
+    mesh = make_mesh(config.mesh)
+    check_batch(config, mesh)
+    rules = rules_for(config.mesh.rules)
+    objective = MlmNsp(config.model, config.data.max_seq_length, config.data.max_predictions)
+    total = config.train.steps
+    optimizer, lr = make_optimizer(config.optim, total), schedule(config.optim, total)
+    with nn.logical_axis_rules(rules):
+        shardings = state_shardings(objective.init, optimizer, mesh, rules)
+    abstract = abstract_state(objective.init, optimizer, shardings)
+    batch_shardings = {k: logical_sharding(mesh, rules, axes) for k, axes in BATCH_AXES.items()}
+    return Setup(config, mesh, rules, objective, optimizer, lr, shardings, abstract, batch_shardings)
+
+
+def compile_steps(setup: Setup):
+    """AOT-compiled train and eval steps with explicit shardings; the state is donated."""
+    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=setup.batch_shardings[k])
+             for k, v in setup.objective.batch_shapes(setup.config.train.global_batch).items()}
+    rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated(setup.mesh))
+    train_step = make_train_step(setup.objective, setup.optimizer, setup.schedule, setup.config.optim.grad_accum)
+    with setup.mesh, nn.logical_axis_rules(setup.rules):
+        train = jax.jit(train_step, in_shardings=(setup.shardings, setup.batch_shardings, replicated(setup.mesh)),
+                        out_shardings=(setup.shardings, replicated(setup.mesh)), donate_argnums=0)
+        compiled_train = train.lower(setup.abstract, batch, rng).compile()
+        evaluate = jax.jit(make_eval_step(setup.objective),
+                           in_shardings=(setup.shardings.params, setup.batch_shardings),
+                           out_shardings=replicated(setup.mesh))
+        compiled_eval = evaluate.lower(setup.abstract.params, batch).compile()
+    return compiled_train, compiled_eval
+
+
+def memory_summary(compiled) -> str:
+    stats = compiled.memory_analysis()
+    if stats is None:
+        return "memory analysis unavailable"
+    fields = ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes", "generated_code_size_in_bytes")
+    return ", ".join(f"{f.removesuffix('_size_in_bytes')} {getattr(stats, f, 0) / 2**20:.1f} MiB" for f in fields)
+
+
+def global_batch(setup: Setup, local: dict) -> dict:
+    """This process's rows of the batch, assembled into global sharded arrays."""
+    size = setup.config.train.global_batch
+    return {k: jax.make_array_from_process_local_data(setup.batch_shardings[k], np.asarray(v),
+                                                      (size, *np.shape(v)[1:]))
+            for k, v in local.items()}
+
+
+# ---------------------------------------------------------------- data
+
+def open_data(config: RunConfig):
+    """Train and held-out splits, validated against the tokenizer and the model before any compute."""
+    from jaxlm.data.pipeline import PretrainingData
+    from jaxlm.data.sources import load_tokenizer
+
+    tokenizer = load_tokenizer(config.data)
+    if tokenizer.vocab_size != config.model.vocab_size:
+        raise ConfigError(f"the vocabulary has {tokenizer.vocab_size} tokens but model.vocab_size="
+                          f"{config.model.vocab_size}; set model.vocab_size={tokenizer.vocab_size}")
+    directory = pathlib.Path(config.data.prepared_dir)
+    common = dict(seed=config.data.seed, max_predictions=config.data.max_predictions,
+                  mask_prob=config.data.mask_prob, tokenizer_fingerprint=tokenizer.fingerprint(),
+                  vocab_size=tokenizer.vocab_size, max_seq_length=config.data.max_seq_length)
+    train, valid = (PretrainingData(directory, split, **common) for split in ("train", "valid"))
+    if len(train) < config.train.global_batch:
+        raise ConfigError(f"the train split has {len(train)} examples, fewer than train.global_batch="
+                          f"{config.train.global_batch}; use more text or a smaller batch")
+    return tokenizer, train, valid
+
+
+def evaluate(setup: Setup, compiled_eval, params, valid) -> dict:
+    size = setup.config.train.global_batch
+    batches = min(setup.config.train.eval_batches, len(valid) // size)
+    if batches == 0:
+        return {}
+    totals = None
+    for index in range(batches):
+        local = valid.local_batch(index, size, jax.process_index(), jax.process_count())
+        stats = compiled_eval(params, global_batch(setup, local))
+        totals = stats if totals is None else jax.tree.map(jnp.add, totals, stats)
+    summary = jax.device_get(setup.objective.summarize(totals))
+    return {k: float(v) for k, v in summary.items()} | {"examples": batches * size}
+
+
+# ---------------------------------------------------------------- the run
+
+def restore_or_init(setup: Setup, mngr, rng):
+    """Resume order: this run's latest checkpoint, then `train.init_from`, then scratch."""
+    if mngr.latest_step() is not None:
+        state, position, _ = checkpoint.restore(mngr, setup.abstract)
+        return state, int(position["step"]), f"resumed from step {mngr.latest_step()}"
+    state = create_state(setup.objective.init, setup.optimizer, setup.shardings, setup.mesh, setup.rules, rng)
+    if setup.config.train.init_from:
+        params = checkpoint.restore_params(setup.config.train.init_from, setup.abstract.params)
+        return state.replace(params=params), 0, f"initialised from {setup.config.train.init_from}"
+    return state, 0, "initialised from scratch"
+
+
+def train(config: RunConfig) -> dict:
+    """Train (or resume) the run in `config.train.run_dir`; returns the final held-out metrics."""
+    distributed.initialize(config.distributed)
+    tokenizer, train_data, valid = open_data(config)
+    setup = build(config)
+    tcfg, is_main = config.train, jax.process_index() == 0
+    run_dir = pathlib.Path(tcfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    mngr = checkpoint.manager(run_dir / "checkpoints", tcfg.checkpoint_every, tcfg.keep_checkpoints)
+    rng = jax.random.key(tcfg.seed)
+    state, start, how = restore_or_init(setup, mngr, jax.random.fold_in(rng, 1))
+    compiled_train, compiled_eval = compile_steps(setup)
+    resolved = config_lib.to_dict(config)
+    if is_main:
+        (run_dir / "config.json").write_text(json.dumps(resolved, indent=2))
+
+    writer = MetricsWriter(run_dir, start, tcfg.steps, active=is_main)
+    writer.message(f"{how}; {count_params(state.params) / 1e6:.2f}M parameters on mesh "
+                   f"{dict(setup.mesh.shape)} ({jax.device_count()} devices, {jax.process_count()} processes)")
+    writer.message(f"train step memory: {memory_summary(compiled_train)}")
+    peak, _ = flops.peak_flops(override=config.bench.peak_flops_per_device)
+    tokens_per_step = tcfg.global_batch * config.data.max_seq_length
+    flops_per_token = setup.objective.flops_per_token()
+
+    step, stop_at = start, tcfg.steps
+    deadline = time.time() + tcfg.time_limit_minutes * 60 if tcfg.time_limit_minutes > 0 else None
+    batches = train_data.iterate(start, tcfg.global_batch, jax.process_index(), jax.process_count())
+    last_time, last_step = time.time(), start
+    while step < stop_at:
+        state, metrics = compiled_train(state, global_batch(setup, next(batches)), rng)
+        step += 1
+        out_of_time = deadline is not None and time.time() > deadline
+        if step % tcfg.log_every == 0 or step == stop_at or out_of_time:
+            values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            now = time.time()
+            tokens_per_s = (step - last_step) * tokens_per_step / max(now - last_time, 1e-9)
+            values |= {"tokens_per_s": tokens_per_s,
+                       "mfu": flops.mfu(tokens_per_s, flops_per_token, jax.device_count(), peak)}
+            writer.write(step, values)
+            writer.advance(step - last_step)
+            last_time, last_step = now, step
+        if step % tcfg.eval_every == 0 and step < stop_at:
+            writer.write(step, evaluate(setup, compiled_eval, state.params, valid), split="eval")
+        checkpoint.save(mngr, step, state, {"step": step}, resolved, force=step == stop_at or out_of_time)
+        if out_of_time:
+            writer.message(f"train.time_limit_minutes={tcfg.time_limit_minutes} reached at step {step}")
+            break
+    mngr.wait_until_finished()
+    final = evaluate(setup, compiled_eval, state.params, valid)
+    writer.write(step, final, split="eval")
+    writer.close()
+    mngr.close()
+    return final | {"step": step}
+
+
+def report(config: RunConfig, final: dict) -> str:
+    """Held-out accuracy next to its trivial baselines, and the plot of the curves."""
+    from jaxlm.data.pipeline import most_frequent_token_baseline
+
+    _, _, valid = open_data(config)
+    run_dir = pathlib.Path(config.train.run_dir)
+    baseline = most_frequent_token_baseline(valid, epoch=0, limit=final.get("examples"))
+    plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png", {"mlm_acc": baseline, "nsp_acc": 0.5})
+    summary = {"step": final["step"], "mlm_acc": final["mlm_acc"], "mlm_baseline": baseline,
+               "mlm_ratio": final["mlm_acc"] / max(baseline, 1e-9), "nsp_acc": final["nsp_acc"],
+               "nsp_baseline": 0.5, "examples": final["examples"]}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return (f"held-out after {final['step']} steps on {final['examples']} examples:\n"
+            f"  MLM accuracy {final['mlm_acc']:.4f}   most-frequent-token baseline {baseline:.4f}"
+            f"   ({summary['mlm_ratio']:.2f}x)\n"
+            f"  NSP accuracy {final['nsp_acc']:.4f}   baseline 0.5000\n"
+            f"  curves: {run_dir / 'curves.png'}")

@@ -1,0 +1,83 @@
+"""Where metrics go: a progress bar, TensorBoard events and a JSONL file; and the final plot."""
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+
+from tqdm.auto import tqdm
+
+BAR_KEYS = ("loss", "mlm_acc", "nsp_acc", "tokens_per_s", "mfu")
+
+
+class MetricsWriter:
+    """Writes on process 0 only; every other process gets a silent writer."""
+
+    def __init__(self, run_dir: pathlib.Path, start_step: int, total_steps: int, active: bool = True):
+        self.active = active
+        if not active:
+            return
+        from tensorboardX import SummaryWriter
+
+        self.jsonl = open(run_dir / "metrics.jsonl", "a", buffering=1)
+        self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+        self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+
+    def write(self, step: int, metrics: dict, split: str = "train") -> None:
+        if not self.active:
+            return
+        clean = {k: float(v) for k, v in metrics.items() if v is not None}
+        self.jsonl.write(json.dumps({"step": step, "split": split, **clean}) + "\n")
+        for key, value in clean.items():
+            if math.isfinite(value):
+                self.tb.add_scalar(f"{split}/{key}", value, step)
+        if split == "train":
+            self.bar.set_postfix({k: f"{clean[k]:.4g}" for k in BAR_KEYS if k in clean}, refresh=False)
+
+    def advance(self, steps: int) -> None:
+        if self.active:
+            self.bar.update(steps)
+
+    def message(self, text: str) -> None:
+        if self.active:
+            self.bar.write(text)
+
+    def close(self) -> None:
+        if self.active:
+            self.bar.close()
+            self.tb.close()
+            self.jsonl.close()
+
+
+def read_jsonl(path: pathlib.Path) -> list[dict]:
+    """Records in order, keeping the last record for each (split, step): a resumed run rewrites steps."""
+    latest: dict[tuple, dict] = {}
+    for line in pathlib.Path(path).read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            latest[(record.get("split"), record["step"])] = record
+    return sorted(latest.values(), key=lambda r: (r.get("split") or "", r["step"]))
+
+
+def plot_curves(jsonl_path: pathlib.Path, png_path: pathlib.Path, baselines: dict | None = None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_jsonl(jsonl_path)
+    panels = (("loss", "loss"), ("mlm_acc", "MLM accuracy"), ("nsp_acc", "NSP accuracy"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(15, 4))
+    for ax, (key, title) in zip(axes, panels):
+        for split, style in (("train", "-"), ("eval", "o-")):
+            points = [(r["step"], r[key]) for r in records if r.get("split") == split and key in r]
+            if points:
+                ax.plot(*zip(*points), style, label=split, markersize=4)
+        if baselines and key in baselines:
+            ax.axhline(baselines[key], color="gray", linestyle="--", label="trivial baseline")
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
