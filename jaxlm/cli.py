@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import sys
 
 from jaxlm import config as config_lib
@@ -23,11 +24,39 @@ def cmd_prepare(args) -> None:
     if tokenizer.vocab_size != config.model.vocab_size:
         raise ConfigError(f"the vocabulary has {tokenizer.vocab_size} tokens but model.vocab_size="
                           f"{config.model.vocab_size}; set model.vocab_size={tokenizer.vocab_size}")
+    if not args.overwrite and _already_prepared(config, tokenizer):
+        print(f"{data.prepared_dir} is already prepared for this config and tokenizer "
+              "(pass --overwrite to rebuild it)")
+        return
     manifest = prepare(resolve_corpus(data.corpus), data.prepared_dir, tokenizer,
                        max_seq_length=data.max_seq_length, short_seq_prob=data.short_seq_prob,
                        dupe_factor=data.dupe_factor, valid_fraction=data.valid_fraction, seed=data.seed,
                        shard_size=data.shard_size, overwrite=args.overwrite)
-    print(json.dumps({"prepared_dir": data.prepared_dir, "counts": manifest.get("counts")}, indent=2))
+    counts = {split: {k: v for k, v in info.items() if k != "shards"} for split, info in manifest["splits"].items()}
+    print(json.dumps({"prepared_dir": data.prepared_dir, "splits": counts}, indent=2))
+
+
+def _already_prepared(config, tokenizer) -> bool:
+    """True when prepared_dir holds data made with these settings; raises when it holds other data."""
+    from jaxlm.data.sources import resolve_corpus
+
+    manifest_path = pathlib.Path(config.data.prepared_dir) / "manifest.json"
+    if not manifest_path.is_file():
+        return False
+    manifest = json.loads(manifest_path.read_text())
+    data = config.data
+    wanted = {"tokenizer_fingerprint": tokenizer.fingerprint(), "max_seq_length": data.max_seq_length,
+              "short_seq_prob": data.short_seq_prob, "dupe_factor": data.dupe_factor,
+              "valid_fraction": data.valid_fraction, "seed": data.seed}
+    differing = {k: (manifest.get(k), v) for k, v in wanted.items() if manifest.get(k) != v}
+    sources = [s["path"] for s in manifest.get("sources", [])]
+    if sources != [str(p.resolve()) for p in resolve_corpus(data.corpus)]:
+        differing["corpus"] = (sources, list(data.corpus))
+    if differing:
+        details = "; ".join(f"{k}: prepared {old!r}, config {new!r}" for k, (old, new) in differing.items())
+        raise ConfigError(f"{data.prepared_dir} holds data prepared with other settings ({details}); "
+                          "pass --overwrite to rebuild it or choose another data.prepared_dir")
+    return True
 
 
 def cmd_train(args) -> None:
@@ -91,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         args.handler(args)
-    except (ConfigError, FileNotFoundError, ValueError) as err:
+    except (ConfigError, OSError, ValueError) as err:
         print(f"jaxlm {args.command}: error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -7,3 +7,66 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+TINY = {
+    "model": {"preset": "bert-tiny", "hidden_size": 64, "num_layers": 2, "num_heads": 2,
+              "intermediate_size": 256, "max_position_embeddings": 64, "dtype": "float32"},
+    "data": {"corpus": ["demo:austen"], "max_seq_length": 64, "max_predictions": 10, "seed": 7},
+    "mesh": {"data": -1, "rules": "dp"},
+    "optim": {"peak_lr": 2e-3, "warmup_steps": 10},
+    "train": {"steps": 20, "global_batch": 32, "log_every": 1, "eval_every": 1000, "eval_batches": 4,
+              "checkpoint_every": 10},
+}
+
+
+def merged(base: dict, extra: dict) -> dict:
+    out = {k: dict(v) for k, v in base.items()}
+    for section, values in extra.items():
+        out.setdefault(section, {}).update(values)
+    return out
+
+
+def write_config(directory: pathlib.Path, extra: dict | None = None, name: str = "config.yaml") -> pathlib.Path:
+    path = directory / name
+    path.write_text(yaml.safe_dump(merged(TINY, extra or {})))
+    return path
+
+
+def run_cli(*args, devices: int = 8, check: bool = True, timeout: float = 900, env_extra=None):
+    """`jaxlm ARGS` in a fresh process with `devices` simulated CPU devices."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **(env_extra or {}))
+    proc = subprocess.run([sys.executable, "-m", "jaxlm.cli", *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"jaxlm {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def prepared_dir(tmp_path_factory) -> pathlib.Path:
+    """The Austen novels prepared at sequence length 64 with the real bert-base-uncased vocabulary."""
+    directory = tmp_path_factory.mktemp("prepared")
+    config = write_config(directory, {"data": {"prepared_dir": str(directory / "data")}})
+    run_cli("prepare", config, devices=1)
+    return directory / "data"
+
+
+@pytest.fixture
+def tiny_config(tmp_path, prepared_dir):
+    """A function: overrides -> path of a tiny-BERT config on the prepared Austen data in tmp_path."""
+    def make(extra: dict | None = None, name: str = "config.yaml") -> pathlib.Path:
+        base = {"data": {"prepared_dir": str(prepared_dir)}, "train": {"run_dir": str(tmp_path / "run")}}
+        for section, values in (extra or {}).items():
+            base.setdefault(section, {}).update(values)
+        return write_config(tmp_path, base, name)
+    return make

@@ -131,11 +131,11 @@ def read_tensors(model_dir) -> dict[str, np.ndarray]:
 
 def _dense(ours: str, theirs: str, kind: str = "linear") -> list[tuple[str, str, str]]:
     bias_kind = "heads_bias" if kind == "heads_in" else "copy"
-    return [(f"{ours}/dense/kernel", f"{theirs}.weight", kind), (f"{ours}/dense/bias", f"{theirs}.bias", bias_kind)]
+    return [(f"{ours}/kernel", f"{theirs}.weight", kind), (f"{ours}/bias", f"{theirs}.bias", bias_kind)]
 
 
 def _norm(ours: str, theirs: str) -> list[tuple[str, str, str]]:
-    return [(f"{ours}/norm/scale", f"{theirs}.weight", "copy"), (f"{ours}/norm/bias", f"{theirs}.bias", "copy")]
+    return [(f"{ours}/scale", f"{theirs}.weight", "copy"), (f"{ours}/bias", f"{theirs}.bias", "copy")]
 
 
 def _layer(i: int) -> list[tuple[str, str, str]]:

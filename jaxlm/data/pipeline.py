@@ -96,7 +96,7 @@ class PretrainingData:
         """(epoch, example indices) of global batch `step`; each epoch's tail remainder is dropped."""
         per_epoch = self.steps_per_epoch(global_batch)
         epoch, within = divmod(step, per_epoch)
-        return epoch, self.permutation(epoch)[within * global_batch:(within + 1) * global_batch]
+        return epoch, self.permutation(epoch)[within * global_batch:(within + 1) * global_batch].copy()
 
     def local_batch(self, step: int, global_batch: int, process_index: int = 0,
                     process_count: int = 1) -> dict[str, np.ndarray]:

@@ -28,7 +28,7 @@ def gelu(x: jax.Array) -> jax.Array:
 
 
 class Dense(nn.Module):
-    """A DenseGeneral whose kernel and bias carry logical axis names."""
+    """x · kernel + bias, contracting the last `contract` axes; both parameters carry logical names."""
 
     config: TransformerConfig
     features: int | tuple[int, ...]
@@ -38,16 +38,16 @@ class Dense(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.config
         features = self.features if isinstance(self.features, tuple) else (self.features,)
-        return nn.DenseGeneral(
-            features=features,
-            axis=tuple(range(-self.contract, 0)),
-            dtype=jnp.dtype(self.config.dtype),
-            param_dtype=jnp.dtype(self.config.param_dtype),
-            kernel_init=normal_init(self.config, self.in_axes + self.out_axes),
-            bias_init=zeros_init(self.out_axes),
-            name="dense",
-        )(x)
+        in_shape = x.shape[-self.contract:]
+        param_dtype, dtype = jnp.dtype(cfg.param_dtype), jnp.dtype(cfg.dtype)
+        kernel = self.param("kernel", normal_init(cfg, self.in_axes + self.out_axes),
+                            (*in_shape, *features), param_dtype)
+        bias = self.param("bias", zeros_init(self.out_axes), features, param_dtype)
+        y = jax.lax.dot_general(x.astype(dtype), kernel.astype(dtype),
+                                ((tuple(range(x.ndim - self.contract, x.ndim)), tuple(range(self.contract))), ((), ())))
+        return y + bias.astype(dtype)
 
 
 class LayerNorm(nn.Module):
@@ -57,14 +57,14 @@ class LayerNorm(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        return nn.LayerNorm(
-            epsilon=self.config.layer_norm_eps,
-            dtype=jnp.dtype(self.config.dtype),
-            param_dtype=jnp.dtype(self.config.param_dtype),
-            scale_init=ones_init(("embed",)),
-            bias_init=zeros_init(("embed",)),
-            name="norm",
-        )(x.astype(jnp.float32)).astype(jnp.dtype(self.config.dtype))
+        cfg = self.config
+        scale = self.param("scale", ones_init(("embed",)), (x.shape[-1],), jnp.dtype(cfg.param_dtype))
+        bias = self.param("bias", zeros_init(("embed",)), (x.shape[-1],), jnp.dtype(cfg.param_dtype))
+        x = x.astype(jnp.float32)
+        mean = jnp.mean(x, axis=-1, keepdims=True)
+        variance = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+        y = (x - mean) * jax.lax.rsqrt(variance + cfg.layer_norm_eps) * scale + bias
+        return y.astype(jnp.dtype(cfg.dtype))
 
 
 class Mlp(nn.Module):

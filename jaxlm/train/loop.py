@@ -73,7 +73,7 @@ def compile_steps(setup: Setup):
              for k, v in setup.objective.batch_shapes(setup.config.train.global_batch).items()}
     rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated(setup.mesh))
     train_step = make_train_step(setup.objective, setup.optimizer, setup.schedule, setup.config.optim.grad_accum)
-    with setup.mesh, nn.logical_axis_rules(setup.rules):
+    with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
         train = jax.jit(train_step, in_shardings=(setup.shardings, setup.batch_shardings, replicated(setup.mesh)),
                         out_shardings=(setup.shardings, replicated(setup.mesh)), donate_argnums=0)
         compiled_train = train.lower(setup.abstract, batch, rng).compile()

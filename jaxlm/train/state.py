@@ -45,7 +45,7 @@ def abstract_state(init_params, optimizer, shardings):
 
 def create_state(init_params, optimizer, shardings, mesh: Mesh, rules: Rules, rng) -> TrainState:
     """Initialise directly into the sharded layout."""
-    with mesh, nn.logical_axis_rules(rules):
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         return jax.jit(lambda r: _state(init_params, optimizer, r), out_shardings=shardings)(rng)
 
 

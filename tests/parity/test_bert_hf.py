@@ -50,7 +50,7 @@ def minilm():
     tokenizer = transformers.BertTokenizer(vocab=str(path / "vocab.txt"), do_lower_case=True)
     batch = tokenizer(SENTENCES, padding=True, return_tensors="np")
     torch_model = transformers.BertModel.from_pretrained(
-        str(path), torch_dtype=torch.float32, attn_implementation="eager").eval()
+        str(path), dtype=torch.float32, attn_implementation="eager").eval()
     return path, config, params, batch, torch_model
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from jaxlm.data.assets import bert_vocab_path, fetch_demo_corpus
 from jaxlm.data.masking import mask_example, random_non_special
-from jaxlm.data.pipeline import PretrainingData
+from jaxlm.data.pipeline import PretrainingData, most_frequent_token_baseline
 from jaxlm.data.prepare import prepare
 from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer
 
@@ -106,3 +106,11 @@ def test_mask_example_caps_predictions_and_rejects_long_input():
 def test_random_replacements_avoid_special_ids():
     draws = random_non_special(np.random.default_rng(0), 200_000, 12, (0, 5, 11, 3))
     assert set(np.unique(draws).tolist()) == {1, 2, 4, 6, 7, 8, 9, 10}
+
+
+def test_most_frequent_token_baseline(data):
+    labels = np.concatenate([data.example(i, 0)["masked_labels"][data.example(i, 0)["masked_weights"] > 0]
+                             for i in range(300)])
+    expected = np.bincount(labels).max() / len(labels)
+    assert most_frequent_token_baseline(data, limit=300) == pytest.approx(expected)
+    assert 0.01 < expected < 0.2

@@ -1,0 +1,25 @@
+# `make demo` and `make test` each create .venv and install the pinned dependencies first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+JAXLM := $(VENV)/bin/jaxlm
+DEMO_CONFIG ?= configs/bert-tiny.yaml
+
+.PHONY: install demo test bench clean-demo
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	JAX_PLATFORMS=$${JAX_PLATFORMS:-cpu} $(JAXLM) prepare $(DEMO_CONFIG)
+	JAX_PLATFORMS=$${JAX_PLATFORMS:-cpu} $(JAXLM) train $(DEMO_CONFIG)
+
+test: install
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+clean-demo:
+	rm -rf runs/bert-tiny data/bert-tiny

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Start N jaxlm processes on this machine, joined by jax.distributed through a local coordinator.
+#   launch/local_multiprocess.sh N CONFIG [section.key=value ...]
+# Each process gets TOTAL_DEVICES / N simulated CPU devices (JAXLM_TOTAL_DEVICES, default 8) when
+# run on the CPU. JAXLM_COMMAND picks the subcommand (default: train). Exits non-zero if any fails.
+set -euo pipefail
+if [ $# -lt 2 ]; then
+  echo "usage: $0 N CONFIG [section.key=value ...]" >&2
+  exit 2
+fi
+count=$1; config=$2; shift 2
+total=${JAXLM_TOTAL_DEVICES:-8}
+if [ $((total % count)) -ne 0 ]; then
+  echo "error: $total devices cannot be split evenly over $count processes" >&2
+  exit 2
+fi
+port=${JAXLM_PORT:-$((20000 + RANDOM % 20000))}
+here=$(cd "$(dirname "$0")/.." && pwd)
+jaxlm=${JAXLM_BIN:-$here/.venv/bin/jaxlm}
+pids=()
+for ((i = 0; i < count; i++)); do
+  JAXLM_COORDINATOR=127.0.0.1:$port JAXLM_NUM_PROCESSES=$count JAXLM_PROCESS_ID=$i \
+  JAXLM_LOCAL_DEVICE_COUNT=$((total / count)) JAX_PLATFORMS=${JAX_PLATFORMS:-cpu} \
+    "$jaxlm" "${JAXLM_COMMAND:-train}" "$config" "$@" &
+  pids+=($!)
+done
+status=0
+for pid in "${pids[@]}"; do
+  wait "$pid" || status=$?
+done
+exit $status

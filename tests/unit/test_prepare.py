@@ -1,0 +1,200 @@
+"""jaxlm prepare for BERT pairs: shards, manifest, held-out split, errors, and per-process batches."""
+import json
+
+import numpy as np
+import pytest
+from array_record.python.array_record_data_source import ArrayRecordDataSource
+
+import jaxlm.data.prepare as prep
+from jaxlm.data.assets import bert_vocab_path, fetch_demo_corpus
+from jaxlm.data.pipeline import PretrainingData
+from jaxlm.data.prepare import decode_record, prepare, read_documents
+from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer
+
+SEQ = 128
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return WordPieceTokenizer(bert_vocab_path())
+
+
+@pytest.fixture(scope="module")
+def austen():
+    return [p for p in fetch_demo_corpus() if p.name == "austen.txt"]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory, tokenizer, austen):
+    out = tmp_path_factory.mktemp("prepare") / "bert"
+    manifest = prepare(austen, out, tokenizer, max_seq_length=SEQ, short_seq_prob=0.1,
+                       dupe_factor=1, valid_fraction=0.1, seed=5, shard_size=3000, progress=False)
+    return out, manifest
+
+
+def _records(directory, names):
+    source = ArrayRecordDataSource([str(directory / n) for n in names])
+    return [decode_record(source[i]) for i in range(len(source))]
+
+
+def test_manifest_counts_match_shards(prepared, austen):
+    out, manifest = prepared
+    assert json.loads((out / "manifest.json").read_text()) == manifest
+    assert manifest["sources"][0]["bytes"] == austen[0].stat().st_size
+    total_docs = 0
+    for split, info in manifest["splits"].items():
+        assert sorted(p.name for p in out.glob(f"{split}-*.array_record")) == info["shards"]
+        assert info["shards"][0] == f"{split}-00000-of-{len(info['shards']):05d}.array_record"
+        records = _records(out, info["shards"])
+        assert len(records) == info["examples"] > 0
+        assert sum(len(t) for t, _, _ in records) == info["tokens"]
+        assert sum(r for _, _, r in records) == info["random_next"]
+        total_docs += info["documents"]
+    assert total_docs == manifest["sources"][0]["documents"] == len(read_documents(austen[0]))
+    assert len(manifest["splits"]["train"]["shards"]) > 1
+
+
+def test_examples_are_well_formed(prepared, tokenizer):
+    out, manifest = prepared
+    for info in manifest["splits"].values():
+        for tokens, len_a, _ in _records(out, info["shards"]):
+            assert len(tokens) <= SEQ and tokens[0] == tokenizer.cls_id
+            seps = np.flatnonzero(tokens == tokenizer.sep_id)
+            assert seps.tolist() == [len_a - 1, len(tokens) - 1]
+            assert len_a >= 3 and len(tokens) - len_a >= 2
+
+
+def _sentence_keys(sentence_ids):
+    return {" " + " ".join(map(str, s)) + " " for s in sentence_ids if 12 <= len(s) <= 40}
+
+
+def test_valid_documents_never_reach_train(prepared, tokenizer, austen):
+    out, manifest = prepared
+    split = json.loads((out / "documents.json").read_text())
+    train = {tuple(d) for d in split["train"]}
+    valid = {tuple(d) for d in split["valid"]}
+    docs = read_documents(austen[0])
+    assert not train & valid and len(train | valid) == len(docs)
+    assert len(valid) == manifest["splits"]["valid"]["documents"] == round(0.1 * len(docs))
+
+    def keys(which):
+        return _sentence_keys(tokenizer.encode_batch([s for _, d in sorted(which) for s in docs[d]]))
+
+    train_keys, valid_keys = keys(train), keys(valid)
+    valid_only = valid_keys - train_keys
+    train_text = "|".join(" " + " ".join(map(str, t)) + " "
+                          for t, _, _ in _records(out, manifest["splits"]["train"]["shards"]))
+    assert len(valid_only) > 500
+    assert not [k for k in sorted(valid_only)[:500] if k in train_text]
+    sample = sorted(train_keys)[:300]
+    assert sum(k in train_text for k in sample) > 0.6 * len(sample)  # the check can see leaks
+
+
+def test_missing_file_is_named(tmp_path, tokenizer, austen):
+    missing = tmp_path / "nope.txt"
+    with pytest.raises(FileNotFoundError, match="nope.txt"):
+        prepare([austen[0], missing], tmp_path / "out", tokenizer, progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_empty_corpus_names_the_files(tmp_path, tokenizer):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n\n")
+    with pytest.raises(ValueError, match="empty corpus.*empty.txt"):
+        prepare([empty], tmp_path / "out", tokenizer, progress=False)
+    one = tmp_path / "one.txt"
+    one.write_text("A single document.\nWith two sentences.\n")
+    with pytest.raises(ValueError, match="at least 2"):
+        prepare([one], tmp_path / "out", tokenizer, progress=False)
+
+
+def test_existing_output_is_kept_unless_overwrite(tmp_path, tokenizer):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("One sentence here.\nAnother one.\n\nSecond document.\nIt ends.\n\n"
+                      "Third document.\nWith more.\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("precious")
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        prepare([corpus], out, tokenizer, progress=False)
+    assert (out / "keep.txt").read_text() == "precious"
+    manifest = prepare([corpus], out, tokenizer, valid_fraction=0.3, progress=False, overwrite=True)
+    assert not (out / "keep.txt").exists() and (out / "manifest.json").exists()
+    assert manifest["splits"]["valid"]["documents"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt", "out"]
+
+
+def test_interrupted_prepare_leaves_nothing_behind(tmp_path, tokenizer, monkeypatch):
+    corpus = tmp_path / "in" / "c.txt"
+    corpus.parent.mkdir()
+    corpus.write_text("One sentence.\nTwo.\n\nAnother document.\nEnds here.\n")
+    data = tmp_path / "data"
+    data.mkdir()
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(prep, "write_shards", boom)
+    with pytest.raises(KeyboardInterrupt):
+        prepare([corpus], data / "out", tokenizer, progress=False)
+    assert list(data.iterdir()) == []
+
+
+def test_manifest_mismatches_and_missing_dir(prepared, tokenizer, tmp_path):
+    out, _ = prepared
+    with pytest.raises(ValueError, match=f"tokenizer_fingerprint.*{tokenizer.fingerprint()}.*deadbeef.*jaxlm prepare"):
+        PretrainingData(out, "train", seed=0, max_predictions=20, tokenizer_fingerprint="deadbeef")
+    with pytest.raises(ValueError, match="vocab_size.*30522.*1000"):
+        PretrainingData(out, "train", seed=0, max_predictions=20, vocab_size=1000)
+    with pytest.raises(ValueError, match="max_seq_length.*128.*512"):
+        PretrainingData(out, "train", seed=0, max_predictions=20, max_seq_length=512)
+    with pytest.raises(ValueError, match="available"):
+        PretrainingData(out, "test", seed=0, max_predictions=20)
+    with pytest.raises(FileNotFoundError, match="jaxlm prepare CONFIG"):
+        PretrainingData(tmp_path / "absent", "train", seed=0, max_predictions=20)
+
+
+@pytest.fixture(scope="module")
+def train(prepared):
+    return PretrainingData(prepared[0], "train", seed=9, max_predictions=20)
+
+
+def test_process_slices_concatenate_to_the_global_batch(train):
+    for step in (0, 3):
+        whole = train.local_batch(step, 16, 0, 1)
+        parts = [train.local_batch(step, 16, p, 2) for p in range(2)]
+        for key in whole:
+            np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), whole[key])
+    assert whole["input_ids"].shape == (16, SEQ) and whole["nsp_label"].shape == (16,)
+    with pytest.raises(ValueError, match="divisible"):
+        train.local_batch(0, 16, 0, 3)
+
+
+def test_batch_indices_permute_each_epoch(train):
+    gb = 64
+    per_epoch = len(train) // gb
+    seen = [train.batch_indices(s, gb) for s in range(per_epoch)]
+    assert {e for e, _ in seen} == {0}
+    flat = np.concatenate([i for _, i in seen])
+    assert len(np.unique(flat)) == len(flat) == per_epoch * gb and flat.max() < len(train)
+    epoch, first = train.batch_indices(per_epoch, gb)
+    assert epoch == 1 and not np.array_equal(first, seen[0][1])
+    np.testing.assert_array_equal(train.batch_indices(5, gb)[1], seen[5][1])
+    with pytest.raises(ValueError, match="larger than"):
+        train.batch_indices(0, len(train) + 1)
+
+
+def test_iterate_resumes_from_any_step(train):
+    stream = train.iterate(4, 8, 1, 2, prefetch=2)
+    for step in (4, 5, 6):
+        got, want = next(stream), train.local_batch(step, 8, 1, 2)
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key])
+    stream.close()
+
+
+def test_show_is_json_friendly(train, tokenizer):
+    rows = train.show(2, tokenizer)
+    line = json.dumps(rows[0])
+    assert json.loads(line)["tokens"][0] == "[CLS]"
+    assert rows[0]["input_ids"] == train.local_batch(0, 2)["input_ids"][0].tolist()
