@@ -193,7 +193,8 @@ def train(config: RunConfig) -> dict:
             last_time, last_step = now, step
         if step % tcfg.eval_every == 0 and step < stop_at:
             writer.write(step, evaluate(setup, compiled_eval, state.params, valid), split="eval")
-        checkpoint.save(mngr, step, state, {"step": step}, resolved, force=step == stop_at or out_of_time)
+        if step % tcfg.checkpoint_every == 0 or step == stop_at or out_of_time:
+            checkpoint.save(mngr, step, state, {"step": step}, resolved, force=True)
         if out_of_time:
             writer.message(f"train.time_limit_minutes={tcfg.time_limit_minutes} reached at step {step}")
             break
