@@ -1,0 +1,75 @@
+"""Each bad input stops with a clear message and a non-zero exit, before compute, losing nothing."""
+import pytest
+
+from conftest import run_cli
+
+
+def _snapshot(directory):
+    return {p.relative_to(directory): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def existing_run(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 1, "split": "train", "loss": 9.0}\n')
+    (run / "checkpoints" / "keep.txt").write_text("an earlier checkpoint")
+    return run
+
+
+CASES = {
+    "unknown key": ({}, ["train.stepz=5"], ["unknown key(s) train.stepz", "valid keys in train:", "steps"]),
+    "mesh product": ({"mesh": {"data": 3, "fsdp": 1, "tensor": 1}}, [], ["3 devices but 8 are present"]),
+    "sequence beyond positions": ({"data": {"max_seq_length": 128}}, [],
+                                  ["max_seq_length=128", "max_position_embeddings=64"]),
+    "vocabulary size": ({"model": {"vocab_size": 1000}}, [], ["30522 tokens but model.vocab_size=1000"]),
+    "unknown section": ({}, ["trian.steps=5"], ["unknown section", "valid sections"]),
+    "bad number": ({}, ["train.steps=many"], ["train.steps must be a number"]),
+    "batch vs mesh": ({"train": {"global_batch": 12}}, [], ["global_batch=12", "batch shards"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_train_rejects_bad_config(case, tiny_config, existing_run):
+    extra, overrides, expected = CASES[case]
+    before = _snapshot(existing_run)
+    proc = run_cli("train", tiny_config(extra), *overrides, check=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    for text in expected:
+        assert text in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert _snapshot(existing_run) == before
+
+
+def test_prepare_rejects_missing_and_empty_corpus(tiny_config, tmp_path):
+    missing = run_cli("prepare", tiny_config({"data": {"corpus": [str(tmp_path / "nope.txt")],
+                                                       "prepared_dir": str(tmp_path / "p")}}), check=False)
+    assert missing.returncode == 2 and "nope.txt does not exist" in missing.stderr
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    proc = run_cli("prepare", tiny_config({"data": {"corpus": [str(empty)], "prepared_dir": str(tmp_path / "p")}}),
+                   check=False)
+    assert proc.returncode == 2 and "empty.txt is empty" in proc.stderr
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n\n   \n\n")
+    proc = run_cli("prepare", tiny_config({"data": {"corpus": [str(blank)], "prepared_dir": str(tmp_path / "p")}}),
+                   check=False)
+    assert proc.returncode == 2 and "empty corpus" in proc.stderr
+    assert not (tmp_path / "p").exists()
+
+
+def test_train_without_prepared_data_says_to_prepare(tiny_config, tmp_path):
+    proc = run_cli("train", tiny_config({"data": {"prepared_dir": str(tmp_path / "none")}}), check=False)
+    assert proc.returncode == 2 and "jaxlm prepare" in proc.stderr
+
+
+def test_prepare_refuses_other_settings_in_the_same_directory(tiny_config, prepared_dir):
+    proc = run_cli("prepare", tiny_config({"data": {"short_seq_prob": 0.3}}), check=False)
+    assert proc.returncode == 2 and "short_seq_prob" in proc.stderr and "--overwrite" in proc.stderr
+    again = run_cli("prepare", tiny_config())
+    assert "already prepared" in again.stdout
+
+
+def test_missing_config_file(tmp_path):
+    proc = run_cli("train", tmp_path / "missing.yaml", check=False)
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
