@@ -5,49 +5,21 @@ Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
-_DP: Rules = (
-    ("batch", ("data", "fsdp")),
-    ("length", None),
-    ("embed", None),
-    ("embed_out", None),
-    ("heads", None),
-    ("kv", None),
-    ("mlp", None),
-    ("vocab", None),
-    ("segment", None),
-    ("classes", None),
-    ("layers", None),
-)
+LOGICAL_AXES = ("batch", "length", "embed", "embed_out", "heads", "kv", "mlp", "vocab", "segment",
+                "classes", "layers")
 
-_FSDP: Rules = (
-    ("batch", ("data", "fsdp")),
-    ("length", None),
-    ("embed", "fsdp"),
-    ("embed_out", None),
-    ("heads", None),
-    ("kv", None),
-    ("mlp", None),
-    ("vocab", None),
-    ("segment", None),
-    ("classes", None),
-    ("layers", None),
-)
 
-_FSDP_TP: Rules = (
-    ("batch", ("data", "fsdp")),
-    ("length", None),
-    ("embed", "fsdp"),
-    ("embed_out", "tensor"),
-    ("heads", "tensor"),
-    ("kv", None),
-    ("mlp", "tensor"),
-    ("vocab", "tensor"),
-    ("segment", None),
-    ("classes", None),
-    ("layers", None),
-)
+def _rules(**placed) -> Rules:
+    """Every logical axis replicated, the batch split over data and fsdp, then `placed` on top."""
+    table = {name: None for name in LOGICAL_AXES} | {"batch": ("data", "fsdp")} | placed
+    return tuple(table.items())
 
-PRESETS: dict[str, Rules] = {"dp": _DP, "fsdp": _FSDP, "fsdp_tp": _FSDP_TP}
+
+PRESETS: dict[str, Rules] = {
+    "dp": _rules(),
+    "fsdp": _rules(embed="fsdp"),
+    "fsdp_tp": _rules(embed="fsdp", embed_out="tensor", heads="tensor", mlp="tensor", vocab="tensor"),
+}
 
 
 def rules_for(name: str) -> Rules:

@@ -30,16 +30,16 @@ def restore(mngr: ocp.CheckpointManager, abstract_state, step: int | None = None
 
 
 def restore_params(directory: str | pathlib.Path, abstract_params, step: int | None = None):
-    """Only the parameters of another run's checkpoint (for `init_from`)."""
-    mngr = ocp.CheckpointManager(pathlib.Path(directory).absolute(), item_names=ITEMS,
+    """Only the parameters of another run's checkpoint (`train.init_from`), onto this run's shardings."""
+    path = pathlib.Path(directory) / "checkpoints"
+    path = path if path.is_dir() else pathlib.Path(directory)
+    mngr = ocp.CheckpointManager(path.absolute(), item_names=ITEMS,
                                  options=ocp.CheckpointManagerOptions(read_only=True))
     step = mngr.latest_step() if step is None else step
     if step is None:
-        raise FileNotFoundError(f"no checkpoint found in {directory}")
-    meta = mngr.item_metadata(step)["state"]
+        raise FileNotFoundError(f"train.init_from={directory}: no checkpoint found there")
     target = {"params": abstract_params}
     restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-        item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-        partial_restore=True)))
-    del meta
+        item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
+    mngr.close()
     return restored["state"]["params"]

@@ -46,3 +46,18 @@ def test_sigkill_then_resume_matches_uninterrupted(tiny_config, tmp_path):
     expected, got = _losses(tmp_path / "straight"), _losses(tmp_path / "killed")
     assert sorted(got) == list(range(1, STEPS + 1))
     assert got == expected
+
+
+def test_init_from_starts_from_another_runs_parameters(tiny_config, tmp_path):
+    source = tiny_config({"train": {"steps": 30, "run_dir": str(tmp_path / "source")}}, "source.yaml")
+    run_cli("train", source)
+    fresh = tiny_config({"train": {"steps": 2, "run_dir": str(tmp_path / "fresh")}}, "fresh.yaml")
+    warm = tiny_config({"train": {"steps": 2, "run_dir": str(tmp_path / "warm"),
+                                  "init_from": str(tmp_path / "source")}}, "warm.yaml")
+    run_cli("train", fresh)
+    proc = run_cli("train", warm)
+    assert "initialised from" in proc.stdout + proc.stderr
+    assert _losses(tmp_path / "warm")[1] < _losses(tmp_path / "fresh")[1] - 0.5
+    missing = tiny_config({"train": {"run_dir": str(tmp_path / "x"), "init_from": str(tmp_path / "nowhere")}}, "m.yaml")
+    bad = run_cli("train", missing, check=False)
+    assert bad.returncode == 2 and "no checkpoint found" in bad.stderr

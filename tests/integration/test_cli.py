@@ -1,0 +1,35 @@
+"""`jaxlm data show` prints what the model receives; `jaxlm bench` prints tokens/s and MFU."""
+import json
+
+from conftest import run_cli
+from jaxlm.data.assets import bert_vocab_path
+
+
+def test_data_show_prints_model_inputs(tiny_config):
+    proc = run_cli("data", "show", tiny_config(), "--n", "5", devices=1)
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(records) == 5
+    vocab = bert_vocab_path().read_text().splitlines()
+    chosen_total = masked_total = 0
+    for record in records:
+        ids, tokens = record["input_ids"], record["tokens"]
+        assert [vocab[i] for i in ids] == tokens
+        assert tokens[0] == "[CLS]" and tokens.count("[SEP]") == 2
+        assert len(ids) == len(record["segment_ids"]) == 64
+        assert record["nsp_label"] in (0, 1)
+        chosen = [p for p, w in zip(record["masked_positions"], record["masked_weights"]) if w > 0]
+        assert chosen and all(0 < p < 64 for p in chosen)
+        labels = [label for label, w in zip(record["masked_labels"], record["masked_weights"]) if w > 0]
+        chosen_total += len(chosen)
+        masked_total += sum(ids[p] == 103 for p in chosen)
+        assert all(label not in (0, 101, 102) for label in labels)
+    assert masked_total >= 0.6 * chosen_total
+
+
+def test_bench_prints_throughput(tiny_config):
+    proc = run_cli("bench", tiny_config(), "bench.steps=2", "bench.warmup=1", "bench.peak_flops_per_device=1e11",
+                   "--json", devices=8)
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert row["tokens_per_s"] > 0 and row["devices"] == 8
+    assert 0 < row["mfu"] < 1
+    assert "tokens_per_s" in proc.stdout and "mfu" in proc.stdout

@@ -1,0 +1,75 @@
+"""Optimiser: decay mask, schedule, LAMB, and gradient accumulation equal to one big batch."""
+import jax
+import numpy as np
+import optax
+
+from jaxlm import config as config_lib
+from jaxlm.config import OptimConfig
+from jaxlm.train.bench import synthetic_batch
+from jaxlm.train.loop import build, compile_steps, global_batch
+from jaxlm.train.optim import decay_mask, schedule
+from jaxlm.train.state import create_state
+
+SMALL = {"model": {"preset": "bert-tiny", "hidden_size": 32, "num_layers": 1, "num_heads": 2,
+                   "intermediate_size": 64, "vocab_size": 2000, "dtype": "float32",
+                   "hidden_dropout": 0.0, "attention_dropout": 0.0},
+         "data": {"max_seq_length": 32, "max_predictions": 5},
+         "mesh": {"data": 2, "fsdp": 2, "tensor": 2, "rules": "fsdp_tp"},
+         "train": {"global_batch": 16, "steps": 10}, "optim": {"warmup_steps": 2, "peak_lr": 1e-2}}
+
+
+def _config(**sections):
+    tree = {k: dict(v) for k, v in SMALL.items()}
+    for name, values in sections.items():
+        tree[name] = {**tree.get(name, {}), **values}
+    return config_lib.from_dict(tree)
+
+
+def _run(config, steps):
+    setup = build(config)
+    state = create_state(setup.objective.init, setup.optimizer, setup.shardings, setup.mesh, setup.rules,
+                         jax.random.key(0))
+    train_step, _ = compile_steps(setup)
+    batch = global_batch(setup, synthetic_batch(config, config.train.global_batch))
+    losses = []
+    for _ in range(steps):
+        state, metrics = train_step(state, batch, jax.random.key(1))
+        losses.append(float(metrics["loss"]))
+    return state, losses
+
+
+def test_decay_mask_skips_norms_and_biases():
+    params = {"layer": {"kernel": 1.0, "bias": 1.0, "norm": {"scale": 1.0, "bias": 1.0}}, "embedding": 1.0}
+    assert decay_mask(params) == {"layer": {"kernel": True, "bias": False, "norm": {"scale": False, "bias": False}},
+                                  "embedding": True}
+
+
+def test_schedule_warms_up_then_decays_linearly():
+    lr = schedule(OptimConfig(peak_lr=1.0, warmup_steps=10, end_lr=0.0), 110)
+    assert float(lr(0)) == 0.0
+    assert np.isclose(float(lr(5)), 0.5)
+    assert np.isclose(float(lr(10)), 1.0)
+    assert np.isclose(float(lr(60)), 0.5)
+    assert np.isclose(float(lr(110)), 0.0)
+
+
+def test_gradient_accumulation_matches_the_full_batch():
+    one, _ = _run(_config(), 3)
+    four, _ = _run(_config(optim={"grad_accum": 4}), 3)
+    for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(four.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-6)
+
+
+def test_adamw_and_lamb_fit_a_batch():
+    for name in ("adamw", "lamb"):
+        _, losses = _run(_config(optim={"name": name}), 10)
+        assert losses[-1] < losses[0] - 0.5, (name, losses)
+
+
+def test_clipping_bounds_the_update():
+    config = _config(optim={"clip_norm": 1e-3})
+    clipped = optax.clip_by_global_norm(1e-3)
+    grads = {"w": np.full((4,), 10.0, np.float32)}
+    updates, _ = clipped.update(grads, clipped.init(grads))
+    assert np.isclose(float(optax.global_norm(updates)), 1e-3, rtol=1e-4)
+    assert config.optim.clip_norm == 1e-3
