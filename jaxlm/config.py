@@ -133,6 +133,22 @@ def merge(base: dict, extra: dict) -> dict:
     return out
 
 
+def _number(value, kind: type, where: str):
+    """An int or float field's value; strings such as '1e11' (YAML reads them as text) are parsed."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{where} must be a number, got {value!r}")
+    if kind is int:
+        if value != int(value):
+            raise ConfigError(f"{where} must be a whole number, got {value!r}")
+        return int(value)
+    return float(value)
+
+
 def _section(cls, values: dict, name: str):
     valid = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(valid))
@@ -147,10 +163,8 @@ def _section(cls, values: dict, name: str):
         elif isinstance(default, bool):
             if not isinstance(value, bool):
                 raise ConfigError(f"{name}.{key} must be true or false, got {value!r}")
-        elif isinstance(default, (int, float)) and not isinstance(default, bool):
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
-                raise ConfigError(f"{name}.{key} must be a number, got {value!r}")
-            value = type(default)(value) if isinstance(default, float) else value
+        elif isinstance(default, (int, float)):
+            value = _number(value, type(default), f"{name}.{key}")
         elif isinstance(default, str) and not isinstance(value, str):
             value = str(value)
         typed[key] = value

@@ -54,15 +54,16 @@ def test_schedule_warms_up_then_decays_linearly():
 
 
 def test_gradient_accumulation_matches_the_full_batch():
-    one, _ = _run(_config(), 3)
-    four, _ = _run(_config(optim={"grad_accum": 4}), 3)
+    one, one_losses = _run(_config(), 3)
+    four, four_losses = _run(_config(optim={"grad_accum": 4}), 3)
+    np.testing.assert_allclose(one_losses, four_losses, rtol=1e-5)
     for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(four.params)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-6)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-3, atol=5e-5)
 
 
 def test_adamw_and_lamb_fit_a_batch():
-    for name in ("adamw", "lamb"):
-        _, losses = _run(_config(optim={"name": name}), 10)
+    for name, peak_lr in (("adamw", 1e-2), ("lamb", 5e-2)):
+        _, losses = _run(_config(optim={"name": name, "peak_lr": peak_lr}), 10)
         assert losses[-1] < losses[0] - 0.5, (name, losses)
 
 
