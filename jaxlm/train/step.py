@@ -36,7 +36,7 @@ def make_train_step(objective, optimizer: optax.GradientTransformation, schedule
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = dict(objective.summarize(stats))
-        metrics["grad_norm"] = optax.global_norm(grads)
+        metrics["grad_norm"] = optax.tree.norm(grads)
         metrics["lr"] = schedule(state.step)
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
