@@ -4,6 +4,9 @@ from __future__ import annotations
 import dataclasses
 
 ATTENTION_KERNELS = ("xla", "cudnn")
+NORMS = ("layernorm", "rmsnorm")
+ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu")
+POSITION_EMBEDDINGS = ("learned", "rope")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,16 +25,38 @@ class TransformerConfig:
     dtype: str = "bfloat16"
     param_dtype: str = "float32"
     attention_kernel: str = "xla"
+    num_kv_heads: int = 0
+    position_embedding: str = "learned"
+    rope_theta: float = 10000.0
+    norm: str = "layernorm"
+    activation: str = "gelu"
+    use_bias: bool = True
+    tie_embeddings: bool = True
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: `num_kv_heads`, or `num_heads` when it is 0 (plain multi-head)."""
+        return self.num_kv_heads or self.num_heads
 
     def validate(self) -> None:
         if self.hidden_size % self.num_heads:
             raise ValueError(
                 f"model.hidden_size={self.hidden_size} is not divisible by model.num_heads={self.num_heads}"
             )
+        if self.num_heads % self.kv_heads:
+            raise ValueError(
+                f"model.num_heads={self.num_heads} is not divisible by model.num_kv_heads={self.num_kv_heads}"
+            )
+        for name, choices in (("norm", NORMS), ("activation", ACTIVATIONS),
+                              ("position_embedding", POSITION_EMBEDDINGS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"model.{name}={getattr(self, name)!r}; choose one of {choices}")
+        if self.position_embedding == "rope" and self.head_dim % 2:
+            raise ValueError(f"model.position_embedding='rope' needs an even head_dim, not {self.head_dim}")
         if self.attention_kernel not in ATTENTION_KERNELS:
             raise ValueError(
                 f"model.attention_kernel={self.attention_kernel!r}; choose one of {ATTENTION_KERNELS}"

@@ -1,4 +1,4 @@
-"""Named model sizes (BERT's published shapes) as TransformerConfig presets."""
+"""Named model sizes (BERT's and GPT-2's published shapes, a tiny Llama) as TransformerConfig presets."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,6 +10,14 @@ PRESETS: dict[str, TransformerConfig] = {
     "bert-mini": TransformerConfig(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=1024),
     "bert-base": TransformerConfig(),
     "bert-large": TransformerConfig(hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096),
+    "gpt2-small": TransformerConfig(
+        vocab_size=50257, max_position_embeddings=1024, type_vocab_size=0, layer_norm_eps=1e-5,
+        activation="gelu_tanh"),
+    "llama-tiny": TransformerConfig(
+        vocab_size=32000, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=688,
+        max_position_embeddings=2048, type_vocab_size=0, hidden_dropout=0.0, attention_dropout=0.0,
+        layer_norm_eps=1e-5, position_embedding="rope", norm="rmsnorm", activation="swiglu", use_bias=False,
+        tie_embeddings=False),
 }
 
 

@@ -1,12 +1,16 @@
-"""Token, learned-position and segment embeddings, summed and normalised as BERT does."""
+"""Token, learned-position and segment embeddings (summed and normalised as BERT does), and rotary positions."""
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxlm.models.config import TransformerConfig
 from jaxlm.nn.layers import LayerNorm, normal_init
+
+if TYPE_CHECKING:
+    from jaxlm.models.config import TransformerConfig
 
 
 class Embed(nn.Module):
@@ -27,6 +31,17 @@ class Embed(nn.Module):
     def attend(self, x: jax.Array) -> jax.Array:
         table = self.embedding.astype(jnp.dtype(self.config.dtype))
         return jnp.einsum("...e,ve->...v", x, table)
+
+
+def rotary_embedding(x: jax.Array, positions: jax.Array, theta: float = 10000.0) -> jax.Array:
+    """RoPE on [batch, length, heads, head_dim] at [batch, length] positions, in the half-split layout
+    (dimension i pairs with i + head_dim/2) that Hugging Face Llama checkpoints use."""
+    half = x.shape[-1] // 2
+    inv_freq = theta ** -(jnp.arange(half, dtype=jnp.float32) / half)
+    angles = positions.astype(jnp.float32)[..., None, None] * inv_freq
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
 class BertEmbeddings(nn.Module):

@@ -1,13 +1,14 @@
-"""Dense projections, LayerNorm and the GELU MLP, with logical axis names on every parameter."""
+"""Dense projections, LayerNorm, RMSNorm and the MLPs, with logical axis names on every parameter."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxlm.models.config import TransformerConfig
+if TYPE_CHECKING:
+    from jaxlm.models.config import TransformerConfig
 
 
 def normal_init(config: TransformerConfig, names: Sequence[str | None]):
@@ -27,6 +28,14 @@ def gelu(x: jax.Array) -> jax.Array:
     return jax.nn.gelu(x, approximate=False)
 
 
+def gelu_tanh(x: jax.Array) -> jax.Array:
+    """GPT-2's tanh-approximate GELU (`gelu_new`)."""
+    return jax.nn.gelu(x, approximate=True)
+
+
+ACTIVATIONS = {"gelu": gelu, "gelu_tanh": gelu_tanh}
+
+
 class Dense(nn.Module):
     """x · kernel + bias, contracting the last `contract` axes; both parameters carry logical names."""
 
@@ -44,9 +53,11 @@ class Dense(nn.Module):
         param_dtype, dtype = jnp.dtype(cfg.param_dtype), jnp.dtype(cfg.dtype)
         kernel = self.param("kernel", normal_init(cfg, self.in_axes + self.out_axes),
                             (*in_shape, *features), param_dtype)
-        bias = self.param("bias", zeros_init(self.out_axes), features, param_dtype)
         y = jax.lax.dot_general(x.astype(dtype), kernel.astype(dtype),
                                 ((tuple(range(x.ndim - self.contract, x.ndim)), tuple(range(self.contract))), ((), ())))
+        if not cfg.use_bias:
+            return y
+        bias = self.param("bias", zeros_init(self.out_axes), features, param_dtype)
         return y + bias.astype(dtype)
 
 
@@ -67,8 +78,27 @@ class LayerNorm(nn.Module):
         return y.astype(jnp.dtype(cfg.dtype))
 
 
+class RMSNorm(nn.Module):
+    """Root-mean-square norm over the embedding axis (no centring, no bias), computed in float32."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.config
+        scale = self.param("scale", ones_init(("embed",)), (x.shape[-1],), jnp.dtype(cfg.param_dtype))
+        x = x.astype(jnp.float32)
+        y = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + cfg.layer_norm_eps) * scale
+        return y.astype(jnp.dtype(cfg.dtype))
+
+
+def norm_layer(config: TransformerConfig, name: str) -> nn.Module:
+    """LayerNorm or RMSNorm, as `config.norm` says."""
+    return (RMSNorm if config.norm == "rmsnorm" else LayerNorm)(config, name=name)
+
+
 class Mlp(nn.Module):
-    """embed -> mlp (GELU) -> embed."""
+    """embed -> mlp (GELU, exact or tanh as `config.activation` says) -> embed."""
 
     config: TransformerConfig
 
@@ -76,6 +106,21 @@ class Mlp(nn.Module):
     def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
         cfg = self.config
         h = Dense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), name="intermediate")(x)
-        h = nn.with_logical_constraint(gelu(h), ("batch", "length", "mlp"))
+        h = nn.with_logical_constraint(ACTIVATIONS[cfg.activation](h), ("batch", "length", "mlp"))
         h = Dense(cfg, cfg.hidden_size, ("mlp",), ("embed",), name="output")(h)
+        return nn.Dropout(cfg.hidden_dropout)(h, deterministic=deterministic)
+
+
+class GatedMlp(nn.Module):
+    """SwiGLU: embed -> silu(gate) * up -> embed."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+        cfg = self.config
+        gate = Dense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), name="gate")(x)
+        up = Dense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), name="up")(x)
+        h = nn.with_logical_constraint(jax.nn.silu(gate) * up, ("batch", "length", "mlp"))
+        h = Dense(cfg, cfg.hidden_size, ("mlp",), ("embed",), name="down")(h)
         return nn.Dropout(cfg.hidden_dropout)(h, deterministic=deterministic)

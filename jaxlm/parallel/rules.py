@@ -5,8 +5,8 @@ Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
-LOGICAL_AXES = ("batch", "length", "embed", "embed_out", "heads", "kv", "mlp", "vocab", "segment",
-                "classes", "layers")
+LOGICAL_AXES = ("batch", "length", "embed", "embed_out", "heads", "kv_heads", "kv", "mlp", "vocab",
+                "segment", "classes", "layers")
 
 
 def _rules(**placed) -> Rules:

@@ -1,0 +1,281 @@
+"""Hugging Face GPT-2 and Llama checkpoints <-> jaxlm decoders: config, tensor names, layouts, shapes.
+
+Parameter trees are plain nested dicts of float32 numpy arrays laid out like the ``params``
+collection of :class:`jaxlm.models.decoder.CausalLM`. The map goes from each Hugging Face tensor
+to one or more of our parameters (GPT-2 fuses query, key and value into one ``c_attn``), with a
+layout kind that says how to convert it both ways. GPT-2 stores ``Conv1D`` weights as
+[in, out] (our layout, no transpose); Llama stores ``nn.Linear`` weights as [out, in].
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from jaxlm.convert.hf import _listed, _plain, flatten, read_config, read_tensors, unflatten
+from jaxlm.models.config import TransformerConfig
+from jaxlm.models.presets import model_config
+
+Entry = tuple[str, tuple[str, ...], str]
+GPT2_BUFFERS = (".attn.bias", ".attn.masked_bias")
+LLAMA_BUFFERS = (".rotary_emb.inv_freq",)
+LM_HEAD = "lm_head.weight"
+
+
+# ---------------------------------------------------------------- config
+
+def _check_family(config: Mapping, model_type: str, family: str) -> None:
+    found, names = config.get("model_type"), config.get("architectures") or []
+    wrong = [n for n in names if not n.startswith(family)] or ([found] if found not in (None, model_type) else [])
+    if wrong:
+        raise ValueError(f"checkpoint architecture {wrong[0]!r} is not a {family} model")
+
+
+def _build(fields: dict, overrides: dict) -> TransformerConfig:
+    result = model_config(**{**fields, **overrides})
+    result.validate()
+    return result
+
+
+def gpt2_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
+    """A TransformerConfig from a Hugging Face GPT-2 config.json dict; `overrides` win (e.g. dtype)."""
+    _check_family(config, "gpt2", "GPT2")
+    activation = config.get("activation_function", "gelu_new")
+    if activation not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise ValueError(f"activation_function={activation!r} is not supported: jaxlm GPT-2 uses 'gelu_new'")
+    if not config.get("scale_attn_weights", True) or config.get("scale_attn_by_inverse_layer_idx"):
+        raise ValueError("GPT-2 attention scaling other than 1/sqrt(head_dim) is not supported")
+    if config.get("add_cross_attention"):
+        raise ValueError("GPT-2 cross-attention is not supported")
+    hidden = config.get("n_embd", 768)
+    fields = dict(
+        vocab_size=config.get("vocab_size", 50257), hidden_size=hidden, num_layers=config.get("n_layer", 12),
+        num_heads=config.get("n_head", 12), intermediate_size=config.get("n_inner") or 4 * hidden,
+        max_position_embeddings=config.get("n_positions", 1024), type_vocab_size=0,
+        hidden_dropout=config.get("resid_pdrop", 0.1), attention_dropout=config.get("attn_pdrop", 0.1),
+        layer_norm_eps=config.get("layer_norm_epsilon", 1e-5),
+        initializer_range=config.get("initializer_range", 0.02), activation="gelu_tanh",
+        tie_embeddings=config.get("tie_word_embeddings", True))
+    return _build(fields, overrides)
+
+
+def _rope_theta(config: Mapping) -> float:
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind != "default":
+        raise ValueError(f"rope_type={kind!r} is not supported: jaxlm Llama uses plain ('default') RoPE")
+    return float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
+
+
+def llama_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
+    """A TransformerConfig from a Hugging Face Llama config.json dict; `overrides` win (e.g. dtype)."""
+    _check_family(config, "llama", "Llama")
+    if config.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act={config['hidden_act']!r} is not supported: jaxlm Llama uses 'silu'")
+    if config.get("attention_bias") or config.get("mlp_bias"):
+        raise ValueError("Llama attention_bias/mlp_bias are not supported: jaxlm Llama has no biases")
+    heads = config.get("num_attention_heads", 32)
+    hidden = config.get("hidden_size", 4096)
+    head_dim = config.get("head_dim") or hidden // heads
+    if head_dim * heads != hidden:
+        raise ValueError(f"head_dim={head_dim} * num_attention_heads={heads} != hidden_size={hidden}: "
+                         "jaxlm needs head_dim = hidden_size / num_attention_heads")
+    fields = dict(
+        vocab_size=config.get("vocab_size", 32000), hidden_size=hidden,
+        num_layers=config.get("num_hidden_layers", 32), num_heads=heads,
+        num_kv_heads=config.get("num_key_value_heads") or heads,
+        intermediate_size=config.get("intermediate_size", 11008),
+        max_position_embeddings=config.get("max_position_embeddings", 2048), type_vocab_size=0,
+        hidden_dropout=0.0, attention_dropout=config.get("attention_dropout", 0.0),
+        layer_norm_eps=config.get("rms_norm_eps", 1e-6), initializer_range=config.get("initializer_range", 0.02),
+        position_embedding="rope", rope_theta=_rope_theta(config), norm="rmsnorm", activation="swiglu",
+        use_bias=False, tie_embeddings=config.get("tie_word_embeddings", False))
+    return _build(fields, overrides)
+
+
+# ---------------------------------------------------------------- layouts
+
+def _split_heads(x, cfg):
+    return x.reshape(*x.shape[:-1], -1, cfg.head_dim)
+
+
+def _qkv_to_ours(x, cfg):
+    return tuple(_split_heads(part, cfg) for part in np.split(x, 3, axis=-1))
+
+
+def _qkv_to_hf(xs, cfg):
+    return np.concatenate([x.reshape(*x.shape[:-2], -1) for x in xs], axis=-1)
+
+
+LAYOUTS = {
+    "copy": (lambda x, cfg: (x,), lambda xs, cfg: xs[0]),
+    "linear": (lambda x, cfg: (x.T,), lambda xs, cfg: xs[0].T),
+    "linear_heads_in": (lambda x, cfg: (_split_heads(x.T, cfg),),
+                        lambda xs, cfg: xs[0].reshape(cfg.hidden_size, -1).T),
+    "linear_heads_out": (lambda x, cfg: (x.T.reshape(-1, cfg.head_dim, cfg.hidden_size),),
+                         lambda xs, cfg: xs[0].reshape(-1, cfg.hidden_size).T),
+    "conv_heads_out": (lambda x, cfg: (x.reshape(-1, cfg.head_dim, cfg.hidden_size),),
+                       lambda xs, cfg: xs[0].reshape(-1, cfg.hidden_size)),
+    "qkv": (_qkv_to_ours, _qkv_to_hf),
+}
+
+
+# ---------------------------------------------------------------- name maps
+
+def _head(config: TransformerConfig) -> list[Entry]:
+    return [] if config.tie_embeddings else [(LM_HEAD, ("lm_head",), "linear")]
+
+
+def gpt2_name_map(config: TransformerConfig) -> list[Entry]:
+    """[(HF GPT2LMHeadModel name, our '/'-joined paths, layout kind)]."""
+    entries = [("transformer.wte.weight", ("decoder/token/embedding",), "copy"),
+               ("transformer.wpe.weight", ("decoder/position/embedding",), "copy")]
+    for i in range(config.num_layers):
+        ours, theirs = f"decoder/layer_{i}", f"transformer.h.{i}"
+        qkv = tuple(f"{ours}/attention/{n}" for n in ("query", "key", "value"))
+        entries += [
+            (f"{theirs}.ln_1.weight", (f"{ours}/attention_norm/scale",), "copy"),
+            (f"{theirs}.ln_1.bias", (f"{ours}/attention_norm/bias",), "copy"),
+            (f"{theirs}.attn.c_attn.weight", tuple(f"{p}/kernel" for p in qkv), "qkv"),
+            (f"{theirs}.attn.c_attn.bias", tuple(f"{p}/bias" for p in qkv), "qkv"),
+            (f"{theirs}.attn.c_proj.weight", (f"{ours}/attention/output/kernel",), "conv_heads_out"),
+            (f"{theirs}.attn.c_proj.bias", (f"{ours}/attention/output/bias",), "copy"),
+            (f"{theirs}.ln_2.weight", (f"{ours}/mlp_norm/scale",), "copy"),
+            (f"{theirs}.ln_2.bias", (f"{ours}/mlp_norm/bias",), "copy"),
+            (f"{theirs}.mlp.c_fc.weight", (f"{ours}/mlp/intermediate/kernel",), "copy"),
+            (f"{theirs}.mlp.c_fc.bias", (f"{ours}/mlp/intermediate/bias",), "copy"),
+            (f"{theirs}.mlp.c_proj.weight", (f"{ours}/mlp/output/kernel",), "copy"),
+            (f"{theirs}.mlp.c_proj.bias", (f"{ours}/mlp/output/bias",), "copy"),
+        ]
+    entries += [("transformer.ln_f.weight", ("decoder/final_norm/scale",), "copy"),
+                ("transformer.ln_f.bias", ("decoder/final_norm/bias",), "copy")]
+    return entries + _head(config)
+
+
+def llama_name_map(config: TransformerConfig) -> list[Entry]:
+    """[(HF LlamaForCausalLM name, our '/'-joined paths, layout kind)]."""
+    entries = [("model.embed_tokens.weight", ("decoder/token/embedding",), "copy")]
+    for i in range(config.num_layers):
+        ours, theirs = f"decoder/layer_{i}", f"model.layers.{i}"
+        entries += [
+            (f"{theirs}.input_layernorm.weight", (f"{ours}/attention_norm/scale",), "copy"),
+            (f"{theirs}.self_attn.q_proj.weight", (f"{ours}/attention/query/kernel",), "linear_heads_in"),
+            (f"{theirs}.self_attn.k_proj.weight", (f"{ours}/attention/key/kernel",), "linear_heads_in"),
+            (f"{theirs}.self_attn.v_proj.weight", (f"{ours}/attention/value/kernel",), "linear_heads_in"),
+            (f"{theirs}.self_attn.o_proj.weight", (f"{ours}/attention/output/kernel",), "linear_heads_out"),
+            (f"{theirs}.post_attention_layernorm.weight", (f"{ours}/mlp_norm/scale",), "copy"),
+            (f"{theirs}.mlp.gate_proj.weight", (f"{ours}/mlp/gate/kernel",), "linear"),
+            (f"{theirs}.mlp.up_proj.weight", (f"{ours}/mlp/up/kernel",), "linear"),
+            (f"{theirs}.mlp.down_proj.weight", (f"{ours}/mlp/down/kernel",), "linear"),
+        ]
+    entries += [("model.norm.weight", ("decoder/final_norm/scale",), "copy")]
+    return entries + _head(config)
+
+
+# ---------------------------------------------------------------- shapes
+
+def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
+    """'/'-joined path -> shape of every parameter of our CausalLM (no allocation)."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    from jaxlm.models.decoder import CausalLM
+
+    ids = jnp.zeros((1, 1), jnp.int32)
+    shapes = jax.eval_shape(lambda: nn.unbox(CausalLM(config).init(jax.random.PRNGKey(0), ids)))["params"]
+    return {"/".join(p.key for p in path): tuple(leaf.shape)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]}
+
+
+def _hf_shape(kind: str, shapes: list[tuple[int, ...]], config: TransformerConfig) -> tuple[int, ...]:
+    return tuple(LAYOUTS[kind][1]([np.empty(s, np.float32) for s in shapes], config).shape)
+
+
+# ---------------------------------------------------------------- HF -> ours
+
+def _normalize(tensors: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    """Backbone-only checkpoints (GPT2Model, LlamaModel) name tensors without the `prefix`."""
+    return {name if name.startswith(prefix) or name == LM_HEAD else prefix + name: value
+            for name, value in tensors.items()}
+
+
+def _params_from_hf(tensors, config, entries, source, buffers) -> dict:
+    if config.tie_embeddings and LM_HEAD in tensors:
+        if source in tensors and not np.array_equal(tensors[LM_HEAD], tensors[source]):
+            raise ValueError(f"{LM_HEAD} differs from {source} but the config ties them "
+                             "(tie_word_embeddings=True), so this checkpoint cannot be represented")
+        tensors = {k: v for k, v in tensors.items() if k != LM_HEAD}
+    known = {theirs for theirs, _, _ in entries}
+    unknown = sorted(n for n in tensors if n not in known and not n.endswith(buffers))
+    if unknown:
+        raise ValueError(f"checkpoint tensors the decoder has no place for: {_listed(unknown)}")
+    missing = [theirs for theirs, _, _ in entries if theirs not in tensors]
+    if missing:
+        raise ValueError(f"checkpoint lacks {len(missing)} tensors the config needs: {_listed(missing)}")
+    shapes = expected_shapes(config)
+    wrong = []
+    for theirs, ours, kind in entries:
+        want, got = _hf_shape(kind, [shapes[p] for p in ours], config), tuple(np.shape(tensors[theirs]))
+        if got != want:
+            wrong.append(f"{theirs} -> {', '.join(ours)}: expected {want}, got {got}")
+    if wrong:
+        raise ValueError(f"checkpoint does not fit the config ({len(wrong)} shape mismatches): {_listed(wrong)}")
+    flat = {}
+    for theirs, ours, kind in entries:
+        values = LAYOUTS[kind][0](np.asarray(tensors[theirs], np.float32), config)
+        flat.update({p: np.ascontiguousarray(v) for p, v in zip(ours, values)})
+    return unflatten(flat)
+
+
+def gpt2_params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig) -> dict:
+    """Our CausalLM parameter tree from HF GPT-2 tensors (names with or without `transformer.`)."""
+    return _params_from_hf(_normalize(tensors, "transformer."), config, gpt2_name_map(config),
+                           "transformer.wte.weight", GPT2_BUFFERS)
+
+
+def llama_params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig) -> dict:
+    """Our CausalLM parameter tree from HF Llama tensors (names with or without `model.`)."""
+    return _params_from_hf(_normalize(tensors, "model."), config, llama_name_map(config),
+                           "model.embed_tokens.weight", LLAMA_BUFFERS)
+
+
+# ---------------------------------------------------------------- ours -> HF
+
+def _params_to_hf(params, config, entries, source) -> dict[str, np.ndarray]:
+    flat = {path: np.asarray(value, np.float32) for path, value in flatten(_plain(params))}
+    unknown = sorted(set(flat) - {p for _, ours, _ in entries for p in ours})
+    if unknown:
+        raise ValueError(f"parameters with no Hugging Face name: {_listed(unknown)}")
+    tensors = {theirs: np.ascontiguousarray(LAYOUTS[kind][1]([flat[p] for p in ours], config))
+               for theirs, ours, kind in entries}
+    if config.tie_embeddings:
+        tensors[LM_HEAD] = tensors[source].copy()
+    return tensors
+
+
+def gpt2_params_to_hf(params: Mapping, config: TransformerConfig) -> dict[str, np.ndarray]:
+    """HF GPT2LMHeadModel tensors (with the tied `lm_head.weight`) from our tree, boxed or plain."""
+    return _params_to_hf(params, config, gpt2_name_map(config), "transformer.wte.weight")
+
+
+def llama_params_to_hf(params: Mapping, config: TransformerConfig) -> dict[str, np.ndarray]:
+    """HF LlamaForCausalLM tensors from our tree, boxed or plain."""
+    return _params_to_hf(params, config, llama_name_map(config), "model.embed_tokens.weight")
+
+
+# ---------------------------------------------------------------- loading a directory
+
+FAMILIES = {"gpt2": (gpt2_config_from_hf, gpt2_params_from_hf),
+            "llama": (llama_config_from_hf, llama_params_from_hf)}
+
+
+def load_hf_decoder(model_dir, **config_overrides) -> tuple[TransformerConfig, dict]:
+    """(config, parameter tree) of a Hugging Face GPT-2 or Llama checkpoint directory."""
+    hf_config = read_config(model_dir)
+    model_type = hf_config.get("model_type")
+    if model_type not in FAMILIES:
+        raise ValueError(f"model_type={model_type!r} is not a supported decoder; choose one of {sorted(FAMILIES)}")
+    config_from_hf, params_from_hf = FAMILIES[model_type]
+    config = config_from_hf(hf_config, **config_overrides)
+    return config, params_from_hf(read_tensors(model_dir), config)

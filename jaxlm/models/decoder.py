@@ -1,0 +1,130 @@
+"""Causal decoders: pre-norm self-attention blocks, as GPT-2 and Llama build them.
+
+One network covers both families; the config picks the parts. GPT-2: learned positions,
+LayerNorm, tanh-GELU MLP, biases, LM head tied to the token embeddings. Llama: rotary positions,
+RMSNorm, SwiGLU MLP, grouped-query attention (`num_kv_heads`), no biases, untied LM head.
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxlm.models.config import TransformerConfig
+from jaxlm.nn.attention import dot_product_attention
+from jaxlm.nn.embed import Embed, rotary_embedding
+from jaxlm.nn.layers import Dense, GatedMlp, Mlp, norm_layer, normal_init
+
+ACTIVATION = ("batch", "length", "embed")
+
+
+def segment_positions(segment_ids: jax.Array) -> jax.Array:
+    """[batch, length] positions that restart at 0 wherever the segment id changes (packed documents)."""
+    index = jnp.arange(segment_ids.shape[1])
+    starts = jnp.concatenate(
+        [jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+    return index - jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
+
+
+class CausalSelfAttention(nn.Module):
+    """Causal multi-head (or grouped-query) self-attention, rotary positions when configured."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, x, positions, segment_ids, padding_mask, deterministic: bool) -> jax.Array:
+        cfg = self.config
+        kv_axis = "heads" if cfg.kv_heads == cfg.num_heads else "kv_heads"
+        q = Dense(cfg, (cfg.num_heads, cfg.head_dim), ("embed",), ("heads", "kv"), name="query")(x)
+        k = Dense(cfg, (cfg.kv_heads, cfg.head_dim), ("embed",), (kv_axis, "kv"), name="key")(x)
+        v = Dense(cfg, (cfg.kv_heads, cfg.head_dim), ("embed",), (kv_axis, "kv"), name="value")(x)
+        if cfg.position_embedding == "rope":
+            q, k = rotary_embedding(q, positions, cfg.rope_theta), rotary_embedding(k, positions, cfg.rope_theta)
+        q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
+        k, v = (nn.with_logical_constraint(t, ("batch", "length", kv_axis, "kv")) for t in (k, v))
+        use_dropout = not deterministic and cfg.attention_dropout > 0.0
+        out = dot_product_attention(
+            q, k, v, padding_mask=padding_mask, causal=True, segment_ids=segment_ids,
+            kernel=cfg.attention_kernel, dropout_rate=cfg.attention_dropout if use_dropout else 0.0,
+            dropout_rng=self.make_rng("dropout") if use_dropout else None)
+        out = Dense(cfg, cfg.hidden_size, ("heads", "kv"), ("embed",), contract=2, name="output")(out)
+        return nn.Dropout(cfg.hidden_dropout)(out, deterministic=deterministic)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: x = x + attn(norm(x)); x = x + mlp(norm(x))."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, x, positions, segment_ids, padding_mask, deterministic: bool) -> jax.Array:
+        cfg = self.config
+        h = norm_layer(cfg, "attention_norm")(x)
+        x = x + CausalSelfAttention(cfg, name="attention")(h, positions, segment_ids, padding_mask, deterministic)
+        mlp = GatedMlp if cfg.activation == "swiglu" else Mlp
+        x = x + mlp(cfg, name="mlp")(norm_layer(cfg, "mlp_norm")(x), deterministic)
+        return nn.with_logical_constraint(x, ACTIVATION)
+
+
+class Decoder(nn.Module):
+    """Token ids [B, T] -> final-normed hidden states [B, T, E].
+
+    `segment_ids` [B, T] keeps packed documents apart and restarts positions in each;
+    `padding_mask` [B, T] is true at real (right-padded) tokens.
+    """
+
+    config: TransformerConfig
+
+    def setup(self):
+        cfg = self.config
+        self.token = Embed(cfg, cfg.vocab_size, ("vocab", "embed"))
+        if cfg.position_embedding == "learned":
+            self.position = Embed(cfg, cfg.max_position_embeddings, ("length", "embed"))
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+        self.layers = [DecoderLayer(cfg, name=f"layer_{i}") for i in range(cfg.num_layers)]
+        self.final_norm = norm_layer(cfg, "final_norm")
+
+    def __call__(self, input_ids, positions=None, segment_ids=None, padding_mask=None,
+                 deterministic: bool = True) -> jax.Array:
+        cfg = self.config
+        if cfg.position_embedding == "learned" and input_ids.shape[1] > cfg.max_position_embeddings:
+            raise ValueError(f"sequence length {input_ids.shape[1]} exceeds model.max_position_embeddings="
+                             f"{cfg.max_position_embeddings}; shorten the sequences or use a larger model")
+        if positions is None:
+            positions = (jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
+                         if segment_ids is None else segment_positions(segment_ids))
+        x = self.token(input_ids)
+        if cfg.position_embedding == "learned":
+            x = x + self.position(positions)
+        x = self.dropout(nn.with_logical_constraint(x, ACTIVATION), deterministic=deterministic)
+        for layer in self.layers:
+            x = layer(x, positions, segment_ids, padding_mask, deterministic)
+        return self.final_norm(x)
+
+    def word_embeddings(self, x: jax.Array) -> jax.Array:
+        return self.token.attend(x)
+
+
+class CausalLM(nn.Module):
+    """A decoder with its LM head: token ids [B, T] -> next-token logits [B, T, V] in float32.
+
+    The head is the token embedding table when `tie_embeddings` (GPT-2), else its own `lm_head`.
+    """
+
+    config: TransformerConfig
+
+    def setup(self):
+        cfg = self.config
+        self.decoder = Decoder(cfg)
+        if not cfg.tie_embeddings:
+            self.lm_head = self.param("lm_head", normal_init(cfg, ("embed", "vocab")),
+                                      (cfg.hidden_size, cfg.vocab_size), jnp.dtype(cfg.param_dtype))
+
+    def __call__(self, input_ids, positions=None, segment_ids=None, padding_mask=None,
+                 deterministic: bool = True) -> jax.Array:
+        hidden = self.decoder(input_ids, positions, segment_ids, padding_mask, deterministic)
+        if self.config.tie_embeddings:
+            logits = self.decoder.word_embeddings(hidden)
+        else:
+            logits = hidden @ self.lm_head.astype(hidden.dtype)
+        return nn.with_logical_constraint(logits.astype(jnp.float32), ("batch", "length", "vocab"))
