@@ -11,9 +11,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxlm.models.config import TransformerConfig
-from jaxlm.nn.attention import dot_product_attention
-from jaxlm.nn.embed import Embed, rotary_embedding
-from jaxlm.nn.layers import Dense, GatedMlp, Mlp, norm_layer, normal_init
+from jaxlm.nn.attention import SelfAttention
+from jaxlm.nn.embed import Embed
+from jaxlm.nn.layers import GatedMlp, Mlp, norm_layer, normal_init
 
 ACTIVATION = ("batch", "length", "embed")
 
@@ -26,31 +26,6 @@ def segment_positions(segment_ids: jax.Array) -> jax.Array:
     return index - jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
 
 
-class CausalSelfAttention(nn.Module):
-    """Causal multi-head (or grouped-query) self-attention, rotary positions when configured."""
-
-    config: TransformerConfig
-
-    @nn.compact
-    def __call__(self, x, positions, segment_ids, padding_mask, deterministic: bool) -> jax.Array:
-        cfg = self.config
-        kv_axis = "heads" if cfg.kv_heads == cfg.num_heads else "kv_heads"
-        q = Dense(cfg, (cfg.num_heads, cfg.head_dim), ("embed",), ("heads", "kv"), name="query")(x)
-        k = Dense(cfg, (cfg.kv_heads, cfg.head_dim), ("embed",), (kv_axis, "kv"), name="key")(x)
-        v = Dense(cfg, (cfg.kv_heads, cfg.head_dim), ("embed",), (kv_axis, "kv"), name="value")(x)
-        if cfg.position_embedding == "rope":
-            q, k = rotary_embedding(q, positions, cfg.rope_theta), rotary_embedding(k, positions, cfg.rope_theta)
-        q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
-        k, v = (nn.with_logical_constraint(t, ("batch", "length", kv_axis, "kv")) for t in (k, v))
-        use_dropout = not deterministic and cfg.attention_dropout > 0.0
-        out = dot_product_attention(
-            q, k, v, padding_mask=padding_mask, causal=True, segment_ids=segment_ids,
-            kernel=cfg.attention_kernel, dropout_rate=cfg.attention_dropout if use_dropout else 0.0,
-            dropout_rng=self.make_rng("dropout") if use_dropout else None)
-        out = Dense(cfg, cfg.hidden_size, ("heads", "kv"), ("embed",), contract=2, name="output")(out)
-        return nn.Dropout(cfg.hidden_dropout)(out, deterministic=deterministic)
-
-
 class DecoderLayer(nn.Module):
     """Pre-norm block: x = x + attn(norm(x)); x = x + mlp(norm(x))."""
 
@@ -60,7 +35,7 @@ class DecoderLayer(nn.Module):
     def __call__(self, x, positions, segment_ids, padding_mask, deterministic: bool) -> jax.Array:
         cfg = self.config
         h = norm_layer(cfg, "attention_norm")(x)
-        x = x + CausalSelfAttention(cfg, name="attention")(h, positions, segment_ids, padding_mask, deterministic)
+        x = x + SelfAttention(cfg, causal=True, name="attention")(h, padding_mask, deterministic, positions, segment_ids)
         mlp = GatedMlp if cfg.activation == "swiglu" else Mlp
         x = x + mlp(cfg, name="mlp")(norm_layer(cfg, "mlp_norm")(x), deterministic)
         return nn.with_logical_constraint(x, ACTIVATION)

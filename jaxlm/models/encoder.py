@@ -6,32 +6,11 @@ import jax
 import jax.numpy as jnp
 
 from jaxlm.models.config import TransformerConfig
-from jaxlm.nn.attention import dot_product_attention
+from jaxlm.nn.attention import SelfAttention
 from jaxlm.nn.embed import BertEmbeddings
 from jaxlm.nn.layers import Dense, LayerNorm, Mlp
 
 ACTIVATION = ("batch", "length", "embed")
-
-
-class SelfAttention(nn.Module):
-    """Multi-head self-attention with an output projection and dropout."""
-
-    config: TransformerConfig
-
-    @nn.compact
-    def __call__(self, x: jax.Array, padding_mask: jax.Array, deterministic: bool) -> jax.Array:
-        cfg = self.config
-        heads = (cfg.num_heads, cfg.head_dim)
-        project = lambda name: Dense(cfg, heads, ("embed",), ("heads", "kv"), name=name)(x)
-        q, k, v = project("query"), project("key"), project("value")
-        q, k, v = (nn.with_logical_constraint(t, ("batch", "length", "heads", "kv")) for t in (q, k, v))
-        use_dropout = not deterministic and cfg.attention_dropout > 0.0
-        out = dot_product_attention(
-            q, k, v, padding_mask=padding_mask, kernel=cfg.attention_kernel,
-            dropout_rate=cfg.attention_dropout if use_dropout else 0.0,
-            dropout_rng=self.make_rng("dropout") if use_dropout else None)
-        out = Dense(cfg, cfg.hidden_size, ("heads", "kv"), ("embed",), contract=2, name="output")(out)
-        return nn.Dropout(cfg.hidden_dropout)(out, deterministic=deterministic)
 
 
 class EncoderLayer(nn.Module):

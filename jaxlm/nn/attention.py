@@ -1,8 +1,17 @@
 """Scaled dot-product attention behind one function, with the kernel chosen by name."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from jaxlm.nn.embed import rotary_embedding
+from jaxlm.nn.layers import Dense
+
+if TYPE_CHECKING:
+    from jaxlm.models.config import TransformerConfig
 
 
 def padding_mask_lengths(padding_mask: jax.Array) -> jax.Array:
@@ -67,3 +76,30 @@ def dot_product_attention(
         keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
         weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
     return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head (or grouped-query) self-attention: projections, rotary positions when configured,
+    the kernel the config names, the output projection and dropout. Encoders and decoders share it."""
+
+    config: "TransformerConfig"
+    causal: bool = False
+
+    @nn.compact
+    def __call__(self, x, padding_mask, deterministic: bool, positions=None, segment_ids=None) -> jax.Array:
+        cfg = self.config
+        kv_axis = "heads" if cfg.kv_heads == cfg.num_heads else "kv_heads"
+        q = Dense(cfg, (cfg.num_heads, cfg.head_dim), ("embed",), ("heads", "kv"), name="query")(x)
+        k = Dense(cfg, (cfg.kv_heads, cfg.head_dim), ("embed",), (kv_axis, "kv"), name="key")(x)
+        v = Dense(cfg, (cfg.kv_heads, cfg.head_dim), ("embed",), (kv_axis, "kv"), name="value")(x)
+        if cfg.position_embedding == "rope":
+            q, k = rotary_embedding(q, positions, cfg.rope_theta), rotary_embedding(k, positions, cfg.rope_theta)
+        q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
+        k, v = (nn.with_logical_constraint(t, ("batch", "length", kv_axis, "kv")) for t in (k, v))
+        use_dropout = not deterministic and cfg.attention_dropout > 0.0
+        out = dot_product_attention(
+            q, k, v, padding_mask=padding_mask, causal=self.causal, segment_ids=segment_ids,
+            kernel=cfg.attention_kernel, dropout_rate=cfg.attention_dropout if use_dropout else 0.0,
+            dropout_rng=self.make_rng("dropout") if use_dropout else None)
+        out = Dense(cfg, cfg.hidden_size, ("heads", "kv"), ("embed",), contract=2, name="output")(out)
+        return nn.Dropout(cfg.hidden_dropout)(out, deterministic=deterministic)
