@@ -33,7 +33,7 @@ def bench(config: RunConfig) -> dict:
     state = create_state(setup.objective.init, setup.optimizer, setup.shardings, setup.mesh, setup.rules,
                          jax.random.key(0))
     started = time.perf_counter()
-    compiled_train, _ = compile_steps(setup)
+    compiled_train, _ = compile_steps(setup, with_eval=False)
     compile_s = time.perf_counter() - started
     size = config.train.global_batch
     local = synthetic_batch(config, size // jax.process_count(), seed=jax.process_index())

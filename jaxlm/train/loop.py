@@ -67,8 +67,8 @@ def build(config: RunConfig) -> Setup:
     return Setup(config, mesh, rules, objective, optimizer, lr, shardings, abstract, batch_shardings)
 
 
-def compile_steps(setup: Setup):
-    """AOT-compiled train and eval steps with explicit shardings; the state is donated."""
+def compile_steps(setup: Setup, with_eval: bool = True):
+    """AOT-compiled train (and eval) steps with explicit shardings; the state is donated."""
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=setup.batch_shardings[k])
              for k, v in setup.objective.batch_shapes(setup.config.train.global_batch).items()}
     rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated(setup.mesh))
@@ -77,6 +77,8 @@ def compile_steps(setup: Setup):
         train = jax.jit(train_step, in_shardings=(setup.shardings, setup.batch_shardings, replicated(setup.mesh)),
                         out_shardings=(setup.shardings, replicated(setup.mesh)), donate_argnums=0)
         compiled_train = train.lower(setup.abstract, batch, rng).compile()
+        if not with_eval:
+            return compiled_train, None
         evaluate = jax.jit(make_eval_step(setup.objective),
                            in_shardings=(setup.shardings.params, setup.batch_shardings),
                            out_shardings=replicated(setup.mesh))
