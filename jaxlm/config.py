@@ -212,10 +212,12 @@ def to_dict(config: RunConfig) -> dict:
 def validate(config: RunConfig) -> None:
     """Cross-section checks that need no devices and no data."""
     data, model, train, optim = config.data, config.model, config.train, config.optim
-    if data.max_seq_length > model.max_position_embeddings:
+    positions = model.max_position_embeddings - model.position_offset
+    if data.max_seq_length > positions:
         raise ConfigError(
             f"data.max_seq_length={data.max_seq_length} exceeds the model's position table "
-            f"(model.max_position_embeddings={model.max_position_embeddings}); lower the one or raise the other")
+            f"(model.max_position_embeddings={model.max_position_embeddings}, position_offset="
+            f"{model.position_offset}); lower the one or raise the other")
     if data.max_predictions > data.max_seq_length:
         raise ConfigError(f"data.max_predictions={data.max_predictions} exceeds data.max_seq_length={data.max_seq_length}")
     if not data.corpus:

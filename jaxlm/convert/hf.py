@@ -73,6 +73,21 @@ def bert_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
     return result
 
 
+def check_family(config: Mapping, model_type: str, family: str) -> None:
+    """Raise when config.json names another architecture than `family` (e.g. "Roberta")."""
+    found, names = config.get("model_type"), config.get("architectures") or []
+    wrong = [n for n in names if not n.startswith(family)] or ([found] if found not in (None, model_type) else [])
+    if wrong:
+        raise ValueError(f"checkpoint architecture {wrong[0]!r} is not a {family} model")
+
+
+def build_config(fields: dict, overrides: dict) -> TransformerConfig:
+    """A validated TransformerConfig from converted fields; `overrides` win."""
+    result = model_config(**{**fields, **overrides})
+    result.validate()
+    return result
+
+
 def read_config(model_dir) -> dict:
     path = pathlib.Path(model_dir) / "config.json"
     if not path.is_file():

@@ -12,9 +12,9 @@ from typing import Mapping
 
 import numpy as np
 
-from jaxlm.convert.hf import _listed, _plain, flatten, read_config, read_tensors, unflatten
+from jaxlm.convert.hf import (_listed, _plain, build_config, check_family, flatten, read_config, read_tensors,
+                              unflatten)
 from jaxlm.models.config import TransformerConfig
-from jaxlm.models.presets import model_config
 
 Entry = tuple[str, tuple[str, ...], str]
 GPT2_BUFFERS = (".attn.bias", ".attn.masked_bias")
@@ -24,22 +24,9 @@ LM_HEAD = "lm_head.weight"
 
 # ---------------------------------------------------------------- config
 
-def _check_family(config: Mapping, model_type: str, family: str) -> None:
-    found, names = config.get("model_type"), config.get("architectures") or []
-    wrong = [n for n in names if not n.startswith(family)] or ([found] if found not in (None, model_type) else [])
-    if wrong:
-        raise ValueError(f"checkpoint architecture {wrong[0]!r} is not a {family} model")
-
-
-def _build(fields: dict, overrides: dict) -> TransformerConfig:
-    result = model_config(**{**fields, **overrides})
-    result.validate()
-    return result
-
-
 def gpt2_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
     """A TransformerConfig from a Hugging Face GPT-2 config.json dict; `overrides` win (e.g. dtype)."""
-    _check_family(config, "gpt2", "GPT2")
+    check_family(config, "gpt2", "GPT2")
     activation = config.get("activation_function", "gelu_new")
     if activation not in ("gelu_new", "gelu_pytorch_tanh"):
         raise ValueError(f"activation_function={activation!r} is not supported: jaxlm GPT-2 uses 'gelu_new'")
@@ -56,7 +43,7 @@ def gpt2_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
         layer_norm_eps=config.get("layer_norm_epsilon", 1e-5),
         initializer_range=config.get("initializer_range", 0.02), activation="gelu_tanh",
         tie_embeddings=config.get("tie_word_embeddings", True))
-    return _build(fields, overrides)
+    return build_config(fields, overrides)
 
 
 def _rope_theta(config: Mapping) -> float:
@@ -69,7 +56,7 @@ def _rope_theta(config: Mapping) -> float:
 
 def llama_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
     """A TransformerConfig from a Hugging Face Llama config.json dict; `overrides` win (e.g. dtype)."""
-    _check_family(config, "llama", "Llama")
+    check_family(config, "llama", "Llama")
     if config.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act={config['hidden_act']!r} is not supported: jaxlm Llama uses 'silu'")
     if config.get("attention_bias") or config.get("mlp_bias"):
@@ -90,7 +77,7 @@ def llama_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
         layer_norm_eps=config.get("rms_norm_eps", 1e-6), initializer_range=config.get("initializer_range", 0.02),
         position_embedding="rope", rope_theta=_rope_theta(config), norm="rmsnorm", activation="swiglu",
         use_bias=False, tie_embeddings=config.get("tie_word_embeddings", False))
-    return _build(fields, overrides)
+    return build_config(fields, overrides)
 
 
 # ---------------------------------------------------------------- layouts

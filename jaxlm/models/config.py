@@ -32,6 +32,11 @@ class TransformerConfig:
     activation: str = "gelu"
     use_bias: bool = True
     tie_embeddings: bool = True
+    # Learned positions of real tokens start at `position_offset`. 0 (BERT) numbers every slot
+    # 0, 1, 2, ...; above 0 (RoBERTa: pad_token_id + 1) only non-pad tokens are counted, from the
+    # offset, and pad tokens take position `pad_token_id`, as Hugging Face RoBERTa does.
+    position_offset: int = 0
+    pad_token_id: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -57,6 +62,9 @@ class TransformerConfig:
                 raise ValueError(f"model.{name}={getattr(self, name)!r}; choose one of {choices}")
         if self.position_embedding == "rope" and self.head_dim % 2:
             raise ValueError(f"model.position_embedding='rope' needs an even head_dim, not {self.head_dim}")
+        if self.position_offset < 0 or self.position_offset >= self.max_position_embeddings:
+            raise ValueError(f"model.position_offset={self.position_offset} must lie in "
+                             f"[0, model.max_position_embeddings={self.max_position_embeddings})")
         if self.attention_kernel not in ATTENTION_KERNELS:
             raise ValueError(
                 f"model.attention_kernel={self.attention_kernel!r}; choose one of {ATTENTION_KERNELS}"

@@ -38,6 +38,12 @@ class BertEncoder(nn.Module):
         self.pooler = Dense(cfg, cfg.hidden_size, ("embed",), ("embed_out",))
 
     def __call__(self, input_ids, segment_ids=None, padding_mask=None, deterministic: bool = True):
+        x = self.hidden_states(input_ids, segment_ids, padding_mask, deterministic)
+        pooled = jnp.tanh(self.pooler(x[:, 0]))
+        return x, pooled
+
+    def hidden_states(self, input_ids, segment_ids=None, padding_mask=None, deterministic: bool = True):
+        """The last layer's states [B, T, E] without the pooler (whose parameters then never exist)."""
         if segment_ids is None:
             segment_ids = jnp.zeros_like(input_ids)
         if padding_mask is None:
@@ -45,8 +51,7 @@ class BertEncoder(nn.Module):
         x = self.embeddings(input_ids, segment_ids, deterministic)
         for layer in self.layers:
             x = layer(x, padding_mask.astype(bool), deterministic)
-        pooled = jnp.tanh(self.pooler(x[:, 0]))
-        return x, pooled
+        return x
 
     def word_embeddings(self, x: jax.Array) -> jax.Array:
         return self.embeddings.word.attend(x)

@@ -1,4 +1,5 @@
-"""Pretraining heads: BERT's masked-LM head on gathered positions and the next-sentence head."""
+"""Pretraining heads: BERT's masked-LM head on gathered positions and the next-sentence head, and the
+masked-LM-only model (RoBERTa, DistilBERT)."""
 from __future__ import annotations
 
 import flax.linen as nn
@@ -44,3 +45,23 @@ class BertForPreTraining(nn.Module):
         mlm_logits = self.mlm(gather_positions(hidden, masked_positions), self.encoder.word_embeddings)
         nsp_logits = self.nsp(pooled).astype(jnp.float32)
         return mlm_logits, nsp_logits
+
+
+class MaskedLM(nn.Module):
+    """Encoder (no pooler) and the masked-LM head: RoBERTa's and DistilBERT's pretraining model.
+
+    Logits [B, P, V] at `masked_positions` [B, P], or at every position [B, T, V] when it is None.
+    """
+
+    config: TransformerConfig
+
+    def setup(self):
+        self.encoder = BertEncoder(self.config)
+        self.mlm = MlmHead(self.config)
+
+    def __call__(self, input_ids, segment_ids=None, padding_mask=None, masked_positions=None,
+                 deterministic: bool = True):
+        hidden = self.encoder.hidden_states(input_ids, segment_ids, padding_mask, deterministic)
+        if masked_positions is not None:
+            hidden = gather_positions(hidden, masked_positions)
+        return self.mlm(hidden, self.encoder.word_embeddings)

@@ -1,4 +1,5 @@
-"""Named model sizes (BERT's and GPT-2's published shapes, a tiny Llama) as TransformerConfig presets."""
+"""Named model sizes (BERT's, RoBERTa's, DistilBERT's and GPT-2's published shapes, a tiny Llama) as
+TransformerConfig presets."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,6 +11,10 @@ PRESETS: dict[str, TransformerConfig] = {
     "bert-mini": TransformerConfig(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=1024),
     "bert-base": TransformerConfig(),
     "bert-large": TransformerConfig(hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096),
+    "roberta-base": TransformerConfig(
+        vocab_size=50265, max_position_embeddings=514, type_vocab_size=1, layer_norm_eps=1e-5,
+        pad_token_id=1, position_offset=2),
+    "distilbert-base": TransformerConfig(num_layers=6, type_vocab_size=0),
     "gpt2-small": TransformerConfig(
         vocab_size=50257, max_position_embeddings=1024, type_vocab_size=0, layer_norm_eps=1e-5,
         activation="gelu_tanh"),

@@ -44,8 +44,19 @@ def rotary_embedding(x: jax.Array, positions: jax.Array, theta: float = 10000.0)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
+def learned_positions(input_ids: jax.Array, config: TransformerConfig) -> jax.Array:
+    """[batch, length] learned-position ids: 0, 1, 2, ... when `config.position_offset` is 0 (BERT);
+    otherwise Hugging Face RoBERTa's `create_position_ids_from_input_ids`: non-pad tokens are numbered
+    from the offset, pad tokens sit at `config.pad_token_id`."""
+    if not config.position_offset:
+        return jnp.arange(input_ids.shape[1])[None, :]
+    real = (input_ids != config.pad_token_id).astype(jnp.int32)
+    numbered = jnp.cumsum(real, axis=1) - 1 + config.position_offset
+    return numbered * real + config.pad_token_id * (1 - real)
+
+
 class BertEmbeddings(nn.Module):
-    """word + position + token-type embeddings, LayerNorm, dropout."""
+    """word + position (+ token-type, unless `type_vocab_size` is 0) embeddings, LayerNorm, dropout."""
 
     config: TransformerConfig
 
@@ -53,12 +64,14 @@ class BertEmbeddings(nn.Module):
         cfg = self.config
         self.word = Embed(cfg, cfg.vocab_size, ("vocab", "embed"))
         self.position = Embed(cfg, cfg.max_position_embeddings, ("length", "embed"))
-        self.token_type = Embed(cfg, cfg.type_vocab_size, ("segment", "embed"))
+        if cfg.type_vocab_size:
+            self.token_type = Embed(cfg, cfg.type_vocab_size, ("segment", "embed"))
         self.norm = LayerNorm(cfg)
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
     def __call__(self, input_ids, segment_ids, deterministic: bool) -> jax.Array:
-        positions = jnp.arange(input_ids.shape[1])[None, :]
-        x = self.word(input_ids) + self.position(positions) + self.token_type(segment_ids)
+        x = self.word(input_ids) + self.position(learned_positions(input_ids, self.config))
+        if self.config.type_vocab_size:
+            x = x + self.token_type(segment_ids)
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
         return self.dropout(self.norm(x), deterministic=deterministic)
