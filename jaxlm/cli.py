@@ -16,14 +16,11 @@ def _load(args) -> config_lib.RunConfig:
 
 def cmd_prepare(args) -> None:
     from jaxlm.data.prepare import prepare
-    from jaxlm.data.sources import load_tokenizer, resolve_corpus
+    from jaxlm.data.sources import model_tokenizer, resolve_corpus
 
     config = _load(args)
     data = config.data
-    tokenizer = load_tokenizer(data)
-    if tokenizer.vocab_size != config.model.vocab_size:
-        raise ConfigError(f"the vocabulary has {tokenizer.vocab_size} tokens but model.vocab_size="
-                          f"{config.model.vocab_size}; set model.vocab_size={tokenizer.vocab_size}")
+    tokenizer = model_tokenizer(config)
     if not args.overwrite and _already_prepared(config, tokenizer):
         print(f"{data.prepared_dir} is already prepared for this config and tokenizer "
               "(pass --overwrite to rebuild it)")

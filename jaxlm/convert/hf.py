@@ -153,17 +153,25 @@ def _norm(ours: str, theirs: str) -> list[tuple[str, str, str]]:
     return [(f"{ours}/scale", f"{theirs}.weight", "copy"), (f"{ours}/bias", f"{theirs}.bias", "copy")]
 
 
-def _layer(i: int) -> list[tuple[str, str, str]]:
-    ours, theirs = f"encoder/layer_{i}", f"bert.encoder.layer.{i}"
+BERT_LAYER_NAMES = ("attention.self.query", "attention.self.key", "attention.self.value",
+                    "attention.output.dense", "attention.output.LayerNorm", "intermediate.dense", "output.dense",
+                    "output.LayerNorm")
+
+
+def encoder_layer(i: int, prefix: str, names: tuple[str, ...] = BERT_LAYER_NAMES) -> list[tuple[str, str, str]]:
+    """Name map of our post-LN encoder layer i; `names` are the HF sub-modules in the order
+    query, key, value, attention output, attention norm, MLP in, MLP out, MLP norm."""
+    ours, theirs = f"encoder/layer_{i}", f"{prefix}.{i}"
+    query, key, value, out, attention_norm, intermediate, output, mlp_norm = (f"{theirs}.{n}" for n in names)
     return [
-        *_dense(f"{ours}/attention/query", f"{theirs}.attention.self.query", "heads_in"),
-        *_dense(f"{ours}/attention/key", f"{theirs}.attention.self.key", "heads_in"),
-        *_dense(f"{ours}/attention/value", f"{theirs}.attention.self.value", "heads_in"),
-        *_dense(f"{ours}/attention/output", f"{theirs}.attention.output.dense", "heads_out"),
-        *_norm(f"{ours}/attention_norm", f"{theirs}.attention.output.LayerNorm"),
-        *_dense(f"{ours}/mlp/intermediate", f"{theirs}.intermediate.dense"),
-        *_dense(f"{ours}/mlp/output", f"{theirs}.output.dense"),
-        *_norm(f"{ours}/mlp_norm", f"{theirs}.output.LayerNorm"),
+        *_dense(f"{ours}/attention/query", query, "heads_in"),
+        *_dense(f"{ours}/attention/key", key, "heads_in"),
+        *_dense(f"{ours}/attention/value", value, "heads_in"),
+        *_dense(f"{ours}/attention/output", out, "heads_out"),
+        *_norm(f"{ours}/attention_norm", attention_norm),
+        *_dense(f"{ours}/mlp/intermediate", intermediate),
+        *_dense(f"{ours}/mlp/output", output),
+        *_norm(f"{ours}/mlp_norm", mlp_norm),
     ]
 
 
@@ -176,7 +184,7 @@ def name_map(config: TransformerConfig) -> dict[str, list[tuple[str, str, str]]]
         *_norm("encoder/embeddings/norm", "bert.embeddings.LayerNorm"),
     ]
     return {
-        "encoder": embeddings + [entry for i in range(config.num_layers) for entry in _layer(i)],
+        "encoder": embeddings + [entry for i in range(config.num_layers) for entry in encoder_layer(i, "bert.encoder.layer")],
         "pooler": _dense("encoder/pooler", "bert.pooler.dense"),
         "mlm": [("mlm/bias", "cls.predictions.bias", "copy"),
                 *_dense("mlm/transform", "cls.predictions.transform.dense"),

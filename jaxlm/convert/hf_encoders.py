@@ -17,7 +17,7 @@ from typing import Mapping
 import numpy as np
 
 from jaxlm.convert.hf import (CONFIG_FIELDS, _check_shapes, _dense, _listed, _norm, _plain, _present_groups,
-                              build_config, check_family, flatten, to_hf, to_ours, unflatten)
+                              build_config, check_family, encoder_layer, flatten, to_hf, to_ours, unflatten)
 from jaxlm.models.config import TransformerConfig
 
 Entry = tuple[str, str, str]
@@ -67,20 +67,6 @@ def distilbert_config_from_hf(config: Mapping, **overrides) -> TransformerConfig
 
 # ---------------------------------------------------------------- name maps
 
-def _bert_layer(i: int, prefix: str) -> list[Entry]:
-    ours, theirs = f"encoder/layer_{i}", f"{prefix}.encoder.layer.{i}"
-    return [
-        *_dense(f"{ours}/attention/query", f"{theirs}.attention.self.query", "heads_in"),
-        *_dense(f"{ours}/attention/key", f"{theirs}.attention.self.key", "heads_in"),
-        *_dense(f"{ours}/attention/value", f"{theirs}.attention.self.value", "heads_in"),
-        *_dense(f"{ours}/attention/output", f"{theirs}.attention.output.dense", "heads_out"),
-        *_norm(f"{ours}/attention_norm", f"{theirs}.attention.output.LayerNorm"),
-        *_dense(f"{ours}/mlp/intermediate", f"{theirs}.intermediate.dense"),
-        *_dense(f"{ours}/mlp/output", f"{theirs}.output.dense"),
-        *_norm(f"{ours}/mlp_norm", f"{theirs}.output.LayerNorm"),
-    ]
-
-
 def roberta_name_map(config: TransformerConfig) -> dict[str, list[Entry]]:
     """Group -> [(our '/'-joined path, HF RobertaForMaskedLM name, layout kind)]."""
     embeddings = [
@@ -90,25 +76,15 @@ def roberta_name_map(config: TransformerConfig) -> dict[str, list[Entry]]:
         *_norm("encoder/embeddings/norm", "roberta.embeddings.LayerNorm"),
     ]
     return {
-        "encoder": embeddings + [e for i in range(config.num_layers) for e in _bert_layer(i, "roberta")],
+        "encoder": embeddings + [e for i in range(config.num_layers) for e in encoder_layer(i, "roberta.encoder.layer")],
         "pooler": _dense("encoder/pooler", "roberta.pooler.dense"),
         "mlm": [("mlm/bias", "lm_head.bias", "copy"), *_dense("mlm/transform", "lm_head.dense"),
                 *_norm("mlm/norm", "lm_head.layer_norm")],
     }
 
 
-def _distilbert_layer(i: int) -> list[Entry]:
-    ours, theirs = f"encoder/layer_{i}", f"distilbert.transformer.layer.{i}"
-    return [
-        *_dense(f"{ours}/attention/query", f"{theirs}.attention.q_lin", "heads_in"),
-        *_dense(f"{ours}/attention/key", f"{theirs}.attention.k_lin", "heads_in"),
-        *_dense(f"{ours}/attention/value", f"{theirs}.attention.v_lin", "heads_in"),
-        *_dense(f"{ours}/attention/output", f"{theirs}.attention.out_lin", "heads_out"),
-        *_norm(f"{ours}/attention_norm", f"{theirs}.sa_layer_norm"),
-        *_dense(f"{ours}/mlp/intermediate", f"{theirs}.ffn.lin1"),
-        *_dense(f"{ours}/mlp/output", f"{theirs}.ffn.lin2"),
-        *_norm(f"{ours}/mlp_norm", f"{theirs}.output_layer_norm"),
-    ]
+DISTILBERT_LAYER_NAMES = ("attention.q_lin", "attention.k_lin", "attention.v_lin", "attention.out_lin",
+                          "sa_layer_norm", "ffn.lin1", "ffn.lin2", "output_layer_norm")
 
 
 def distilbert_name_map(config: TransformerConfig) -> dict[str, list[Entry]]:
@@ -119,7 +95,7 @@ def distilbert_name_map(config: TransformerConfig) -> dict[str, list[Entry]]:
         *_norm("encoder/embeddings/norm", "distilbert.embeddings.LayerNorm"),
     ]
     return {
-        "encoder": embeddings + [e for i in range(config.num_layers) for e in _distilbert_layer(i)],
+        "encoder": embeddings + [e for i in range(config.num_layers) for e in encoder_layer(i, "distilbert.transformer.layer", DISTILBERT_LAYER_NAMES)],
         "mlm": [("mlm/bias", "vocab_projector.bias", "copy"), *_dense("mlm/transform", "vocab_transform"),
                 *_norm("mlm/norm", "vocab_layer_norm")],
     }

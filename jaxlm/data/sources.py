@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pathlib
 
-from jaxlm.config import ConfigError, DataConfig
+from jaxlm.config import ConfigError, DataConfig, RunConfig
 from jaxlm.data import assets
 
 DEMO_CORPORA = {"austen": assets.fetch_austen, "wikipedia": assets.fetch_wikipedia, "news": assets.fetch_news}
@@ -44,3 +44,12 @@ def load_tokenizer(config: DataConfig):
     from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer
 
     return WordPieceTokenizer(resolve_vocab(config), lowercase=config.lowercase)
+
+
+def model_tokenizer(config: RunConfig):
+    """The run's tokenizer, after checking that its vocabulary fits the model's."""
+    tokenizer = load_tokenizer(config.data)
+    if tokenizer.vocab_size != config.model.vocab_size:
+        raise ConfigError(f"the vocabulary has {tokenizer.vocab_size} tokens but model.vocab_size="
+                          f"{config.model.vocab_size}; set model.vocab_size={tokenizer.vocab_size}")
+    return tokenizer

@@ -8,16 +8,16 @@ import orbax.checkpoint as ocp
 ITEMS = ("state", "data", "config")
 
 
-def manager(directory: str | pathlib.Path, every: int, keep: int, async_save: bool = True) -> ocp.CheckpointManager:
-    options = ocp.CheckpointManagerOptions(
-        save_interval_steps=every, max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
+def manager(directory: str | pathlib.Path, keep: int, async_save: bool = True) -> ocp.CheckpointManager:
+    """The run's manager; the caller decides when to save, so every `save` is forced."""
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
     return ocp.CheckpointManager(pathlib.Path(directory).absolute(), item_names=ITEMS, options=options)
 
 
-def save(mngr: ocp.CheckpointManager, step: int, state, data_position: dict, config: dict, force: bool = False) -> bool:
+def save(mngr: ocp.CheckpointManager, step: int, state, data_position: dict, config: dict) -> bool:
     return mngr.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position),
-        config=ocp.args.JsonSave(config)), force=force)
+        config=ocp.args.JsonSave(config)), force=True)
 
 
 def restore(mngr: ocp.CheckpointManager, abstract_state, step: int | None = None):

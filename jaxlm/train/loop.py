@@ -107,12 +107,9 @@ def global_batch(setup: Setup, local: dict) -> dict:
 def open_data(config: RunConfig):
     """Train and held-out splits, validated against the tokenizer and the model before any compute."""
     from jaxlm.data.pipeline import PretrainingData
-    from jaxlm.data.sources import load_tokenizer
+    from jaxlm.data.sources import model_tokenizer
 
-    tokenizer = load_tokenizer(config.data)
-    if tokenizer.vocab_size != config.model.vocab_size:
-        raise ConfigError(f"the vocabulary has {tokenizer.vocab_size} tokens but model.vocab_size="
-                          f"{config.model.vocab_size}; set model.vocab_size={tokenizer.vocab_size}")
+    tokenizer = model_tokenizer(config)
     directory = pathlib.Path(config.data.prepared_dir)
     common = dict(seed=config.data.seed, max_predictions=config.data.max_predictions,
                   mask_prob=config.data.mask_prob, tokenizer_fingerprint=tokenizer.fingerprint(),
@@ -160,7 +157,7 @@ def train(config: RunConfig) -> dict:
     tcfg, is_main = config.train, jax.process_index() == 0
     run_dir = pathlib.Path(tcfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    mngr = checkpoint.manager(run_dir / "checkpoints", tcfg.checkpoint_every, tcfg.keep_checkpoints)
+    mngr = checkpoint.manager(run_dir / "checkpoints", tcfg.keep_checkpoints)
     rng = jax.random.key(tcfg.seed)
     state, start, how = restore_or_init(setup, mngr, jax.random.fold_in(rng, 1))
     compiled_train, compiled_eval = compile_steps(setup)
@@ -196,7 +193,7 @@ def train(config: RunConfig) -> dict:
         if step % tcfg.eval_every == 0 and step < stop_at:
             writer.write(step, evaluate(setup, compiled_eval, state.params, valid), split="eval")
         if step % tcfg.checkpoint_every == 0 or step == stop_at or out_of_time:
-            checkpoint.save(mngr, step, state, {"step": step}, resolved, force=True)
+            checkpoint.save(mngr, step, state, {"step": step}, resolved)
         if out_of_time:
             writer.message(f"train.time_limit_minutes={tcfg.time_limit_minutes} reached at step {step}")
             break

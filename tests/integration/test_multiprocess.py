@@ -37,7 +37,7 @@ def test_two_processes_train_and_restore_on_one(tiny_config, tmp_path):
 
     config = config_lib.load(multi, [])
     setup = build(config)
-    mngr = checkpoint.manager(multi_dir / "checkpoints", 3, 3, async_save=False)
+    mngr = checkpoint.manager(multi_dir / "checkpoints", 3, async_save=False)
     assert mngr.all_steps() == [3, 6]
     restored, position, saved_config = checkpoint.restore(mngr, setup.abstract)
     assert position == {"step": 6} and saved_config["mesh"]["rules"] == "fsdp_tp"
@@ -45,7 +45,7 @@ def test_two_processes_train_and_restore_on_one(tiny_config, tmp_path):
     for leaf in jax.tree.leaves(restored.params):
         assert dict(leaf.sharding.mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
 
-    single_mngr = checkpoint.manager(single_dir / "checkpoints", 3, 3, async_save=False)
+    single_mngr = checkpoint.manager(single_dir / "checkpoints", 3, async_save=False)
     single_state, _, _ = checkpoint.restore(single_mngr, setup.abstract)
     tree = config_lib.merge(config_lib.load_tree(multi), {"mesh": {"data": 8, "fsdp": 1, "tensor": 1, "rules": "dp"}})
     dp = config_lib.from_dict(tree)
