@@ -68,7 +68,7 @@ def bert_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
     """A TransformerConfig from a Hugging Face BERT config.json dict; `overrides` win (e.g. dtype)."""
     check_bert_config(config)
     fields = {ours: config[theirs] for theirs, ours in CONFIG_FIELDS.items() if theirs in config}
-    result = model_config(**{**fields, **overrides})
+    result = model_config(**{"family": "bert", **fields, **overrides})
     result.validate()
     return result
 

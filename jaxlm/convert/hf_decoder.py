@@ -36,7 +36,7 @@ def gpt2_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
         raise ValueError("GPT-2 cross-attention is not supported")
     hidden = config.get("n_embd", 768)
     fields = dict(
-        vocab_size=config.get("vocab_size", 50257), hidden_size=hidden, num_layers=config.get("n_layer", 12),
+        family="gpt2", vocab_size=config.get("vocab_size", 50257), hidden_size=hidden, num_layers=config.get("n_layer", 12),
         num_heads=config.get("n_head", 12), intermediate_size=config.get("n_inner") or 4 * hidden,
         max_position_embeddings=config.get("n_positions", 1024), type_vocab_size=0,
         hidden_dropout=config.get("resid_pdrop", 0.1), attention_dropout=config.get("attn_pdrop", 0.1),
@@ -68,7 +68,7 @@ def llama_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
         raise ValueError(f"head_dim={head_dim} * num_attention_heads={heads} != hidden_size={hidden}: "
                          "jaxlm needs head_dim = hidden_size / num_attention_heads")
     fields = dict(
-        vocab_size=config.get("vocab_size", 32000), hidden_size=hidden,
+        family="llama", vocab_size=config.get("vocab_size", 32000), hidden_size=hidden,
         num_layers=config.get("num_hidden_layers", 32), num_heads=heads,
         num_kv_heads=config.get("num_key_value_heads") or heads,
         intermediate_size=config.get("intermediate_size", 11008),

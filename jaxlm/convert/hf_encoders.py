@@ -42,7 +42,7 @@ def roberta_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
         raise ValueError("decoder/cross-attention RoBERTa configs are not supported")
     fields = {ours: config[theirs] for theirs, ours in CONFIG_FIELDS.items() if theirs in config}
     pad = config.get("pad_token_id", 1)
-    fields = {"vocab_size": 50265, **fields, "pad_token_id": pad, "position_offset": pad + 1}
+    fields = {"family": "roberta", "vocab_size": 50265, **fields, "pad_token_id": pad, "position_offset": pad + 1}
     return build_config(fields, overrides)
 
 
@@ -60,7 +60,7 @@ def distilbert_config_from_hf(config: Mapping, **overrides) -> TransformerConfig
              "hidden_dim": "intermediate_size", "max_position_embeddings": "max_position_embeddings",
              "dropout": "hidden_dropout", "attention_dropout": "attention_dropout",
              "initializer_range": "initializer_range", "pad_token_id": "pad_token_id"}
-    fields = {"num_layers": 6, **{ours: config[theirs] for theirs, ours in names.items() if theirs in config},
+    fields = {"family": "distilbert", "num_layers": 6, **{ours: config[theirs] for theirs, ours in names.items() if theirs in config},
               "type_vocab_size": 0, "layer_norm_eps": 1e-12, "position_offset": 0}
     return build_config(fields, overrides)
 

@@ -3,14 +3,18 @@ from __future__ import annotations
 
 import dataclasses
 
-ATTENTION_KERNELS = ("xla", "cudnn")
+FAMILIES = ("bert", "roberta", "albert", "distilbert", "spanbert", "gpt2", "llama", "t5", "bart")
+ATTENTION_KERNELS = ("xla", "cudnn", "splash")
 NORMS = ("layernorm", "rmsnorm")
-ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu")
-POSITION_EMBEDDINGS = ("learned", "rope")
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "swiglu", "geglu")
+GATED_ACTIVATIONS = ("swiglu", "geglu")
+POSITION_EMBEDDINGS = ("learned", "rope", "relative")
+REMAT_POLICIES = ("none", "full", "dots")
 
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
+    family: str = "bert"
     vocab_size: int = 30522
     hidden_size: int = 768
     num_layers: int = 12
@@ -37,10 +41,33 @@ class TransformerConfig:
     # offset, and pad tokens take position `pad_token_id`, as Hugging Face RoBERTa does.
     position_offset: int = 0
     pad_token_id: int = 0
+    # ALBERT: token embeddings of this width, projected up to hidden_size (0: no factorisation).
+    embedding_size: int = 0
+    # Width of each attention head; 0 means hidden_size // num_heads (T5 sets it apart).
+    head_size: int = 0
+    # T5's bucketed relative positions (position_embedding="relative").
+    relative_buckets: int = 32
+    relative_max_distance: int = 128
+    # Encoder-decoders: decoder depth (0: num_layers); decoder_start_token_id starts generation.
+    num_decoder_layers: int = 0
+    decoder_start_token_id: int = 0
+    eos_token_id: int = -1
+    # Layers as one nn.scan over stacked parameters (leading "layers" axis) instead of layer_0..N-1,
+    # and what each layer keeps for the backward pass: none (all), full (recompute all), dots.
+    scan_layers: bool = False
+    remat: str = "none"
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.head_size or self.hidden_size // self.num_heads
+
+    @property
+    def decoder_layers(self) -> int:
+        return self.num_decoder_layers or self.num_layers
+
+    @property
+    def gated_mlp(self) -> bool:
+        return self.activation in GATED_ACTIVATIONS
 
     @property
     def kv_heads(self) -> int:
@@ -48,7 +75,11 @@ class TransformerConfig:
         return self.num_kv_heads or self.num_heads
 
     def validate(self) -> None:
-        if self.hidden_size % self.num_heads:
+        if self.family not in FAMILIES:
+            raise ValueError(f"model.family={self.family!r}; choose one of {FAMILIES}")
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"model.remat={self.remat!r}; choose one of {REMAT_POLICIES}")
+        if not self.head_size and self.hidden_size % self.num_heads:
             raise ValueError(
                 f"model.hidden_size={self.hidden_size} is not divisible by model.num_heads={self.num_heads}"
             )

@@ -11,9 +11,10 @@ import jax
 import jax.numpy as jnp
 
 from jaxlm.models.config import TransformerConfig
-from jaxlm.nn.attention import SelfAttention
+from jaxlm.nn.attention import Attention
 from jaxlm.nn.embed import Embed
-from jaxlm.nn.layers import GatedMlp, Mlp, norm_layer, normal_init
+from jaxlm.nn.layers import mlp_block, norm_layer, normal_init
+from jaxlm.nn.stack import make_layers, run_layers
 
 ACTIVATION = ("batch", "length", "embed")
 
@@ -32,12 +33,12 @@ class DecoderLayer(nn.Module):
     config: TransformerConfig
 
     @nn.compact
-    def __call__(self, x, positions, segment_ids, padding_mask, deterministic: bool) -> jax.Array:
+    def __call__(self, x, positions, segment_ids, padding_mask, deterministic: bool, decode: bool = False) -> jax.Array:
         cfg = self.config
         h = norm_layer(cfg, "attention_norm")(x)
-        x = x + SelfAttention(cfg, causal=True, name="attention")(h, padding_mask, deterministic, positions, segment_ids)
-        mlp = GatedMlp if cfg.activation == "swiglu" else Mlp
-        x = x + mlp(cfg, name="mlp")(norm_layer(cfg, "mlp_norm")(x), deterministic)
+        x = x + Attention(cfg, causal=True, name="attention")(h, padding_mask, deterministic, positions, segment_ids,
+                                                             decode=decode)
+        x = x + mlp_block(cfg, "mlp")(norm_layer(cfg, "mlp_norm")(x), deterministic)
         return nn.with_logical_constraint(x, ACTIVATION)
 
 
@@ -45,7 +46,8 @@ class Decoder(nn.Module):
     """Token ids [B, T] -> final-normed hidden states [B, T, E].
 
     `segment_ids` [B, T] keeps packed documents apart and restarts positions in each;
-    `padding_mask` [B, T] is true at real (right-padded) tokens.
+    `padding_mask` [B, T] is true at real (right-padded) tokens. `decode=True` runs on the KV cache
+    (see `Attention`): pass `positions`, and a `padding_mask` over the cache slots if any are padding.
     """
 
     config: TransformerConfig
@@ -56,11 +58,11 @@ class Decoder(nn.Module):
         if cfg.position_embedding == "learned":
             self.position = Embed(cfg, cfg.max_position_embeddings, ("length", "embed"))
         self.dropout = nn.Dropout(cfg.hidden_dropout)
-        self.layers = [DecoderLayer(cfg, name=f"layer_{i}") for i in range(cfg.num_layers)]
+        self.layers = make_layers(DecoderLayer, cfg, cfg.num_layers, static_args=(5, 6))
         self.final_norm = norm_layer(cfg, "final_norm")
 
     def __call__(self, input_ids, positions=None, segment_ids=None, padding_mask=None,
-                 deterministic: bool = True) -> jax.Array:
+                 deterministic: bool = True, decode: bool = False) -> jax.Array:
         cfg = self.config
         if cfg.position_embedding == "learned" and input_ids.shape[1] > cfg.max_position_embeddings:
             raise ValueError(f"sequence length {input_ids.shape[1]} exceeds model.max_position_embeddings="
@@ -72,8 +74,7 @@ class Decoder(nn.Module):
         if cfg.position_embedding == "learned":
             x = x + self.position(positions)
         x = self.dropout(nn.with_logical_constraint(x, ACTIVATION), deterministic=deterministic)
-        for layer in self.layers:
-            x = layer(x, positions, segment_ids, padding_mask, deterministic)
+        x = run_layers(self.layers, x, positions, segment_ids, padding_mask, deterministic, decode)
         return self.final_norm(x)
 
     def word_embeddings(self, x: jax.Array) -> jax.Array:
@@ -96,8 +97,8 @@ class CausalLM(nn.Module):
                                       (cfg.hidden_size, cfg.vocab_size), jnp.dtype(cfg.param_dtype))
 
     def __call__(self, input_ids, positions=None, segment_ids=None, padding_mask=None,
-                 deterministic: bool = True) -> jax.Array:
-        hidden = self.decoder(input_ids, positions, segment_ids, padding_mask, deterministic)
+                 deterministic: bool = True, decode: bool = False) -> jax.Array:
+        hidden = self.decoder(input_ids, positions, segment_ids, padding_mask, deterministic, decode)
         if self.config.tie_embeddings:
             logits = self.decoder.word_embeddings(hidden)
         else:

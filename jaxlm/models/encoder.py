@@ -6,9 +6,10 @@ import jax
 import jax.numpy as jnp
 
 from jaxlm.models.config import TransformerConfig
-from jaxlm.nn.attention import SelfAttention
+from jaxlm.nn.attention import Attention
 from jaxlm.nn.embed import BertEmbeddings
 from jaxlm.nn.layers import Dense, LayerNorm, Mlp
+from jaxlm.nn.stack import make_layers, run_layers
 
 ACTIVATION = ("batch", "length", "embed")
 
@@ -21,7 +22,7 @@ class EncoderLayer(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array, padding_mask: jax.Array, deterministic: bool) -> jax.Array:
         x = LayerNorm(self.config, name="attention_norm")(
-            x + SelfAttention(self.config, name="attention")(x, padding_mask, deterministic))
+            x + Attention(self.config, name="attention")(x, padding_mask, deterministic))
         x = LayerNorm(self.config, name="mlp_norm")(x + Mlp(self.config, name="mlp")(x, deterministic))
         return nn.with_logical_constraint(x, ACTIVATION)
 
@@ -34,7 +35,7 @@ class BertEncoder(nn.Module):
     def setup(self):
         cfg = self.config
         self.embeddings = BertEmbeddings(cfg)
-        self.layers = [EncoderLayer(cfg, name=f"layer_{i}") for i in range(cfg.num_layers)]
+        self.layers = make_layers(EncoderLayer, cfg, cfg.num_layers, static_args=(3,))
         self.pooler = Dense(cfg, cfg.hidden_size, ("embed",), ("embed_out",))
 
     def __call__(self, input_ids, segment_ids=None, padding_mask=None, deterministic: bool = True):
@@ -49,9 +50,7 @@ class BertEncoder(nn.Module):
         if padding_mask is None:
             padding_mask = jnp.ones(input_ids.shape, bool)
         x = self.embeddings(input_ids, segment_ids, deterministic)
-        for layer in self.layers:
-            x = layer(x, padding_mask.astype(bool), deterministic)
-        return x
+        return run_layers(self.layers, x, padding_mask.astype(bool), deterministic)
 
     def word_embeddings(self, x: jax.Array) -> jax.Array:
         return self.embeddings.word.attend(x)

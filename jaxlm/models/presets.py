@@ -1,5 +1,5 @@
-"""Named model sizes (BERT's, RoBERTa's, DistilBERT's and GPT-2's published shapes, a tiny Llama) as
-TransformerConfig presets."""
+"""Named model sizes (the published shapes of BERT, RoBERTa, ALBERT, DistilBERT, SpanBERT, GPT-2,
+SmolLM2, T5 and BART, and a tiny Llama) as TransformerConfig presets."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,14 +12,39 @@ PRESETS: dict[str, TransformerConfig] = {
     "bert-base": TransformerConfig(),
     "bert-large": TransformerConfig(hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096),
     "roberta-base": TransformerConfig(
-        vocab_size=50265, max_position_embeddings=514, type_vocab_size=1, layer_norm_eps=1e-5,
+        family="roberta", vocab_size=50265, max_position_embeddings=514, type_vocab_size=1, layer_norm_eps=1e-5,
         pad_token_id=1, position_offset=2),
-    "distilbert-base": TransformerConfig(num_layers=6, type_vocab_size=0),
+    "distilbert-base": TransformerConfig(family="distilbert", num_layers=6, type_vocab_size=0),
     "gpt2-small": TransformerConfig(
-        vocab_size=50257, max_position_embeddings=1024, type_vocab_size=0, layer_norm_eps=1e-5,
+        family="gpt2", vocab_size=50257, max_position_embeddings=1024, type_vocab_size=0, layer_norm_eps=1e-5,
         activation="gelu_tanh"),
+    "albert-base": TransformerConfig(
+        family="albert", vocab_size=30000, embedding_size=128, activation="gelu_tanh", hidden_dropout=0.0,
+        attention_dropout=0.0),
+    "spanbert-base": TransformerConfig(family="spanbert", vocab_size=28996),
+    "gpt2-medium": TransformerConfig(
+        family="gpt2", vocab_size=50257, hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096,
+        max_position_embeddings=1024, type_vocab_size=0, layer_norm_eps=1e-5, activation="gelu_tanh"),
+    "smollm2-135m": TransformerConfig(
+        family="llama", vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3,
+        intermediate_size=1536, max_position_embeddings=8192, type_vocab_size=0, hidden_dropout=0.0,
+        attention_dropout=0.0, layer_norm_eps=1e-5, position_embedding="rope", rope_theta=100000.0,
+        norm="rmsnorm", activation="swiglu", use_bias=False, tie_embeddings=True),
+    "t5-small": TransformerConfig(
+        family="t5", vocab_size=32128, hidden_size=512, num_layers=6, num_heads=8, head_size=64,
+        intermediate_size=2048, max_position_embeddings=512, type_vocab_size=0, layer_norm_eps=1e-6,
+        position_embedding="relative", norm="rmsnorm", activation="relu", use_bias=False,
+        pad_token_id=0, eos_token_id=1, decoder_start_token_id=0),
+    "t5-base": TransformerConfig(
+        family="t5", vocab_size=32128, hidden_size=768, num_layers=12, num_heads=12, head_size=64,
+        intermediate_size=3072, max_position_embeddings=512, type_vocab_size=0, layer_norm_eps=1e-6,
+        position_embedding="relative", norm="rmsnorm", activation="relu", use_bias=False,
+        pad_token_id=0, eos_token_id=1, decoder_start_token_id=0),
+    "bart-base": TransformerConfig(
+        family="bart", vocab_size=50265, num_layers=6, max_position_embeddings=1026, position_offset=2,
+        type_vocab_size=0, layer_norm_eps=1e-5, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2),
     "llama-tiny": TransformerConfig(
-        vocab_size=32000, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=688,
+        family="llama", vocab_size=32000, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=688,
         max_position_embeddings=2048, type_vocab_size=0, hidden_dropout=0.0, attention_dropout=0.0,
         layer_norm_eps=1e-5, position_embedding="rope", norm="rmsnorm", activation="swiglu", use_bias=False,
         tie_embeddings=False),

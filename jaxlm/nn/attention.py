@@ -45,32 +45,52 @@ def dot_product_attention(
     dropout_rng: jax.Array | None = None,
     causal: bool = False,
     segment_ids: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    mask: jax.Array | None = None,
+    scale: float | None = None,
 ) -> jax.Array:
-    """Attention over [batch, length, heads, head_dim] queries; keys and values may have fewer heads
-    (grouped-query attention: query head h reads key/value head h // (heads / kv_heads)).
+    """Attention of [batch, q_length, heads, head_dim] queries over [batch, k_length, kv_heads, head_dim]
+    keys and values; keys and values may have fewer heads (grouped-query attention: query head h reads
+    key/value head h // (heads / kv_heads)).
 
-    `padding_mask` is [batch, length], true at real (right-padded) tokens. `causal` lets each token
+    `padding_mask` is [batch, k_length], true at real (right-padded) keys. `causal` lets each token
     attend only to itself and earlier ones; `segment_ids` [batch, length] keeps packed documents
-    apart (tokens attend within their own segment id). `xla` is portable and supports attention
-    dropout; `cudnn` is the fused GPU kernel (no dropout).
+    apart (tokens attend within their own segment id). `bias` [1 or batch, heads, q_length, k_length]
+    is added to the logits (T5's relative positions); `mask` is any further boolean mask of that shape;
+    `scale` multiplies the logits (default 1/sqrt(head_dim)). `xla` is portable and supports attention
+    dropout; `cudnn` is the fused GPU kernel (no dropout); `splash` is the Pallas TPU kernel.
     """
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
     if kernel == "cudnn":
         lengths = None if padding_mask is None else padding_mask_lengths(padding_mask)
-        mask = None if segment_ids is None else attention_mask(query.shape[1], segment_ids=segment_ids)
+        if segment_ids is not None:
+            segments = attention_mask(query.shape[1], segment_ids=segment_ids)
+            mask = segments if mask is None else mask & segments
         return jax.nn.dot_product_attention(
-            query, key, value, mask=mask, key_value_seq_lengths=lengths, is_causal=causal,
-            implementation="cudnn")
+            query, key, value, bias=bias, mask=mask, scale=scale, key_value_seq_lengths=lengths,
+            is_causal=causal, implementation="cudnn")
+    if kernel == "splash":
+        if bias is not None or mask is not None:
+            raise ValueError("attention_kernel='splash' takes no logit bias or extra mask: use 'xla' for "
+                             "relative positions (T5) and for cached decoding")
+        from jaxlm.nn.splash import splash_attention
+
+        return splash_attention(query, key, value, padding_mask=padding_mask, causal=causal,
+                                segment_ids=segment_ids, scale=scale)
     if kernel != "xla":
-        raise ValueError(f"unknown attention kernel {kernel!r}; choose xla or cudnn")
+        raise ValueError(f"unknown attention kernel {kernel!r}; choose xla, cudnn or splash")
     groups = query.shape[2] // key.shape[2]
     if groups > 1:
         key, value = jnp.repeat(key, groups, axis=2), jnp.repeat(value, groups, axis=2)
-    scale = query.shape[-1] ** -0.5
     logits = jnp.einsum("bqhd,bkhd->bhqk", query * jnp.asarray(scale, query.dtype), key)
     logits = logits.astype(jnp.float32)
-    mask = attention_mask(query.shape[1], padding_mask, causal, segment_ids)
+    if bias is not None:
+        logits = logits + bias.astype(jnp.float32)
+    full_mask = attention_mask(query.shape[1], padding_mask, causal, segment_ids)
     if mask is not None:
-        logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+        full_mask = mask if full_mask is None else full_mask & mask
+    if full_mask is not None:
+        logits = jnp.where(full_mask, logits, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(logits, axis=-1)
     if dropout_rate > 0.0 and dropout_rng is not None:
         keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
@@ -78,28 +98,60 @@ def dot_product_attention(
     return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
 
 
-class SelfAttention(nn.Module):
-    """Multi-head (or grouped-query) self-attention: projections, rotary positions when configured,
-    the kernel the config names, the output projection and dropout. Encoders and decoders share it."""
+class Attention(nn.Module):
+    """Multi-head (or grouped-query) attention: projections, rotary positions when configured, the
+    kernel the config names, the output projection and dropout. Self-attention by default; with
+    `context` it attends over those states instead (cross-attention). Every family shares it.
+
+    With `decode=True` (self-attention only) keys and values go into the "cache" collection: the
+    first (init) call sizes it from its input, [batch, max_length]; each later call writes its
+    tokens at the cache index and attends to every slot written so far. `padding_mask` then covers
+    the cache slots, and `positions` must be given for rotary positions.
+    """
 
     config: "TransformerConfig"
     causal: bool = False
+    scale: float | None = None
 
     @nn.compact
-    def __call__(self, x, padding_mask, deterministic: bool, positions=None, segment_ids=None) -> jax.Array:
+    def __call__(self, x, padding_mask=None, deterministic: bool = True, positions=None, segment_ids=None, *,
+                 context=None, bias=None, decode: bool = False) -> jax.Array:
         cfg = self.config
         kv_axis = "heads" if cfg.kv_heads == cfg.num_heads else "kv_heads"
+        source = x if context is None else context
         q = Dense(cfg, (cfg.num_heads, cfg.head_dim), ("embed",), ("heads", "kv"), name="query")(x)
-        k = Dense(cfg, (cfg.kv_heads, cfg.head_dim), ("embed",), (kv_axis, "kv"), name="key")(x)
-        v = Dense(cfg, (cfg.kv_heads, cfg.head_dim), ("embed",), (kv_axis, "kv"), name="value")(x)
-        if cfg.position_embedding == "rope":
+        k = Dense(cfg, (cfg.kv_heads, cfg.head_dim), ("embed",), (kv_axis, "kv"), name="key")(source)
+        v = Dense(cfg, (cfg.kv_heads, cfg.head_dim), ("embed",), (kv_axis, "kv"), name="value")(source)
+        if cfg.position_embedding == "rope" and context is None:
+            if positions is None:
+                positions = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
             q, k = rotary_embedding(q, positions, cfg.rope_theta), rotary_embedding(k, positions, cfg.rope_theta)
         q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
         k, v = (nn.with_logical_constraint(t, ("batch", "length", kv_axis, "kv")) for t in (k, v))
+        causal, mask, kernel = self.causal, None, cfg.attention_kernel
+        if decode and context is None:
+            k, v, mask = self._cached(k, v)
+            if mask is not None:
+                causal, kernel = False, "xla"
         use_dropout = not deterministic and cfg.attention_dropout > 0.0
         out = dot_product_attention(
-            q, k, v, padding_mask=padding_mask, causal=self.causal, segment_ids=segment_ids,
-            kernel=cfg.attention_kernel, dropout_rate=cfg.attention_dropout if use_dropout else 0.0,
+            q, k, v, padding_mask=padding_mask, causal=causal, segment_ids=segment_ids, bias=bias, mask=mask,
+            scale=self.scale, kernel=kernel, dropout_rate=cfg.attention_dropout if use_dropout else 0.0,
             dropout_rng=self.make_rng("dropout") if use_dropout else None)
         out = Dense(cfg, cfg.hidden_size, ("heads", "kv"), ("embed",), contract=2, name="output")(out)
         return nn.Dropout(cfg.hidden_dropout)(out, deterministic=deterministic)
+
+    def _cached(self, k: jax.Array, v: jax.Array):
+        """(all cached keys, values, mask of the slots each query may see); no mask on the sizing call."""
+        sizing = not self.has_variable("cache", "cached_key")
+        key_cache = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
+        value_cache = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
+        index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
+        if sizing:
+            return k, v, None
+        start, length = index.value, k.shape[1]
+        key_cache.value = jax.lax.dynamic_update_slice_in_dim(key_cache.value, k, start, axis=1)
+        value_cache.value = jax.lax.dynamic_update_slice_in_dim(value_cache.value, v, start, axis=1)
+        index.value = start + length
+        slots, queries = jnp.arange(key_cache.value.shape[1]), start + jnp.arange(length)
+        return key_cache.value, value_cache.value, (slots[None, :] <= queries[:, None])[None, None]

@@ -33,7 +33,8 @@ def gelu_tanh(x: jax.Array) -> jax.Array:
     return jax.nn.gelu(x, approximate=True)
 
 
-ACTIVATIONS = {"gelu": gelu, "gelu_tanh": gelu_tanh}
+ACTIVATIONS = {"gelu": gelu, "gelu_tanh": gelu_tanh, "relu": jax.nn.relu}
+GATES = {"swiglu": jax.nn.silu, "geglu": gelu_tanh}
 
 
 class Dense(nn.Module):
@@ -97,8 +98,13 @@ def norm_layer(config: TransformerConfig, name: str) -> nn.Module:
     return (RMSNorm if config.norm == "rmsnorm" else LayerNorm)(config, name=name)
 
 
+def mlp_block(config: TransformerConfig, name: str) -> nn.Module:
+    """The gated MLP for swiglu/geglu, else the plain one."""
+    return (GatedMlp if config.gated_mlp else Mlp)(config, name=name)
+
+
 class Mlp(nn.Module):
-    """embed -> mlp (GELU, exact or tanh as `config.activation` says) -> embed."""
+    """embed -> mlp (exact or tanh GELU, or ReLU, as `config.activation` says) -> embed."""
 
     config: TransformerConfig
 
@@ -112,7 +118,7 @@ class Mlp(nn.Module):
 
 
 class GatedMlp(nn.Module):
-    """SwiGLU: embed -> silu(gate) * up -> embed."""
+    """SwiGLU (Llama) or GeGLU (T5 v1.1): embed -> act(gate) * up -> embed."""
 
     config: TransformerConfig
 
@@ -121,6 +127,6 @@ class GatedMlp(nn.Module):
         cfg = self.config
         gate = Dense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), name="gate")(x)
         up = Dense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), name="up")(x)
-        h = nn.with_logical_constraint(jax.nn.silu(gate) * up, ("batch", "length", "mlp"))
+        h = nn.with_logical_constraint(GATES[cfg.activation](gate) * up, ("batch", "length", "mlp"))
         h = Dense(cfg, cfg.hidden_size, ("mlp",), ("embed",), name="down")(h)
         return nn.Dropout(cfg.hidden_dropout)(h, deterministic=deterministic)

@@ -5,8 +5,9 @@ Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
+# factor: ALBERT's narrow embedding width; relpos: T5's relative-position buckets.
 LOGICAL_AXES = ("batch", "length", "embed", "embed_out", "heads", "kv_heads", "kv", "mlp", "vocab",
-                "segment", "classes", "layers")
+                "segment", "classes", "layers", "factor", "relpos")
 
 
 def _rules(**placed) -> Rules:
