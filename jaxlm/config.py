@@ -23,6 +23,8 @@ class DataConfig:
     lowercase: bool = True
     max_seq_length: int = 128
     max_predictions: int = 20
+    # encoder-decoders: decoder (target) length; 0 means max_seq_length
+    max_target_length: int = 0
     mask_prob: float = 0.15
     short_seq_prob: float = 0.1
     dupe_factor: int = 1

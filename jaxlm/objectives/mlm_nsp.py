@@ -1,83 +1,114 @@
-"""BERT's pretraining objective: masked LM on gathered positions plus next-sentence prediction."""
+"""Masked LM on gathered positions: with a sentence-pair task (BERT's next-sentence prediction,
+ALBERT's sentence-order prediction) or alone (RoBERTa, DistilBERT)."""
 from __future__ import annotations
 
 import dataclasses
 
-import jax
-import jax.numpy as jnp
+import flax.linen as nn
 
-from jaxlm.models.config import TransformerConfig
-from jaxlm.models.heads import BertForPreTraining
+from jaxlm.objectives.base import FLOAT, INT, Field, Objective, layer_matmul_params
 from jaxlm.objectives.losses import ratio, weighted_cross_entropy
 
-BATCH_AXES = {
-    "input_ids": ("batch", "length"),
-    "segment_ids": ("batch", "length"),
-    "input_mask": ("batch", "length"),
-    "masked_positions": ("batch", None),
-    "masked_labels": ("batch", None),
-    "masked_weights": ("batch", None),
-    "nsp_label": ("batch",),
-}
+
+def masked_lm_fields(seq: int, preds: int, segments: bool = True) -> dict[str, Field]:
+    fields = {"input_ids": Field((seq,), INT, ("length",)), "input_mask": Field((seq,), INT, ("length",)),
+              "masked_positions": Field((preds,), INT, (None,)), "masked_labels": Field((preds,), INT, (None,)),
+              "masked_weights": Field((preds,), FLOAT, (None,))}
+    if segments:
+        fields["segment_ids"] = Field((seq,), INT, ("length",))
+    return fields
+
+
+def mlm_stats(mlm_logits, batch) -> dict:
+    loss, correct, count = weighted_cross_entropy(mlm_logits, batch["masked_labels"], batch["masked_weights"])
+    return {"mlm_loss_sum": loss, "mlm_correct": correct, "mlm_count": count}
+
+
+def mlm_summary(stats: dict) -> dict:
+    return {"mlm_loss": ratio(stats["mlm_loss_sum"], stats["mlm_count"]),
+            "mlm_acc": ratio(stats["mlm_correct"], stats["mlm_count"])}
+
+
+def mlm_flops_per_token(config, seq: int, preds: int, extra_per_sequence: float = 0.0) -> float:
+    """DESIGN.md's 6·N + 12·L·d·T, with the MLM head counted on predicted positions only."""
+    c = config
+    embed = c.embedding_size or c.hidden_size
+    head_per_prediction = c.hidden_size * embed + embed * c.vocab_size
+    projection = c.embedding_size * c.hidden_size if c.embedding_size else 0
+    matmul_params = (c.num_layers * layer_matmul_params(c) + projection + head_per_prediction * preds / seq
+                     + extra_per_sequence / seq)
+    return 6 * matmul_params + 12 * c.num_layers * c.hidden_size * seq
 
 
 @dataclasses.dataclass(frozen=True)
-class MlmNsp:
-    """Owns the batch format, the loss and the metrics; the trainer sees only this interface."""
+class MlmNsp(Objective):
+    """BERT (NSP) or ALBERT (SOP, `config.family == "albert"`): the pair label is `nsp_label` either way."""
 
-    config: TransformerConfig
-    max_seq_length: int
-    max_predictions: int
+    max_predictions: int = 20
 
     @property
-    def model(self) -> BertForPreTraining:
+    def task(self) -> str:
+        return "sop" if self.config.family == "albert" else "nsp"
+
+    @property
+    def model(self) -> nn.Module:
+        if self.config.family == "albert":
+            from jaxlm.models.albert import AlbertForPreTraining
+
+            return AlbertForPreTraining(self.config)
+        from jaxlm.models.heads import BertForPreTraining
+
         return BertForPreTraining(self.config)
 
-    def batch_shapes(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
-        seq, preds = self.max_seq_length, self.max_predictions
-        shapes = {"input_ids": (seq,), "segment_ids": (seq,), "input_mask": (seq,),
-                  "masked_positions": (preds,), "masked_labels": (preds,), "masked_weights": (preds,),
-                  "nsp_label": ()}
-        return {name: jax.ShapeDtypeStruct((batch_size, *shape),
-                                           jnp.float32 if name == "masked_weights" else jnp.int32)
-                for name, shape in shapes.items()}
-
-    def init(self, rng: jax.Array):
-        batch = {k: jnp.zeros(v.shape, v.dtype) for k, v in self.batch_shapes(1).items()}
-        return self.model.init(rng, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-                               batch["masked_positions"])["params"]
-
-    def stats(self, params, batch, rng: jax.Array | None, deterministic: bool = False) -> dict:
-        """Sums over the batch: losses, correct predictions and counts, for exact aggregation."""
-        mlm_logits, nsp_logits = self.model.apply(
-            {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-            batch["masked_positions"], deterministic=deterministic,
-            rngs=None if deterministic else {"dropout": rng})
-        mlm_loss, mlm_correct, mlm_count = weighted_cross_entropy(
-            mlm_logits, batch["masked_labels"], batch["masked_weights"])
-        nsp_loss, nsp_correct, nsp_count = weighted_cross_entropy(nsp_logits, batch["nsp_label"])
-        return {"mlm_loss_sum": mlm_loss, "mlm_correct": mlm_correct, "mlm_count": mlm_count,
-                "nsp_loss_sum": nsp_loss, "nsp_correct": nsp_correct, "nsp_count": nsp_count}
+    def fields(self):
+        return masked_lm_fields(self.max_seq_length, self.max_predictions) | {"nsp_label": Field((), INT, ())}
 
     @staticmethod
-    def summarize(stats: dict) -> dict:
-        mlm_loss = ratio(stats["mlm_loss_sum"], stats["mlm_count"])
-        nsp_loss = ratio(stats["nsp_loss_sum"], stats["nsp_count"])
-        return {"loss": mlm_loss + nsp_loss, "mlm_loss": mlm_loss,
-                "mlm_acc": ratio(stats["mlm_correct"], stats["mlm_count"]),
-                "nsp_loss": nsp_loss, "nsp_acc": ratio(stats["nsp_correct"], stats["nsp_count"])}
+    def model_inputs(batch):
+        return batch["input_ids"], batch["segment_ids"], batch["input_mask"], batch["masked_positions"]
 
-    def loss(self, params, batch, rng):
-        """(scalar loss, summed stats); the function the trainer differentiates."""
-        stats = self.stats(params, batch, rng)
-        return self.summarize(stats)["loss"], stats
+    def stats(self, params, batch, rng, deterministic: bool = False) -> dict:
+        """Sums over the batch: losses, correct predictions and counts, for exact aggregation."""
+        mlm_logits, pair_logits = self.apply(params, batch, rng, deterministic)
+        loss, correct, count = weighted_cross_entropy(pair_logits, batch["nsp_label"])
+        return mlm_stats(mlm_logits, batch) | {"pair_loss_sum": loss, "pair_correct": correct, "pair_count": count}
+
+    def summarize(self, stats: dict) -> dict:
+        mlm = mlm_summary(stats)
+        pair_loss = ratio(stats["pair_loss_sum"], stats["pair_count"])
+        return {"loss": mlm["mlm_loss"] + pair_loss, **mlm, f"{self.task}_loss": pair_loss,
+                f"{self.task}_acc": ratio(stats["pair_correct"], stats["pair_count"])}
 
     def flops_per_token(self) -> float:
-        """DESIGN.md's MFU numerator: 6·N + 12·L·d·T, with the MLM head counted on predictions only."""
-        c, seq = self.config, self.max_seq_length
-        layer = 4 * c.hidden_size ** 2 + 2 * c.hidden_size * c.intermediate_size
-        head_per_prediction = c.hidden_size ** 2 + c.hidden_size * c.vocab_size
-        pooler_and_nsp = c.hidden_size ** 2 + 2 * c.hidden_size
-        matmul_params = (c.num_layers * layer + head_per_prediction * self.max_predictions / seq
-                         + pooler_and_nsp / seq)
-        return 6 * matmul_params + 12 * c.num_layers * c.hidden_size * seq
+        pooler_and_pair = self.config.hidden_size ** 2 + 2 * self.config.hidden_size
+        return mlm_flops_per_token(self.config, self.max_seq_length, self.max_predictions, pooler_and_pair)
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskedLm(Objective):
+    """Masked LM alone (RoBERTa, DistilBERT): no sentence pairs, no segment ids."""
+
+    max_predictions: int = 20
+
+    @property
+    def model(self) -> nn.Module:
+        from jaxlm.models.heads import MaskedLM
+
+        return MaskedLM(self.config)
+
+    def fields(self):
+        return masked_lm_fields(self.max_seq_length, self.max_predictions, segments=False)
+
+    @staticmethod
+    def model_inputs(batch):
+        return batch["input_ids"], None, batch["input_mask"], batch["masked_positions"]
+
+    def stats(self, params, batch, rng, deterministic: bool = False) -> dict:
+        return mlm_stats(self.apply(params, batch, rng, deterministic), batch)
+
+    def summarize(self, stats: dict) -> dict:
+        mlm = mlm_summary(stats)
+        return {"loss": mlm["mlm_loss"], **mlm}
+
+    def flops_per_token(self) -> float:
+        return mlm_flops_per_token(self.config, self.max_seq_length, self.max_predictions)

@@ -4,27 +4,12 @@ from __future__ import annotations
 import time
 
 import jax
-import numpy as np
 
 from jaxlm.config import RunConfig
 from jaxlm.parallel import distributed
 from jaxlm.train import flops
 from jaxlm.train.loop import build, compile_steps, global_batch, memory_summary
 from jaxlm.train.state import count_params, create_state
-
-
-def synthetic_batch(config: RunConfig, batch: int, seed: int = 0) -> dict:
-    """Full-length sequences with BERT's masked-position count, so the step does real work."""
-    rng = np.random.default_rng(seed)
-    seq, preds, vocab = config.data.max_seq_length, config.data.max_predictions, config.model.vocab_size
-    positions = np.sort(np.stack([rng.choice(np.arange(1, seq), preds, replace=False) for _ in range(batch)]), axis=1)
-    segment = (np.arange(seq)[None, :] >= seq // 2).astype(np.int32).repeat(batch, 0)
-    return {"input_ids": rng.integers(1000, vocab, (batch, seq), dtype=np.int32),
-            "segment_ids": segment, "input_mask": np.ones((batch, seq), np.int32),
-            "masked_positions": positions.astype(np.int32),
-            "masked_labels": rng.integers(1000, vocab, (batch, preds), dtype=np.int32),
-            "masked_weights": np.ones((batch, preds), np.float32),
-            "nsp_label": rng.integers(0, 2, (batch,), dtype=np.int32)}
 
 
 def bench(config: RunConfig) -> dict:
@@ -36,7 +21,7 @@ def bench(config: RunConfig) -> dict:
     compiled_train, _ = compile_steps(setup, with_eval=False)
     compile_s = time.perf_counter() - started
     size = config.train.global_batch
-    local = synthetic_batch(config, size // jax.process_count(), seed=jax.process_index())
+    local = setup.objective.synthetic_batch(size // jax.process_count(), seed=jax.process_index())
     batch, rng = global_batch(setup, local), jax.random.key(0)
     for _ in range(config.bench.warmup):
         state, metrics = compiled_train(state, batch, rng)

@@ -14,7 +14,7 @@ from jax.sharding import Mesh
 
 from jaxlm import config as config_lib
 from jaxlm.config import ConfigError, RunConfig
-from jaxlm.objectives.mlm_nsp import BATCH_AXES, MlmNsp
+from jaxlm.objectives import Objective, make_objective
 from jaxlm.parallel import distributed
 from jaxlm.parallel.mesh import logical_sharding, make_mesh, replicated
 from jaxlm.parallel.rules import Rules, rules_for
@@ -32,7 +32,7 @@ class Setup:
     config: RunConfig
     mesh: Mesh
     rules: Rules
-    objective: MlmNsp
+    objective: Objective
     optimizer: object
     schedule: object
     shardings: object
@@ -52,18 +52,19 @@ def check_batch(config: RunConfig, mesh: Mesh) -> None:
                           f"is not divisible by the batch shards ({shards})")
 
 
-def build(config: RunConfig) -> Setup:
-    """Everything the step needs, from the config: mesh, objective, optimiser, shardings."""
-    mesh = make_mesh(config.mesh)
+def build(config: RunConfig, devices=None) -> Setup:
+    """Everything the step needs, from the config: mesh (over `devices`, default all), objective,
+    optimiser, shardings."""
+    mesh = make_mesh(config.mesh, devices)
     check_batch(config, mesh)
     rules = rules_for(config.mesh.rules)
-    objective = MlmNsp(config.model, config.data.max_seq_length, config.data.max_predictions)
+    objective = make_objective(config.model, config.data)
     total = config.train.steps
     optimizer, lr = make_optimizer(config.optim, total), schedule(config.optim, total)
     with nn.logical_axis_rules(rules):
         shardings = state_shardings(objective.init, optimizer, mesh, rules)
     abstract = abstract_state(objective.init, optimizer, shardings)
-    batch_shardings = {k: logical_sharding(mesh, rules, axes) for k, axes in BATCH_AXES.items()}
+    batch_shardings = {k: logical_sharding(mesh, rules, axes) for k, axes in objective.batch_axes.items()}
     return Setup(config, mesh, rules, objective, optimizer, lr, shardings, abstract, batch_shardings)
 
 
@@ -109,6 +110,9 @@ def open_data(config: RunConfig):
     from jaxlm.data.pipeline import PretrainingData
     from jaxlm.data.sources import model_tokenizer
 
+    if config.model.family != "bert":
+        raise ConfigError(f"model.family={config.model.family!r}: `jaxlm prepare` and `train` read BERT's MLM+NSP "
+                          "data only so far; other families train through the library (jaxlm.objectives)")
     tokenizer = model_tokenizer(config)
     directory = pathlib.Path(config.data.prepared_dir)
     common = dict(seed=config.data.seed, max_predictions=config.data.max_predictions,

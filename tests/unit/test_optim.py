@@ -5,7 +5,6 @@ import optax
 
 from jaxlm import config as config_lib
 from jaxlm.config import OptimConfig
-from jaxlm.train.bench import synthetic_batch
 from jaxlm.train.loop import build, compile_steps, global_batch
 from jaxlm.train.optim import decay_mask, schedule
 from jaxlm.train.state import create_state
@@ -30,7 +29,7 @@ def _run(config, steps):
     state = create_state(setup.objective.init, setup.optimizer, setup.shardings, setup.mesh, setup.rules,
                          jax.random.key(0))
     train_step, _ = compile_steps(setup)
-    batch = global_batch(setup, synthetic_batch(config, config.train.global_batch))
+    batch = global_batch(setup, setup.objective.synthetic_batch(config.train.global_batch))
     losses = []
     for _ in range(steps):
         state, metrics = train_step(state, batch, jax.random.key(1))

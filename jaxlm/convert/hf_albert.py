@@ -1,0 +1,163 @@
+"""Hugging Face ALBERT checkpoints <-> jaxlm ALBERT (AlbertForPreTraining trees): config, tensor names, shapes."""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from jaxlm.convert.hf import (CONFIG_FIELDS, _check_shapes, _dense, _listed, _norm, _plain, _present_groups,
+                              build_config, check_family, encoder_layer, flatten, to_hf, to_ours, unflatten)
+from jaxlm.convert.hf_encoders import BUFFERS, _normalize
+from jaxlm.models.config import TransformerConfig
+
+Entry = tuple[str, str, str]
+HEAD_PREFIXES = ("predictions.", "sop_classifier.")
+TIED = {"predictions.decoder.weight": "albert.embeddings.word_embeddings.weight",
+        "predictions.decoder.bias": "predictions.bias"}
+# HF hidden_act -> ours; gelu_new and gelu_pytorch_tanh are the same tanh approximation.
+ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
+HF_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+# transformers.AlbertConfig's defaults (albert-xxlarge), for keys a config.json leaves out.
+HF_DEFAULTS = {"vocab_size": 30000, "hidden_size": 4096, "num_layers": 12, "num_heads": 64,
+               "intermediate_size": 16384, "hidden_dropout": 0.0, "attention_dropout": 0.0,
+               "max_position_embeddings": 512, "type_vocab_size": 2, "initializer_range": 0.02,
+               "layer_norm_eps": 1e-12}
+LAYER = "albert.encoder.albert_layer_groups.0.albert_layers"
+LAYER_NAMES = ("attention.query", "attention.key", "attention.value", "attention.dense", "attention.LayerNorm",
+               "ffn", "ffn_output", "full_layer_layer_norm")
+
+
+# ---------------------------------------------------------------- config
+
+def albert_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
+    """A TransformerConfig from a Hugging Face ALBERT config.json dict; `overrides` win (e.g. dtype)."""
+    check_family(config, "albert", "Albert")
+    for key in ("num_hidden_groups", "inner_group_num"):
+        if config.get(key, 1) != 1:
+            raise ValueError(f"{key}={config[key]} is not supported: jaxlm ALBERT shares one layer across "
+                             "depth (num_hidden_groups=1, inner_group_num=1)")
+    act = config.get("hidden_act", "gelu_new")
+    if act not in ACTIVATIONS:
+        raise ValueError(f"hidden_act={act!r} is not supported: jaxlm ALBERT takes one of {sorted(ACTIVATIONS)}")
+    if config.get("position_embedding_type", "absolute") != "absolute":
+        raise ValueError(f"position_embedding_type={config['position_embedding_type']!r} is not supported: "
+                         "jaxlm ALBERT uses 'absolute' learned positions")
+    fields = {ours: config[theirs] for theirs, ours in CONFIG_FIELDS.items() if theirs in config}
+    fields = {"family": "albert", **HF_DEFAULTS, **fields, "embedding_size": config.get("embedding_size", 128),
+              "activation": ACTIVATIONS[act], "pad_token_id": config.get("pad_token_id") or 0, "position_offset": 0}
+    return build_config(fields, overrides)
+
+
+def albert_config_to_hf(config: TransformerConfig) -> dict:
+    """A Hugging Face AlbertForPreTraining config.json dict for `config`."""
+    unsupported = {"activation": config.activation not in HF_ACTIVATIONS,
+                   "position_embedding": config.position_embedding != "learned", "norm": config.norm != "layernorm",
+                   "position_offset": config.position_offset != 0, "use_bias": not config.use_bias,
+                   "tie_embeddings": not config.tie_embeddings, "type_vocab_size": config.type_vocab_size < 1,
+                   "num_kv_heads": config.kv_heads != config.num_heads,
+                   "head_size": config.head_dim * config.num_heads != config.hidden_size}
+    wrong = [f"{name}={getattr(config, name)!r}" for name, bad in unsupported.items() if bad]
+    if wrong:
+        raise ValueError(f"Hugging Face ALBERT cannot represent model.{', model.'.join(wrong)}")
+    return {
+        "architectures": ["AlbertForPreTraining"], "model_type": "albert",
+        **{theirs: getattr(config, ours) for theirs, ours in CONFIG_FIELDS.items()},
+        "embedding_size": config.embedding_size or config.hidden_size, "num_hidden_groups": 1, "inner_group_num": 1,
+        "hidden_act": HF_ACTIVATIONS[config.activation], "classifier_dropout_prob": config.hidden_dropout,
+        "pad_token_id": config.pad_token_id, "bos_token_id": 2, "eos_token_id": 3, "tie_word_embeddings": True,
+    }
+
+
+# ---------------------------------------------------------------- name map and shapes
+
+def albert_name_map(config: TransformerConfig) -> dict[str, list[Entry]]:
+    """Group -> [(our '/'-joined path, HF AlbertForPreTraining name, layout kind)].
+
+    The shared layer is our `encoder/layer` (no `_i` suffix, so :mod:`jaxlm.convert.layout` leaves it
+    alone) and HF's `albert_layer_groups.0.albert_layers.0`. Groups other than `encoder` are optional,
+    as in :mod:`jaxlm.convert.hf`: AlbertForMaskedLM has no pooler or SOP head, AlbertModel no heads.
+    """
+    embeddings = [
+        ("encoder/embeddings/word/embedding", "albert.embeddings.word_embeddings.weight", "copy"),
+        ("encoder/embeddings/position/embedding", "albert.embeddings.position_embeddings.weight", "copy"),
+        ("encoder/embeddings/token_type/embedding", "albert.embeddings.token_type_embeddings.weight", "copy"),
+        *_norm("encoder/embeddings/norm", "albert.embeddings.LayerNorm"),
+        *_dense("encoder/projection", "albert.encoder.embedding_hidden_mapping_in"),
+    ]
+    layer = [(ours.replace("encoder/layer_0/", "encoder/layer/"), theirs, kind)
+             for ours, theirs, kind in encoder_layer(0, LAYER, LAYER_NAMES)]
+    return {
+        "encoder": embeddings + layer,
+        "pooler": _dense("encoder/pooler", "albert.pooler"),
+        "mlm": [("mlm/bias", "predictions.bias", "copy"), *_dense("mlm/transform", "predictions.dense"),
+                *_norm("mlm/norm", "predictions.LayerNorm")],
+        "sop": _dense("sop", "sop_classifier.classifier"),
+    }
+
+
+def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
+    """'/'-joined path -> shape of every parameter of our AlbertForPreTraining (no allocation)."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    from jaxlm.models.albert import AlbertForPreTraining
+
+    ids = jnp.zeros((1, 1), jnp.int32)
+    init = lambda: nn.unbox(AlbertForPreTraining(config).init(jax.random.PRNGKey(0), ids, ids, ids == 0, ids))
+    shapes = jax.eval_shape(init)["params"]
+    return {"/".join(p.key for p in path): tuple(leaf.shape)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]}
+
+
+# ---------------------------------------------------------------- HF -> ours
+
+def albert_params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig, *,
+                          require_heads: bool = False) -> dict:
+    """Our AlbertForPreTraining tree from HF ALBERT tensors (names with or without `albert.`).
+
+    Optional groups (pooler, MLM head, SOP head) absent from the checkpoint are left out of the
+    tree; with `require_heads` a missing MLM or SOP head raises instead.
+    """
+    tensors = _normalize(tensors, "albert", HEAD_PREFIXES)
+    for copy, source in TIED.items():
+        if copy in tensors and source in tensors and not np.array_equal(tensors[copy], tensors[source]):
+            raise ValueError(f"{copy} differs from {source}: jaxlm ALBERT ties them, so this checkpoint "
+                             "cannot be represented")
+    groups = albert_name_map(config)
+    known = {theirs for entries in groups.values() for _, theirs, _ in entries}
+    unknown = sorted(n for n in tensors if n not in known and n not in TIED
+                     and not n.removeprefix("albert.").startswith(BUFFERS))
+    if unknown:
+        raise ValueError(f"checkpoint tensors jaxlm ALBERT has no place for: {_listed(unknown)}")
+    present = _present_groups(tensors, groups)
+    absent_heads = [g for g in ("mlm", "sop") if g not in present]
+    if require_heads and absent_heads:
+        raise ValueError(f"checkpoint has no {' or '.join(absent_heads)} head (require_heads=True)")
+    entries = [entry for group in present for entry in groups[group]]
+    _check_shapes(tensors, entries, expected_shapes(config), config)
+    return unflatten({ours: np.asarray(to_ours(kind, np.asarray(tensors[theirs], np.float32), config))
+                      for ours, theirs, kind in entries})
+
+
+# ---------------------------------------------------------------- ours -> HF
+
+def albert_params_to_hf(params: Mapping, config: TransformerConfig) -> dict[str, np.ndarray]:
+    """HF AlbertForPreTraining tensors from our tree (boxed or plain, with or without `params`),
+    including the tied `predictions.decoder.*` copies when the MLM head is present."""
+    flat = {path: np.asarray(value, np.float32) for path, value in flatten(_plain(params))}
+    groups = albert_name_map(config)
+    known = {ours for entries in groups.values() for ours, _, _ in entries}
+    unknown = sorted(set(flat) - known)
+    if unknown:
+        raise ValueError(f"parameters with no Hugging Face ALBERT name: {_listed(unknown)}")
+    shapes = expected_shapes(config)
+    wrong = [f"{ours}: want {shapes[ours]}, got {flat[ours].shape}"
+             for ours in flat if flat[ours].shape != shapes[ours]]
+    if wrong:
+        raise ValueError(f"parameters do not fit the config ({len(wrong)} shape mismatches): {_listed(wrong)}")
+    tensors = {theirs: np.ascontiguousarray(to_hf(kind, flat[ours], config))
+               for entries in groups.values() for ours, theirs, kind in entries if ours in flat}
+    if "mlm/bias" in flat:
+        tensors.update({copy: tensors[source].copy() for copy, source in TIED.items()})
+    return tensors

@@ -1,0 +1,256 @@
+"""Hugging Face BART checkpoints <-> jaxlm BART: config, tensor names, layouts and shape checks."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+import numpy as np
+
+from jaxlm.convert.hf import (_dense, _listed, _norm, _plain, build_config, check_family, encoder_layer, flatten,
+                              read_config, read_tensors, to_hf, to_ours, unflatten)
+from jaxlm.convert.layout import stack_layers, unstack_layers
+from jaxlm.models.config import TransformerConfig
+
+Entry = tuple[str, str, str]
+SHARED = "model.shared.weight"
+TIED = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight")
+LOGITS_BIAS = "final_logits_bias"
+ARCHITECTURE = "BartForConditionalGeneration"
+ENCODER_LAYER_NAMES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj",
+                       "self_attn_layer_norm", "fc1", "fc2", "final_layer_norm")
+# Flags of older or related (mBART, Marian) configs that this network cannot reproduce when set.
+UNSUPPORTED_FLAGS = {
+    "normalize_before": "pre-LN layers (mBART-style)",
+    "add_final_layer_norm": "a final LayerNorm after each stack (mBART-style)",
+    "scale_embedding": "token embeddings scaled by sqrt(d_model)",
+    "static_position_embeddings": "sinusoidal position embeddings",
+    "add_bias_logits": "a bias inside the LM head",
+}
+
+
+# ---------------------------------------------------------------- config
+
+def bart_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
+    """A TransformerConfig from a Hugging Face BART config.json dict; `overrides` win (e.g. dtype).
+
+    Hugging Face's `max_position_embeddings` counts positions; ours is the table size (+ offset 2).
+    Layer drop and activation dropout are training-time settings with no field here and are dropped.
+    """
+    check_family(config, "bart", "Bart")
+    activation = config.get("activation_function", "gelu")
+    if activation != "gelu":
+        raise ValueError(f"activation_function={activation!r} is not supported: jaxlm BART uses exact (erf) 'gelu'")
+    for flag, meaning in UNSUPPORTED_FLAGS.items():
+        if config.get(flag):
+            raise ValueError(f"{flag}=True ({meaning}) is not supported by jaxlm BART")
+    if not config.get("normalize_embedding", True):
+        raise ValueError("normalize_embedding=False is not supported: jaxlm BART always has layernorm_embedding")
+    if not config.get("tie_word_embeddings", True):
+        raise ValueError("tie_word_embeddings=False is not supported: jaxlm BART ties lm_head to the shared embeddings")
+    shared = {"num_heads": ("encoder_attention_heads", "decoder_attention_heads", 16),
+              "intermediate_size": ("encoder_ffn_dim", "decoder_ffn_dim", 4096)}
+    for ours, (encoder, decoder, default) in shared.items():
+        if config.get(encoder, default) != config.get(decoder, default):
+            raise ValueError(f"{encoder}={config.get(encoder, default)} differs from {decoder}="
+                             f"{config.get(decoder, default)}: jaxlm BART uses one model.{ours} for both stacks")
+    eos = config.get("eos_token_id", 2)
+    eos = eos[0] if isinstance(eos, (list, tuple)) else eos
+    encoder_layers, decoder_layers = config.get("encoder_layers", 12), config.get("decoder_layers", 12)
+    start = config.get("decoder_start_token_id")
+    fields = dict(
+        family="bart", vocab_size=config.get("vocab_size", 50265), hidden_size=config.get("d_model", 1024),
+        num_layers=encoder_layers, num_decoder_layers=0 if decoder_layers == encoder_layers else decoder_layers,
+        num_heads=config.get("encoder_attention_heads", 16), intermediate_size=config.get("encoder_ffn_dim", 4096),
+        max_position_embeddings=config.get("max_position_embeddings", 1024) + 2, position_offset=2,
+        type_vocab_size=0, hidden_dropout=config.get("dropout", 0.1),
+        attention_dropout=config.get("attention_dropout", 0.0),
+        layer_norm_eps=1e-5, initializer_range=config.get("init_std", 0.02), activation="gelu",
+        tie_embeddings=True, pad_token_id=config.get("pad_token_id", 1),
+        eos_token_id=-1 if eos is None else eos, decoder_start_token_id=2 if start is None else start)
+    return build_config(fields, overrides)
+
+
+def check_representable(config: TransformerConfig) -> None:
+    """Raise unless a Hugging Face BART can hold a network with this config."""
+    wanted = dict(family="bart", position_offset=2, position_embedding="learned", norm="layernorm",
+                  activation="gelu", use_bias=True, tie_embeddings=True, layer_norm_eps=1e-5)
+    wrong = [f"model.{k}={getattr(config, k)!r} (needs {v!r})" for k, v in wanted.items() if getattr(config, k) != v]
+    if config.head_dim * config.num_heads != config.hidden_size:
+        wrong.append(f"model.head_size={config.head_size} (needs hidden_size / num_heads)")
+    if config.kv_heads != config.num_heads:
+        wrong.append(f"model.num_kv_heads={config.num_kv_heads} (needs 0 or num_heads)")
+    if wrong:
+        raise ValueError(f"this config has no Hugging Face BART equivalent: {'; '.join(wrong)}")
+
+
+def bart_config_to_hf(config: TransformerConfig) -> dict:
+    """A config.json dict for transformers' BartForConditionalGeneration."""
+    check_representable(config)
+    eos = None if config.eos_token_id < 0 else config.eos_token_id
+    return {
+        "architectures": [ARCHITECTURE], "model_type": "bart", "vocab_size": config.vocab_size,
+        "d_model": config.hidden_size, "encoder_layers": config.num_layers, "decoder_layers": config.decoder_layers,
+        "encoder_attention_heads": config.num_heads, "decoder_attention_heads": config.num_heads,
+        "encoder_ffn_dim": config.intermediate_size, "decoder_ffn_dim": config.intermediate_size,
+        "max_position_embeddings": config.max_position_embeddings - config.position_offset,
+        "activation_function": "gelu", "dropout": config.hidden_dropout, "attention_dropout": config.attention_dropout,
+        "activation_dropout": 0.0, "encoder_layerdrop": 0.0, "decoder_layerdrop": 0.0,
+        "init_std": config.initializer_range, "scale_embedding": False, "tie_word_embeddings": True,
+        "is_encoder_decoder": True, "pad_token_id": config.pad_token_id, "eos_token_id": eos,
+        "forced_eos_token_id": eos, "decoder_start_token_id": config.decoder_start_token_id,
+    }
+
+
+# ---------------------------------------------------------------- name map
+
+def _attention(ours: str, theirs: str) -> list[Entry]:
+    return [*_dense(f"{ours}/query", f"{theirs}.q_proj", "heads_in"),
+            *_dense(f"{ours}/key", f"{theirs}.k_proj", "heads_in"),
+            *_dense(f"{ours}/value", f"{theirs}.v_proj", "heads_in"),
+            *_dense(f"{ours}/output", f"{theirs}.out_proj", "heads_out")]
+
+
+def _decoder_layer(i: int) -> list[Entry]:
+    ours, theirs = f"decoder/layer_{i}", f"model.decoder.layers.{i}"
+    return [
+        *_attention(f"{ours}/attention", f"{theirs}.self_attn"),
+        *_norm(f"{ours}/attention_norm", f"{theirs}.self_attn_layer_norm"),
+        *_attention(f"{ours}/cross_attention", f"{theirs}.encoder_attn"),
+        *_norm(f"{ours}/cross_attention_norm", f"{theirs}.encoder_attn_layer_norm"),
+        *_dense(f"{ours}/mlp/intermediate", f"{theirs}.fc1"),
+        *_dense(f"{ours}/mlp/output", f"{theirs}.fc2"),
+        *_norm(f"{ours}/mlp_norm", f"{theirs}.final_layer_norm"),
+    ]
+
+
+def _embeddings(stack: str) -> list[Entry]:
+    return [(f"{stack}/embeddings/position/embedding", f"model.{stack}.embed_positions.weight", "copy"),
+            *_norm(f"{stack}/embeddings/norm", f"model.{stack}.layernorm_embedding")]
+
+
+def bart_name_map(config: TransformerConfig) -> list[Entry]:
+    """[(our '/'-joined loop-layout path, HF BartForConditionalGeneration name, layout kind)]."""
+    return [("shared/embedding", SHARED, "copy"), ("final_logits_bias", LOGITS_BIAS, "row"),
+            *_embeddings("encoder"),
+            *(e for i in range(config.num_layers)
+              for e in encoder_layer(i, "model.encoder.layers", ENCODER_LAYER_NAMES)),
+            *_embeddings("decoder"),
+            *(e for i in range(config.decoder_layers) for e in _decoder_layer(i))]
+
+
+def _to_ours(kind: str, x: np.ndarray, config: TransformerConfig) -> np.ndarray:
+    return x.reshape(-1) if kind == "row" else to_ours(kind, x, config)
+
+
+def _to_hf(kind: str, x: np.ndarray, config: TransformerConfig) -> np.ndarray:
+    return x.reshape(1, -1) if kind == "row" else to_hf(kind, x, config)
+
+
+# ---------------------------------------------------------------- shapes
+
+def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
+    """'/'-joined loop-layout path -> shape of every parameter of our BART (no allocation)."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    from jaxlm.models.bart import BartForConditionalGeneration
+
+    loop = dataclasses.replace(config, scan_layers=False, remat="none")
+    ids = jnp.zeros((1, 1), jnp.int32)
+    init = lambda: nn.unbox(BartForConditionalGeneration(loop).init(jax.random.PRNGKey(0), ids, ids))
+    shapes = jax.eval_shape(init)["params"]
+    return {"/".join(p.key for p in path): tuple(leaf.shape)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]}
+
+
+def _hf_shape(kind: str, shape: tuple[int, ...], config: TransformerConfig) -> tuple[int, ...]:
+    return tuple(_to_hf(kind, np.empty(shape, np.float32), config).shape)
+
+
+# ---------------------------------------------------------------- HF -> ours
+
+def _normalize(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A bare BartModel's names (no `model.` prefix) as BartForConditionalGeneration's."""
+    return {name if name.startswith("model.") or name in (LOGITS_BIAS, "lm_head.weight") else f"model.{name}": value
+            for name, value in tensors.items()}
+
+
+def _untie(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`tensors` with the tied copies checked against the shared table and dropped."""
+    copies = [n for n in (SHARED, *TIED) if n in tensors]
+    if not copies:
+        return tensors
+    source = tensors[copies[0]]
+    for name in copies[1:]:
+        if not np.array_equal(tensors[name], source):
+            raise ValueError(f"{name} differs from {copies[0]}: jaxlm BART ties them, so this checkpoint "
+                             "cannot be represented")
+    out = {k: v for k, v in tensors.items() if k not in TIED}
+    out[SHARED] = source
+    return out
+
+
+def bart_params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig) -> dict:
+    """Our parameter tree (plain float32 numpy; scan layout when `config.scan_layers`) from HF BART
+    tensors, with or without the `model.` prefix.
+
+    Hugging Face keeps one token table, `model.shared.weight`, under three more names (the encoder's
+    and decoder's `embed_tokens`, `lm_head`): those present must equal it, and any stands for it.
+    `final_logits_bias` [1, V] may be absent (zeros, as Hugging Face does)."""
+    tensors = _untie(_normalize(tensors))
+    entries = bart_name_map(config)
+    known = {theirs for _, theirs, _ in entries}
+    problems = []
+    unknown = sorted(n for n in tensors if n not in known)
+    if unknown:
+        problems.append(f"{len(unknown)} unexpected (jaxlm BART has no place for them): {_listed(unknown)}")
+    missing = [theirs for _, theirs, _ in entries if theirs not in tensors and theirs != LOGITS_BIAS]
+    if missing:
+        problems.append(f"{len(missing)} missing: {_listed(missing)}")
+    shapes = expected_shapes(config)
+    wrong = []
+    for ours, theirs, kind in entries:
+        want = _hf_shape(kind, shapes[ours], config)
+        if theirs in tensors and tuple(np.shape(tensors[theirs])) != want:
+            wrong.append(f"{theirs} -> {ours}: expected {want}, got {tuple(np.shape(tensors[theirs]))}")
+    if wrong:
+        problems.append(f"{len(wrong)} with the wrong shape for the config: {_listed(wrong)}")
+    if problems:
+        raise ValueError("checkpoint does not fit jaxlm BART: " + " | ".join(problems))
+    flat = {ours: np.ascontiguousarray(_to_ours(kind, np.asarray(tensors[theirs], np.float32), config))
+            for ours, theirs, kind in entries if theirs in tensors}
+    flat.setdefault("final_logits_bias", np.zeros(shapes["final_logits_bias"], np.float32))
+    tree = unflatten(flat)
+    return stack_layers(tree) if config.scan_layers else tree
+
+
+def load_hf_bart(model_dir, **config_overrides) -> tuple[TransformerConfig, dict]:
+    """(config, parameter tree) of a Hugging Face BART checkpoint directory."""
+    config = bart_config_from_hf(read_config(model_dir), **config_overrides)
+    return config, bart_params_from_hf(read_tensors(model_dir), config)
+
+
+# ---------------------------------------------------------------- ours -> HF
+
+def bart_params_to_hf(params: Mapping, config: TransformerConfig) -> dict[str, np.ndarray]:
+    """HF BartForConditionalGeneration tensors from our tree (boxed or plain, with or without
+    `params`, loop or scan layout as `config.scan_layers` says), the tied copies included."""
+    check_representable(config)
+    tree = _plain(params)
+    if config.scan_layers:
+        tree = unstack_layers(tree)
+    flat = {path: np.asarray(value, np.float32) for path, value in flatten(tree)}
+    entries = bart_name_map(config)
+    shapes = expected_shapes(config)
+    unknown = sorted(set(flat) - set(shapes))
+    missing = sorted(set(shapes) - set(flat))
+    wrong = [f"{p}: expected {shapes[p]}, got {flat[p].shape}" for p in sorted(set(flat) & set(shapes))
+             if flat[p].shape != shapes[p]]
+    if unknown or missing or wrong:
+        raise ValueError("parameters do not fit jaxlm BART with this config: "
+                         f"unexpected: {_listed(unknown) or 'none'} | missing: {_listed(missing) or 'none'} | "
+                         f"wrong shape: {_listed(wrong) or 'none'}")
+    tensors = {theirs: np.ascontiguousarray(_to_hf(kind, flat[ours], config)) for ours, theirs, kind in entries}
+    tensors.update({name: tensors[SHARED].copy() for name in TIED})
+    return tensors

@@ -1,0 +1,152 @@
+"""BART: a post-LN encoder-decoder with learned positions and an LM head tied to the shared embeddings."""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxlm.models.config import TransformerConfig
+from jaxlm.models.encoder import EncoderLayer
+from jaxlm.nn.attention import Attention
+from jaxlm.nn.embed import Embed
+from jaxlm.nn.layers import LayerNorm, Mlp, zeros_init
+from jaxlm.nn.stack import make_layers, run_layers
+
+ACTIVATION = ("batch", "length", "embed")
+
+
+def shift_tokens_right(labels, pad_token_id: int, decoder_start_token_id: int):
+    """Decoder inputs from [batch, length] labels, as Hugging Face BART makes them: the start token,
+    then the labels shifted one step right, with ignored labels (-100) replaced by the pad id.
+    NumPy in, NumPy out (data pipelines); anything else goes through jax.numpy."""
+    xp = np if isinstance(labels, np.ndarray) else jnp
+    start = xp.full_like(labels[:, :1], decoder_start_token_id)
+    shifted = xp.concatenate([start, labels[:, :-1]], axis=1)
+    return xp.where(shifted == -100, pad_token_id, shifted)
+
+
+def check_length(length: int, config: TransformerConfig, what: str) -> None:
+    """Raise unless `length` tokens numbered from 0 fit the position table after BART's offset."""
+    if length + config.position_offset > config.max_position_embeddings:
+        raise ValueError(
+            f"{what} has length {length}, but model.max_position_embeddings={config.max_position_embeddings} "
+            f"holds {config.max_position_embeddings - config.position_offset} positions after the offset "
+            f"{config.position_offset}; shorten the sequences or use a larger model")
+
+
+class BartEmbeddings(nn.Module):
+    """Token embeddings + learned positions, LayerNorm (Hugging Face's `layernorm_embedding`), dropout.
+
+    Position p reads table row p + `config.position_offset` (2 for BART); every slot is numbered,
+    padding included, unlike RoBERTa's pad-aware numbering."""
+
+    config: TransformerConfig
+
+    def setup(self):
+        cfg = self.config
+        self.position = Embed(cfg, cfg.max_position_embeddings, ("length", "embed"))
+        self.norm = LayerNorm(cfg)
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array, deterministic: bool) -> jax.Array:
+        x = tokens + self.position(positions + self.config.position_offset)
+        x = nn.with_logical_constraint(x, ACTIVATION)
+        return self.dropout(self.norm(x), deterministic=deterministic)
+
+
+class BartDecoderLayer(nn.Module):
+    """Post-LN block: x = LN(x + self_attn(x)); x = LN(x + cross_attn(x, encoder)); x = LN(x + mlp(x))."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, x, encoder_states, encoder_mask, padding_mask, deterministic: bool,
+                 decode: bool = False) -> jax.Array:
+        cfg = self.config
+        h = Attention(cfg, causal=True, name="attention")(x, padding_mask, deterministic, decode=decode)
+        x = LayerNorm(cfg, name="attention_norm")(x + h)
+        h = Attention(cfg, name="cross_attention")(x, encoder_mask, deterministic, context=encoder_states)
+        x = LayerNorm(cfg, name="cross_attention_norm")(x + h)
+        x = LayerNorm(cfg, name="mlp_norm")(x + Mlp(cfg, name="mlp")(x, deterministic))
+        return nn.with_logical_constraint(x, ACTIVATION)
+
+
+class BartEncoder(nn.Module):
+    """Token embeddings [B, T, E] and padding mask [B, T] -> encoder states [B, T, E]."""
+
+    config: TransformerConfig
+
+    def setup(self):
+        self.embeddings = BartEmbeddings(self.config)
+        self.layers = make_layers(EncoderLayer, self.config, self.config.num_layers, static_args=(3,))
+
+    def __call__(self, tokens, padding_mask, deterministic: bool) -> jax.Array:
+        positions = jnp.arange(tokens.shape[1])[None, :]
+        x = self.embeddings(tokens, positions, deterministic)
+        return run_layers(self.layers, x, padding_mask, deterministic)
+
+
+class BartDecoder(nn.Module):
+    """Token embeddings [B, T, E] at positions [B, T], over encoder states -> decoder states [B, T, E]."""
+
+    config: TransformerConfig
+
+    def setup(self):
+        self.embeddings = BartEmbeddings(self.config)
+        self.layers = make_layers(BartDecoderLayer, self.config, self.config.decoder_layers, static_args=(5, 6))
+
+    def __call__(self, tokens, positions, encoder_states, encoder_mask, padding_mask, deterministic: bool,
+                 decode: bool) -> jax.Array:
+        x = self.embeddings(tokens, positions, deterministic)
+        return run_layers(self.layers, x, encoder_states, encoder_mask, padding_mask, deterministic, decode)
+
+
+class BartForConditionalGeneration(nn.Module):
+    """BART with its LM head: (source ids [B, Ts], decoder ids [B, Td]) -> logits [B, Td, V] in float32.
+
+    Masks are true at real (right-padded) tokens. `encode` and `decode` split the forward pass for
+    generation; `decode=True` runs the decoder's self-attention on a KV cache (see `Attention`).
+    """
+
+    config: TransformerConfig
+
+    def setup(self):
+        cfg = self.config
+        self.shared = Embed(cfg, cfg.vocab_size, ("vocab", "embed"))
+        self.encoder = BartEncoder(cfg)
+        self.decoder = BartDecoder(cfg)
+        self.final_logits_bias = self.param("final_logits_bias", zeros_init(("vocab",)), (cfg.vocab_size,),
+                                            jnp.dtype(cfg.param_dtype))
+
+    def __call__(self, input_ids, decoder_input_ids, padding_mask=None, decoder_padding_mask=None,
+                 deterministic: bool = True) -> jax.Array:
+        states = self.encode(input_ids, padding_mask, deterministic)
+        return self.decode(decoder_input_ids, states, padding_mask, None, decoder_padding_mask, deterministic)
+
+    def encode(self, input_ids, padding_mask=None, deterministic: bool = True) -> jax.Array:
+        """Encoder states [B, Ts, E] of source ids [B, Ts]."""
+        check_length(input_ids.shape[1], self.config, "input_ids")
+        mask = None if padding_mask is None else padding_mask.astype(bool)
+        return self.encoder(self.shared(input_ids), mask, deterministic)
+
+    def decode(self, decoder_input_ids, encoder_states, padding_mask=None, decoder_positions=None,
+               decoder_padding_mask=None, deterministic: bool = True, decode: bool = False) -> jax.Array:
+        """Logits [B, Td, V] of decoder ids [B, Td] over encoder states; `padding_mask` is the encoder's.
+
+        With `decode=True` the first call (ids [B, max_len], `mutable=["cache"]`) creates the cache;
+        each later call must give `decoder_positions` [B, Td], the absolute positions of its tokens,
+        and `decoder_padding_mask`, if any, covers the cache slots [B, max_len].
+        """
+        if decoder_positions is None:
+            if decode and "cache" in self.variables:
+                raise ValueError("decode=True on an existing cache needs decoder_positions [batch, length]: "
+                                 "the absolute positions of these tokens")
+            check_length(decoder_input_ids.shape[1], self.config, "decoder_input_ids")
+            decoder_positions = jnp.broadcast_to(jnp.arange(decoder_input_ids.shape[1]), decoder_input_ids.shape)
+        encoder_mask = None if padding_mask is None else padding_mask.astype(bool)
+        decoder_mask = None if decoder_padding_mask is None else decoder_padding_mask.astype(bool)
+        hidden = self.decoder(self.shared(decoder_input_ids), decoder_positions, encoder_states, encoder_mask,
+                              decoder_mask, deterministic, decode)
+        logits = self.shared.attend(hidden).astype(jnp.float32) + self.final_logits_bias.astype(jnp.float32)
+        return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))

@@ -1,0 +1,45 @@
+"""Causal (next-token) LM for GPT-2 and Llama-style decoders, on packed or padded rows."""
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+
+from jaxlm.objectives.base import FLOAT, INT, Field, Objective, layer_matmul_params
+from jaxlm.objectives.losses import ratio, weighted_cross_entropy
+
+
+@dataclasses.dataclass(frozen=True)
+class CausalLm(Objective):
+    """`segment_ids` number the documents packed in a row (0 = padding): attention never crosses
+    them and positions restart in each. `targets` are the next tokens, weighted by `target_weights`."""
+
+    @property
+    def model(self) -> nn.Module:
+        from jaxlm.models.decoder import CausalLM
+
+        return CausalLM(self.config)
+
+    def fields(self):
+        seq = self.max_seq_length
+        return {"input_ids": Field((seq,), INT, ("length",)), "segment_ids": Field((seq,), INT, ("length",)),
+                "targets": Field((seq,), INT, ("length",)), "target_weights": Field((seq,), FLOAT, ("length",))}
+
+    @staticmethod
+    def model_inputs(batch):
+        return batch["input_ids"], None, batch["segment_ids"], batch["segment_ids"] > 0
+
+    def stats(self, params, batch, rng, deterministic: bool = False) -> dict:
+        logits = self.apply(params, batch, rng, deterministic)
+        loss, correct, count = weighted_cross_entropy(logits, batch["targets"], batch["target_weights"])
+        return {"lm_loss_sum": loss, "lm_correct": correct, "lm_count": count}
+
+    def summarize(self, stats: dict) -> dict:
+        loss = ratio(stats["lm_loss_sum"], stats["lm_count"])
+        return {"loss": loss, "lm_acc": ratio(stats["lm_correct"], stats["lm_count"])}
+
+    def flops_per_token(self) -> float:
+        """6·N + 6·L·d·T (causal), N = the layers' matmuls plus the LM head."""
+        c = self.config
+        matmul_params = c.num_layers * layer_matmul_params(c) + c.hidden_size * c.vocab_size
+        return 6 * matmul_params + 6 * c.num_layers * c.hidden_size * self.max_seq_length
