@@ -8,7 +8,8 @@ import jax.numpy as jnp
 
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.encoder import BertEncoder
-from jaxlm.nn.layers import Dense, LayerNorm, gelu, zeros_init
+from jaxlm.nn.embed import embedding_axis
+from jaxlm.nn.layers import ACTIVATIONS, Dense, LayerNorm, zeros_init
 
 
 def gather_positions(hidden: jax.Array, positions: jax.Array) -> jax.Array:
@@ -17,15 +18,18 @@ def gather_positions(hidden: jax.Array, positions: jax.Array) -> jax.Array:
 
 
 class MlmHead(nn.Module):
-    """dense, GELU, LayerNorm, then the decoder tied to the token embeddings plus a bias."""
+    """dense (to ALBERT's narrow width when `embedding_size` is set), the config's activation, LayerNorm,
+    then the decoder tied to the token embeddings plus a bias."""
 
     config: TransformerConfig
 
     @nn.compact
     def __call__(self, states: jax.Array, decode) -> jax.Array:
         cfg = self.config
-        h = gelu(Dense(cfg, cfg.hidden_size, ("embed",), ("embed_out",), name="transform")(states))
-        h = LayerNorm(cfg, name="norm")(h)
+        axis, width = embedding_axis(cfg)
+        out_axis = "embed_out" if axis == "embed" else axis
+        h = Dense(cfg, width, ("embed",), (out_axis,), name="transform")(states)
+        h = LayerNorm(cfg, axis, name="norm")(ACTIVATIONS[cfg.activation](h))
         bias = self.param("bias", zeros_init(("vocab",)), (cfg.vocab_size,), jnp.dtype(cfg.param_dtype))
         return decode(h).astype(jnp.float32) + bias
 

@@ -1,8 +1,6 @@
 """SpanBERT: the BERT encoder with BERT's MLM head and the span-boundary objective (SBO) head."""
 from __future__ import annotations
 
-import dataclasses
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -30,8 +28,7 @@ class SpanBoundaryHead(nn.Module):
     @nn.compact
     def __call__(self, hidden: jax.Array, pair_positions: jax.Array, span_offsets: jax.Array, decode) -> jax.Array:
         cfg = self.config
-        narrow = dataclasses.replace(cfg, hidden_size=self.position_size or cfg.hidden_size)
-        offsets = Embed(narrow, self.max_span_length, ("relpos", "embed"), name="position")(
+        offsets = Embed(cfg, self.max_span_length, ("relpos", "embed"), self.position_size, name="position")(
             jnp.clip(span_offsets, 0, self.max_span_length - 1))
         left = gather_positions(hidden, pair_positions[..., 0])
         right = gather_positions(hidden, pair_positions[..., 1])

@@ -14,16 +14,18 @@ if TYPE_CHECKING:
 
 
 class Embed(nn.Module):
-    """A lookup table with logical axis names; `attend` uses it as a tied output projection."""
+    """A lookup table with logical axis names, `features` wide (0: hidden_size); `attend` uses it as a
+    tied output projection."""
 
     config: TransformerConfig
     num_embeddings: int
     axes: tuple[str, str] = ("vocab", "embed")
+    features: int = 0
 
     def setup(self):
         self.embedding = self.param(
             "embedding", normal_init(self.config, self.axes),
-            (self.num_embeddings, self.config.hidden_size), jnp.dtype(self.config.param_dtype))
+            (self.num_embeddings, self.features or self.config.hidden_size), jnp.dtype(self.config.param_dtype))
 
     def __call__(self, ids: jax.Array) -> jax.Array:
         return jnp.take(self.embedding, ids, axis=0).astype(jnp.dtype(self.config.dtype))
@@ -55,23 +57,31 @@ def learned_positions(input_ids: jax.Array, config: TransformerConfig) -> jax.Ar
     return numbered * real + config.pad_token_id * (1 - real)
 
 
+def embedding_axis(config: TransformerConfig) -> tuple[str, int]:
+    """(logical name, width) of the token tables: ALBERT's narrow "factor" axis when `embedding_size`
+    is set, else "embed" at hidden_size."""
+    return ("factor", config.embedding_size) if config.embedding_size else ("embed", config.hidden_size)
+
+
 class BertEmbeddings(nn.Module):
-    """word + position (+ token-type, unless `type_vocab_size` is 0) embeddings, LayerNorm, dropout."""
+    """word + position (+ token-type, unless `type_vocab_size` is 0) embeddings, LayerNorm, dropout;
+    at ALBERT's narrow width when `embedding_size` is set."""
 
     config: TransformerConfig
 
     def setup(self):
         cfg = self.config
-        self.word = Embed(cfg, cfg.vocab_size, ("vocab", "embed"))
-        self.position = Embed(cfg, cfg.max_position_embeddings, ("length", "embed"))
+        axis, width = embedding_axis(cfg)
+        self.word = Embed(cfg, cfg.vocab_size, ("vocab", axis), width)
+        self.position = Embed(cfg, cfg.max_position_embeddings, ("length", axis), width)
         if cfg.type_vocab_size:
-            self.token_type = Embed(cfg, cfg.type_vocab_size, ("segment", "embed"))
-        self.norm = LayerNorm(cfg)
+            self.token_type = Embed(cfg, cfg.type_vocab_size, ("segment", axis), width)
+        self.norm = LayerNorm(cfg, axis)
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
     def __call__(self, input_ids, segment_ids, deterministic: bool) -> jax.Array:
         x = self.word(input_ids) + self.position(learned_positions(input_ids, self.config))
         if self.config.type_vocab_size:
             x = x + self.token_type(segment_ids)
-        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+        x = nn.with_logical_constraint(x, ("batch", "length", embedding_axis(self.config)[0]))
         return self.dropout(self.norm(x), deterministic=deterministic)

@@ -63,15 +63,16 @@ class Dense(nn.Module):
 
 
 class LayerNorm(nn.Module):
-    """LayerNorm over the embedding axis, computed in float32."""
+    """LayerNorm over the last axis (logical name `axis`), computed in float32."""
 
     config: TransformerConfig
+    axis: str = "embed"
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         cfg = self.config
-        scale = self.param("scale", ones_init(("embed",)), (x.shape[-1],), jnp.dtype(cfg.param_dtype))
-        bias = self.param("bias", zeros_init(("embed",)), (x.shape[-1],), jnp.dtype(cfg.param_dtype))
+        scale = self.param("scale", ones_init((self.axis,)), (x.shape[-1],), jnp.dtype(cfg.param_dtype))
+        bias = self.param("bias", zeros_init((self.axis,)), (x.shape[-1],), jnp.dtype(cfg.param_dtype))
         x = x.astype(jnp.float32)
         mean = jnp.mean(x, axis=-1, keepdims=True)
         variance = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)

@@ -14,7 +14,7 @@ REMAT_POLICIES = {"full": jax.checkpoint_policies.nothing_saveable,
                   "dots": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims}
 
 
-def _scan_body(layer_cls: type[nn.Module]) -> type[nn.Module]:
+def scan_body(layer_cls: type[nn.Module]) -> type[nn.Module]:
     """`layer_cls` with scan's calling convention: (carry, *args) -> (carry, None)."""
 
     class ScanBody(layer_cls):
@@ -31,7 +31,7 @@ def make_layers(layer_cls: type[nn.Module], config: TransformerConfig, count: in
     `{name}s` when `config.scan_layers`. `static_args` are the positions (self = 0) of the layer's
     Python-valued arguments (e.g. `deterministic`), which remat must not trace. Run with `run_layers`."""
     if config.scan_layers:
-        layer_cls = _scan_body(layer_cls)
+        layer_cls = scan_body(layer_cls)
     if config.remat != "none":
         layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[config.remat], prevent_cse=not config.scan_layers,
                              static_argnums=tuple(static_args))
