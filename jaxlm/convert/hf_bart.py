@@ -34,7 +34,7 @@ def bart_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
     """A TransformerConfig from a Hugging Face BART config.json dict; `overrides` win (e.g. dtype).
 
     Hugging Face's `max_position_embeddings` counts positions; ours is the table size (+ offset 2).
-    Layer drop and activation dropout are training-time settings with no field here and are dropped.
+    Layer drop is a training-time setting with no field here and is dropped.
     """
     check_family(config, "bart", "Bart")
     activation = config.get("activation_function", "gelu")
@@ -64,6 +64,7 @@ def bart_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
         max_position_embeddings=config.get("max_position_embeddings", 1024) + 2, position_offset=2,
         type_vocab_size=0, hidden_dropout=config.get("dropout", 0.1),
         attention_dropout=config.get("attention_dropout", 0.0),
+        activation_dropout=config.get("activation_dropout", 0.0),
         layer_norm_eps=1e-5, initializer_range=config.get("init_std", 0.02), activation="gelu",
         tie_embeddings=True, pad_token_id=config.get("pad_token_id", 1),
         eos_token_id=-1 if eos is None else eos, decoder_start_token_id=2 if start is None else start)
@@ -94,7 +95,7 @@ def bart_config_to_hf(config: TransformerConfig) -> dict:
         "encoder_ffn_dim": config.intermediate_size, "decoder_ffn_dim": config.intermediate_size,
         "max_position_embeddings": config.max_position_embeddings - config.position_offset,
         "activation_function": "gelu", "dropout": config.hidden_dropout, "attention_dropout": config.attention_dropout,
-        "activation_dropout": 0.0, "encoder_layerdrop": 0.0, "decoder_layerdrop": 0.0,
+        "activation_dropout": config.activation_dropout, "encoder_layerdrop": 0.0, "decoder_layerdrop": 0.0,
         "init_std": config.initializer_range, "scale_embedding": False, "tie_word_embeddings": True,
         "is_encoder_decoder": True, "pad_token_id": config.pad_token_id, "eos_token_id": eos,
         "forced_eos_token_id": eos, "decoder_start_token_id": config.decoder_start_token_id,

@@ -24,6 +24,8 @@ class TransformerConfig:
     type_vocab_size: int = 2
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
+    # dropout on the MLP's inner activations (T5, BART); 0 for BERT and GPT-2
+    activation_dropout: float = 0.0
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
     dtype: str = "bfloat16"

@@ -105,7 +105,8 @@ def mlp_block(config: TransformerConfig, name: str) -> nn.Module:
 
 
 class Mlp(nn.Module):
-    """embed -> mlp (exact or tanh GELU, or ReLU, as `config.activation` says) -> embed."""
+    """embed -> mlp (exact or tanh GELU, or ReLU, as `config.activation` says) -> embed, with dropout on
+    the activations (`activation_dropout`) and the output (`hidden_dropout`)."""
 
     config: TransformerConfig
 
@@ -114,6 +115,7 @@ class Mlp(nn.Module):
         cfg = self.config
         h = Dense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), name="intermediate")(x)
         h = nn.with_logical_constraint(ACTIVATIONS[cfg.activation](h), ("batch", "length", "mlp"))
+        h = nn.Dropout(cfg.activation_dropout)(h, deterministic=deterministic)
         h = Dense(cfg, cfg.hidden_size, ("mlp",), ("embed",), name="output")(h)
         return nn.Dropout(cfg.hidden_dropout)(h, deterministic=deterministic)
 
@@ -129,5 +131,6 @@ class GatedMlp(nn.Module):
         gate = Dense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), name="gate")(x)
         up = Dense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), name="up")(x)
         h = nn.with_logical_constraint(GATES[cfg.activation](gate) * up, ("batch", "length", "mlp"))
+        h = nn.Dropout(cfg.activation_dropout)(h, deterministic=deterministic)
         h = Dense(cfg, cfg.hidden_size, ("mlp",), ("embed",), name="down")(h)
         return nn.Dropout(cfg.hidden_dropout)(h, deterministic=deterministic)

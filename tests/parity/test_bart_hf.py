@@ -151,7 +151,7 @@ def test_configs_convert_both_ways(hf_model):
     assert (config.max_position_embeddings, config.position_offset, config.decoder_layers) == (66, 2, 3)
     assert hf_bart.bart_config_from_hf(hf_bart.bart_config_to_hf(config), dtype="float32") == config
     base = dict(d_model=768, encoder_layers=6, decoder_layers=6, encoder_attention_heads=12, decoder_attention_heads=12,
-                encoder_ffn_dim=3072, decoder_ffn_dim=3072, dropout=0.1, attention_dropout=0.1,
+                encoder_ffn_dim=3072, decoder_ffn_dim=3072, dropout=0.1, attention_dropout=0.1, activation_dropout=0.1,
                 architectures=["BartForConditionalGeneration"], model_type="bart")
     assert hf_bart.bart_config_from_hf(base) == model_config("bart-base")
 
