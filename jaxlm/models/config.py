@@ -28,6 +28,9 @@ class TransformerConfig:
     activation_dropout: float = 0.0
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
+    # Dense kernels drawn with std initializer_range / sqrt(fan_in) (T5's scheme, with range 1.0);
+    # embeddings keep std initializer_range.
+    fan_in_init: bool = False
     dtype: str = "bfloat16"
     param_dtype: str = "float32"
     attention_kernel: str = "xla"

@@ -34,11 +34,13 @@ PRESETS: dict[str, TransformerConfig] = {
         family="t5", vocab_size=32128, hidden_size=512, num_layers=6, num_heads=8, head_size=64,
         intermediate_size=2048, max_position_embeddings=512, type_vocab_size=0, layer_norm_eps=1e-6,
         position_embedding="relative", norm="rmsnorm", activation="relu", use_bias=False, activation_dropout=0.1,
+        initializer_range=1.0, fan_in_init=True,
         pad_token_id=0, eos_token_id=1, decoder_start_token_id=0),
     "t5-base": TransformerConfig(
         family="t5", vocab_size=32128, hidden_size=768, num_layers=12, num_heads=12, head_size=64,
         intermediate_size=3072, max_position_embeddings=512, type_vocab_size=0, layer_norm_eps=1e-6,
         position_embedding="relative", norm="rmsnorm", activation="relu", use_bias=False, activation_dropout=0.1,
+        initializer_range=1.0, fan_in_init=True,
         pad_token_id=0, eos_token_id=1, decoder_start_token_id=0),
     "bart-base": TransformerConfig(
         family="bart", vocab_size=50265, num_layers=6, max_position_embeddings=1026, position_offset=2,

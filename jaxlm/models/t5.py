@@ -150,8 +150,8 @@ class T5ForConditionalGeneration(nn.Module):
     generation; `decode=True` runs the decoder's self-attention on a KV cache (see `Attention`);
     cross-attention recomputes its keys and values from the encoder states on every call.
 
-    Every parameter starts from normal(config.initializer_range), as in the rest of jaxlm (the shared
-    `Dense`, `Attention` and `Embed` take no per-parameter initializer), not T5's fan-in-scaled inits.
+    T5's presets initialise as T5 does: tables normal(1.0), kernels normal(1 / sqrt(fan_in))
+    (`fan_in_init`, initializer_range 1.0).
     """
 
     config: TransformerConfig

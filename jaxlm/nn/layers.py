@@ -1,6 +1,7 @@
 """Dense projections, LayerNorm, RMSNorm and the MLPs, with logical axis names on every parameter."""
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Sequence
 
 import flax.linen as nn
@@ -11,8 +12,10 @@ if TYPE_CHECKING:
     from jaxlm.models.config import TransformerConfig
 
 
-def normal_init(config: TransformerConfig, names: Sequence[str | None]):
-    return nn.with_logical_partitioning(nn.initializers.normal(config.initializer_range), tuple(names))
+def normal_init(config: TransformerConfig, names: Sequence[str | None], fan_in: int = 1):
+    """normal(initializer_range), divided by sqrt(fan_in) when the config asks for fan-in scaling."""
+    std = config.initializer_range * (fan_in ** -0.5 if config.fan_in_init else 1.0)
+    return nn.with_logical_partitioning(nn.initializers.normal(std), tuple(names))
 
 
 def zeros_init(names: Sequence[str | None]):
@@ -52,7 +55,7 @@ class Dense(nn.Module):
         features = self.features if isinstance(self.features, tuple) else (self.features,)
         in_shape = x.shape[-self.contract:]
         param_dtype, dtype = jnp.dtype(cfg.param_dtype), jnp.dtype(cfg.dtype)
-        kernel = self.param("kernel", normal_init(cfg, self.in_axes + self.out_axes),
+        kernel = self.param("kernel", normal_init(cfg, self.in_axes + self.out_axes, math.prod(in_shape)),
                             (*in_shape, *features), param_dtype)
         y = jax.lax.dot_general(x.astype(dtype), kernel.astype(dtype),
                                 ((tuple(range(x.ndim - self.contract, x.ndim)), tuple(range(self.contract))), ((), ())))
