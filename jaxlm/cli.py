@@ -90,6 +90,69 @@ def cmd_bench(args) -> None:
             print(json.dumps(row))
 
 
+def _quiet_orbax() -> None:
+    """Orbax warns through absl about read-only managers and metadata it does not need; keep errors."""
+    from absl import logging
+
+    logging.set_verbosity(logging.ERROR)
+
+
+def cmd_convert_from_hf(args) -> None:
+    from jaxlm.convert import registry, store
+
+    _quiet_orbax()
+    source = pathlib.Path(args.hf_dir)
+    out = store.check_output(args.out, args.overwrite, source)
+    config, params = registry.from_hf(source, scan_layers=args.scan_layers, dtype=args.dtype)
+    store.save_converted(out, config, params, tokenizer_dir=source, source=f"hf:{source.resolve()}",
+                         overwrite=args.overwrite)
+    _print_converted(out, config, params)
+
+
+def cmd_convert_from_gguf(args) -> None:
+    from jaxlm.convert import registry, store
+
+    _quiet_orbax()
+    source = pathlib.Path(args.gguf)
+    out = store.check_output(args.out, args.overwrite, source)
+    config, params, tokenizer_files = registry.from_gguf(source, scan_layers=args.scan_layers, dtype=args.dtype)
+    store.save_converted(out, config, params, tokenizer_files=tokenizer_files, source=f"gguf:{source.resolve()}",
+                         overwrite=args.overwrite)
+    _print_converted(out, config, params)
+
+
+def _print_converted(out, config, params) -> None:
+    import numpy as np
+
+    from jaxlm.convert.hf import flatten
+
+    count = sum(int(np.size(v)) for _, v in flatten(params))
+    layout = "scan (stacked layers)" if config.scan_layers else "loop"
+    print(f"converted a {config.family} model ({count / 1e6:.2f}M parameters, {layout} layout, "
+          f"dtype {config.dtype}) to {out}")
+
+
+def cmd_convert_to_hf(args) -> None:
+    from jaxlm.convert import registry, store
+
+    _quiet_orbax()
+    out = store.check_output(args.out, args.overwrite, args.ckpt)
+    registry.family_of(store.checkpoint_config(args.ckpt)[0])
+    config, params, tokenizer = store.load_checkpoint(args.ckpt)
+    auto_class = store.save_hf(out, config, params, tokenizer, overwrite=args.overwrite)
+    print(f"wrote a Hugging Face {config.family} model to {out}; load it with "
+          f"transformers.{auto_class}.from_pretrained({str(out)!r})")
+
+
+def cmd_embed(args) -> None:
+    from jaxlm.embed import embed_file
+
+    _quiet_orbax()
+    vectors, output = embed_file(args.ckpt, args.input, args.output, pooling=args.pooling, normalize=args.normalize,
+                                 batch_size=args.batch_size, max_length=args.max_length, overwrite=args.overwrite)
+    print(f"embedded {len(vectors)} sentences: shape {vectors.shape} {vectors.dtype} -> {output}")
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="jaxlm", description="Pretrain language models in JAX on a device mesh.")
     commands = top.add_subparsers(dest="command", required=True)
@@ -110,6 +173,44 @@ def parser() -> argparse.ArgumentParser:
     show = command(data, "show", cmd_data_show, "print examples exactly as the model receives them (JSON lines)")
     show.add_argument("--n", type=int, default=4, help="how many examples")
     show.add_argument("--split", choices=("train", "valid"), default="train")
+
+    convert = commands.add_parser("convert", help="convert checkpoints to and from other formats")
+    formats = convert.add_subparsers(dest="convert_command", required=True)
+
+    def conversion(name, handler, text, source, source_help):
+        sub = formats.add_parser(name, help=text, description=text)
+        sub.add_argument(source, help=source_help)
+        sub.add_argument("out", help="output directory (created; must be empty unless --overwrite)")
+        sub.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+        sub.set_defaults(handler=handler, label=f"convert {name}")
+        return sub
+
+    for name, handler, text, source, source_help in (
+            ("from-hf", cmd_convert_from_hf, "a Hugging Face model directory -> a jaxlm checkpoint", "hf_dir",
+             "directory with config.json and model.safetensors (or pytorch_model.bin)"),
+            ("from-gguf", cmd_convert_from_gguf, "a llama.cpp GGUF file -> a jaxlm checkpoint", "gguf",
+             "a Llama-architecture .gguf file")):
+        sub = conversion(name, handler, text, source, source_help)
+        sub.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                         help="compute dtype recorded in the model config (parameters stay float32)")
+        sub.add_argument("--scan-layers", action="store_true",
+                         help="store the layers stacked for model.scan_layers=true")
+    conversion("to-hf", cmd_convert_to_hf, "a jaxlm checkpoint (converted or a run) -> a Hugging Face directory",
+               "ckpt", "a directory from `jaxlm convert from-hf` or a training run directory")
+
+    emb = commands.add_parser("embed", help="sentence embeddings from an encoder checkpoint",
+                              description="one embedding per input line, written as a float32 .npy [lines, hidden]")
+    emb.add_argument("ckpt", help="an encoder checkpoint: converted (jaxlm convert from-hf) or a run directory")
+    emb.add_argument("--input", required=True, help="text file, one sentence per line (blank lines are an error)")
+    emb.add_argument("--output", help="where to write the .npy (default: the input path with .npy)")
+    emb.add_argument("--pooling", choices=("mean", "cls"), default="mean",
+                     help="mean over real tokens, or the first ([CLS]) token's state")
+    emb.add_argument("--normalize", action="store_true", help="L2-normalise each embedding")
+    emb.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
+    emb.add_argument("--max-length", type=int, default=None,
+                     help="tokens per sentence, special tokens included (default 256, at most the positions)")
+    emb.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    emb.set_defaults(handler=cmd_embed)
     return top
 
 
@@ -118,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.handler(args)
     except (ConfigError, OSError, ValueError) as err:
-        print(f"jaxlm {args.command}: error: {err}", file=sys.stderr)
+        print(f"jaxlm {getattr(args, 'label', args.command)}: error: {err}", file=sys.stderr)
         return 2
     return 0
 

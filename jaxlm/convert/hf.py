@@ -73,6 +73,28 @@ def bert_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
     return result
 
 
+def check_representable(config: TransformerConfig, family: str, *, grouped_kv: bool = False, **required) -> None:
+    """Raise unless `config` has each `required` field value, which `family`'s Hugging Face config implies."""
+    wrong = [f"{name}={getattr(config, name)!r} (needs {value!r})" for name, value in required.items()
+             if getattr(config, name) != value]
+    if config.head_dim * config.num_heads != config.hidden_size:
+        wrong.append(f"head_size={config.head_size} (needs hidden_size / num_heads)")
+    if not grouped_kv and config.kv_heads != config.num_heads:
+        wrong.append(f"num_kv_heads={config.num_kv_heads} (needs num_heads)")
+    if wrong:
+        raise ValueError(f"this {config.family} model cannot be written as a Hugging Face {family} config: "
+                         + "; ".join(wrong))
+
+
+def bert_config_to_hf(config: TransformerConfig) -> dict:
+    """A Hugging Face BERT config.json dict (BertForPreTraining) describing `config`."""
+    check_representable(config, "BERT", norm="layernorm", activation="gelu", position_embedding="learned",
+                        position_offset=0, use_bias=True, tie_embeddings=True, embedding_size=0)
+    fields = {theirs: getattr(config, ours) for theirs, ours in CONFIG_FIELDS.items()}
+    return {"model_type": "bert", "architectures": ["BertForPreTraining"], **fields, "hidden_act": "gelu",
+            "position_embedding_type": "absolute", "pad_token_id": config.pad_token_id, "tie_word_embeddings": True}
+
+
 def check_family(config: Mapping, model_type: str, family: str) -> None:
     """Raise when config.json names another architecture than `family` (e.g. "Roberta")."""
     found, names = config.get("model_type"), config.get("architectures") or []

@@ -12,8 +12,8 @@ from typing import Mapping
 
 import numpy as np
 
-from jaxlm.convert.hf import (_listed, _plain, build_config, check_family, flatten, read_config, read_tensors,
-                              unflatten)
+from jaxlm.convert.hf import (_listed, _plain, build_config, check_family, check_representable, flatten,
+                              read_config, read_tensors, unflatten)
 from jaxlm.models.config import TransformerConfig
 
 Entry = tuple[str, tuple[str, ...], str]
@@ -78,6 +78,38 @@ def llama_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
         position_embedding="rope", rope_theta=_rope_theta(config), norm="rmsnorm", activation="swiglu",
         use_bias=False, tie_embeddings=config.get("tie_word_embeddings", False))
     return build_config(fields, overrides)
+
+
+def _token_ids(config: TransformerConfig) -> dict:
+    return {"eos_token_id": config.eos_token_id} if config.eos_token_id >= 0 else {}
+
+
+def gpt2_config_to_hf(config: TransformerConfig) -> dict:
+    """A Hugging Face GPT-2 config.json dict (GPT2LMHeadModel) describing `config`."""
+    check_representable(config, "GPT-2", norm="layernorm", activation="gelu_tanh", position_embedding="learned",
+                        position_offset=0, type_vocab_size=0, use_bias=True, embedding_size=0)
+    return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": config.vocab_size,
+            "n_embd": config.hidden_size, "n_layer": config.num_layers, "n_head": config.num_heads,
+            "n_inner": config.intermediate_size, "n_positions": config.max_position_embeddings,
+            "resid_pdrop": config.hidden_dropout, "embd_pdrop": config.hidden_dropout,
+            "attn_pdrop": config.attention_dropout, "layer_norm_epsilon": config.layer_norm_eps,
+            "initializer_range": config.initializer_range, "activation_function": "gelu_new",
+            "scale_attn_weights": True, "tie_word_embeddings": config.tie_embeddings, **_token_ids(config)}
+
+
+def llama_config_to_hf(config: TransformerConfig) -> dict:
+    """A Hugging Face Llama config.json dict (LlamaForCausalLM) describing `config`."""
+    check_representable(config, "Llama", grouped_kv=True, norm="rmsnorm", activation="swiglu",
+                        position_embedding="rope", type_vocab_size=0, use_bias=False, embedding_size=0)
+    return {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": config.vocab_size,
+            "hidden_size": config.hidden_size, "num_hidden_layers": config.num_layers,
+            "num_attention_heads": config.num_heads, "num_key_value_heads": config.kv_heads,
+            "head_dim": config.head_dim, "intermediate_size": config.intermediate_size,
+            "max_position_embeddings": config.max_position_embeddings, "rms_norm_eps": config.layer_norm_eps,
+            "initializer_range": config.initializer_range, "attention_dropout": config.attention_dropout,
+            "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+            "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+            "tie_word_embeddings": config.tie_embeddings, **_token_ids(config)}
 
 
 # ---------------------------------------------------------------- layouts

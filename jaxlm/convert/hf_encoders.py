@@ -17,7 +17,8 @@ from typing import Mapping
 import numpy as np
 
 from jaxlm.convert.hf import (CONFIG_FIELDS, _check_shapes, _dense, _listed, _norm, _plain, _present_groups,
-                              build_config, check_family, encoder_layer, flatten, to_hf, to_ours, unflatten)
+                              build_config, check_family, check_representable, encoder_layer, flatten, to_hf,
+                              to_ours, unflatten)
 from jaxlm.models.config import TransformerConfig
 
 Entry = tuple[str, str, str]
@@ -63,6 +64,28 @@ def distilbert_config_from_hf(config: Mapping, **overrides) -> TransformerConfig
     fields = {"family": "distilbert", "num_layers": 6, **{ours: config[theirs] for theirs, ours in names.items() if theirs in config},
               "type_vocab_size": 0, "layer_norm_eps": 1e-12, "position_offset": 0}
     return build_config(fields, overrides)
+
+
+def roberta_config_to_hf(config: TransformerConfig) -> dict:
+    """A Hugging Face RoBERTa config.json dict (RobertaForMaskedLM) describing `config`."""
+    check_representable(config, "RoBERTa", norm="layernorm", activation="gelu", position_embedding="learned",
+                        position_offset=config.pad_token_id + 1, use_bias=True, tie_embeddings=True, embedding_size=0)
+    fields = {theirs: getattr(config, ours) for theirs, ours in CONFIG_FIELDS.items()}
+    return {"model_type": "roberta", "architectures": ["RobertaForMaskedLM"], **fields, "hidden_act": "gelu",
+            "position_embedding_type": "absolute", "pad_token_id": config.pad_token_id, "tie_word_embeddings": True}
+
+
+def distilbert_config_to_hf(config: TransformerConfig) -> dict:
+    """A Hugging Face DistilBERT config.json dict (DistilBertForMaskedLM) describing `config`."""
+    check_representable(config, "DistilBERT", norm="layernorm", activation="gelu", position_embedding="learned",
+                        position_offset=0, type_vocab_size=0, layer_norm_eps=1e-12, use_bias=True,
+                        tie_embeddings=True, embedding_size=0)
+    return {"model_type": "distilbert", "architectures": ["DistilBertForMaskedLM"], "vocab_size": config.vocab_size,
+            "dim": config.hidden_size, "n_layers": config.num_layers, "n_heads": config.num_heads,
+            "hidden_dim": config.intermediate_size, "max_position_embeddings": config.max_position_embeddings,
+            "dropout": config.hidden_dropout, "attention_dropout": config.attention_dropout,
+            "initializer_range": config.initializer_range, "pad_token_id": config.pad_token_id,
+            "activation": "gelu", "sinusoidal_pos_embds": False, "tie_word_embeddings": True}
 
 
 # ---------------------------------------------------------------- name maps

@@ -1,0 +1,269 @@
+"""Converted checkpoints on disk, reading them or run checkpoints back, Hugging Face directories, tokenizers."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import pathlib
+import shutil
+import tempfile
+from typing import Mapping
+
+import numpy as np
+
+from jaxlm.models.config import TransformerConfig
+
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json",
+                   "spiece.model", "vocab.json", "merges.txt")
+TOKENIZER_DIR = "tokenizer"
+NOT_A_CHECKPOINT = ("expected a directory written by `jaxlm convert from-hf`, a training run directory "
+                    "(train.run_dir) or one of its checkpoints/<step> directories")
+
+
+# ---------------------------------------------------------------- writing without losing anything
+
+def check_output(out, overwrite: bool, source=None) -> pathlib.Path:
+    """`out` as a path, after refusing a file, a non-empty directory unless `overwrite`, and the
+    `source` being converted or a directory holding it."""
+    out = pathlib.Path(out)
+    source_path = None if source is None else pathlib.Path(source).resolve()
+    if source_path is not None and out.resolve() in (source_path, *source_path.parents):
+        raise ValueError(f"output {out} would replace the input {source}; choose another output directory")
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{out} exists and is not a directory; choose another output directory")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise FileExistsError(f"{out} exists and is not empty; pass --overwrite to replace it, "
+                              "or choose another output directory")
+    return out
+
+
+@contextlib.contextmanager
+def staged(out, overwrite: bool = False):
+    """Yields a fresh sibling directory of `out`; it becomes `out` only when the block succeeds."""
+    out = check_output(out, overwrite).absolute()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = pathlib.Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    staging.chmod(0o755)
+    old = None
+    if out.exists():
+        old = pathlib.Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
+        os.replace(out, old / out.name)
+    os.replace(staging, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def copy_tokenizer(source, target) -> list[str]:
+    """Copies whichever TOKENIZER_FILES `source` (a directory, or one vocab file) has into `target`."""
+    if source is None:
+        return []
+    source = pathlib.Path(source)
+    files = [source] if source.is_file() else [source / name for name in TOKENIZER_FILES if (source / name).is_file()]
+    if not files:
+        return []
+    pathlib.Path(target).mkdir(parents=True, exist_ok=True)
+    for path in files:
+        shutil.copyfile(path, pathlib.Path(target) / path.name)
+    return [p.name for p in files]
+
+
+# ---------------------------------------------------------------- converted checkpoints
+
+def save_converted(out_dir, config: TransformerConfig, params: Mapping, tokenizer_dir=None, source: str = "",
+                   overwrite: bool = False, tokenizer_files: Mapping[str, str] | None = None) -> pathlib.Path:
+    """Writes a converted checkpoint: the items of a run checkpoint at step 0, so `train.init_from` reads it.
+
+        OUT/0/state      {"params": parameter tree}   (Orbax PyTree)
+        OUT/0/data       {"step": 0}
+        OUT/0/config     {"model": TransformerConfig as a dict, "source": where it came from}
+        OUT/tokenizer/   whichever TOKENIZER_FILES `tokenizer_dir` has, and `tokenizer_files` (name -> text)
+    """
+    from jaxlm.train import checkpoint
+
+    with staged(out_dir, overwrite) as staging:
+        mngr = checkpoint.manager(staging, keep=1, async_save=False)
+        record = {"model": dataclasses.asdict(config), "source": str(source)}
+        checkpoint.save(mngr, 0, {"params": dict(params)}, {"step": 0}, record)
+        mngr.wait_until_finished()
+        mngr.close()
+        copy_tokenizer(tokenizer_dir, staging / TOKENIZER_DIR)
+        for name, text in (tokenizer_files or {}).items():
+            (staging / TOKENIZER_DIR).mkdir(exist_ok=True)
+            (staging / TOKENIZER_DIR / name).write_text(text, encoding="utf-8")
+    return pathlib.Path(out_dir)
+
+
+def _locate(path: pathlib.Path) -> tuple[pathlib.Path, int | None]:
+    """(the Orbax manager directory, a step or None for the latest) of a checkpoint path."""
+    if not path.is_dir():
+        raise FileNotFoundError(f"no checkpoint directory at {path}")
+    if path.name.isdigit() and (path / "state").is_dir():
+        return path.parent, int(path.name)
+    if (path / "checkpoints").is_dir():
+        return path / "checkpoints", None
+    return path, None
+
+
+def _not_a_checkpoint(path: pathlib.Path, why: str) -> ValueError:
+    hint = (" (it looks like a Hugging Face model: convert it first with `jaxlm convert from-hf`)"
+            if (path / "config.json").is_file() and not (path / "checkpoints").is_dir() else "")
+    return ValueError(f"{path} is not a jaxlm checkpoint: {why}{hint}; {NOT_A_CHECKPOINT}")
+
+
+@contextlib.contextmanager
+def _opened(path: pathlib.Path):
+    """(read-only manager, step) of a checkpoint path, after checking it is a jaxlm checkpoint."""
+    import orbax.checkpoint as ocp
+
+    from jaxlm.train.checkpoint import ITEMS
+
+    directory, step = _locate(path)
+    mngr = ocp.CheckpointManager(directory.absolute(), item_names=ITEMS,
+                                 options=ocp.CheckpointManagerOptions(read_only=True))
+    try:
+        step = mngr.latest_step() if step is None else step
+        if step is None:
+            raise _not_a_checkpoint(path, "it holds no Orbax checkpoint step")
+        if not all((directory / str(step) / item).is_dir() for item in ("config", "state")):
+            raise _not_a_checkpoint(path, f"step {step} has no config or state item")
+        yield mngr, step
+    finally:
+        mngr.close()
+
+
+def _config(mngr, step: int, path: pathlib.Path) -> tuple[TransformerConfig, pathlib.Path | None]:
+    import orbax.checkpoint as ocp
+
+    stored = mngr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
+    if not isinstance(stored, dict) or not isinstance(stored.get("model"), dict):
+        raise _not_a_checkpoint(path, "its config item has no model")
+    return _stored_config(stored, path)
+
+
+def checkpoint_config(path) -> tuple[TransformerConfig, pathlib.Path | None]:
+    """(model config, tokenizer location or None) of a checkpoint, without reading its parameters."""
+    with _opened(pathlib.Path(path)) as (mngr, step):
+        return _config(mngr, step, pathlib.Path(path))
+
+
+def load_checkpoint(path) -> tuple[TransformerConfig, dict, pathlib.Path | None]:
+    """(model config, parameter tree of numpy arrays, tokenizer location or None) of a converted
+    checkpoint or a training run (its latest step). The tokenizer location is a directory of
+    tokenizer files (converted) or the run's `data.vocab` file."""
+    path = pathlib.Path(path)
+    with _opened(path) as (mngr, step):
+        config, tokenizer = _config(mngr, step, path)
+        return config, _restore_params(mngr, mngr.directory / str(step) / "state", step), tokenizer
+
+
+def _stored_config(stored: dict, path: pathlib.Path) -> tuple[TransformerConfig, pathlib.Path | None]:
+    from jaxlm import config as config_lib
+    from jaxlm.data.sources import resolve_vocab
+    from jaxlm.models.presets import model_config
+
+    if "train" in stored:
+        run = config_lib.from_dict(stored)
+        return run.model, resolve_vocab(run.data)
+    config = model_config(**stored["model"])
+    config.validate()
+    tokenizer = path / TOKENIZER_DIR
+    return config, tokenizer if tokenizer.is_dir() else None
+
+
+def _restore_params(mngr, state_dir: pathlib.Path, step: int) -> dict:
+    """The `params` subtree of the state item as numpy arrays, shapes and dtypes from its metadata."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    tree = ocp.PyTreeCheckpointer().metadata(state_dir).item_metadata.tree
+    if "params" not in tree:
+        raise ValueError(f"{state_dir} holds no params")
+    target = {"params": tree["params"]}
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)
+    restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+        item=target, restore_args=restore_args, partial_restore=True)))
+    return restored["state"]["params"]
+
+
+# ---------------------------------------------------------------- Hugging Face directories
+
+def save_hf(out_dir, config: TransformerConfig, params: Mapping, tokenizer=None, overwrite: bool = False) -> str:
+    """Writes config.json, model.safetensors (float32) and the tokenizer files at `out_dir`; returns
+    the transformers auto class that loads it."""
+    import json
+
+    import safetensors.numpy
+
+    from jaxlm.convert import registry
+
+    hf_config, tensors, auto_class = registry.to_hf(config, params)
+    with staged(out_dir, overwrite) as staging:
+        (staging / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+        safetensors.numpy.save_file({k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()},
+                                    str(staging / "model.safetensors"), metadata={"format": "pt"})
+        copy_tokenizer(tokenizer, staging)
+    return auto_class
+
+
+# ---------------------------------------------------------------- tokenizers
+
+class TextTokenizer:
+    """`encode(text)` -> ids with the model's special tokens; `decode(ids)` -> text without them."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text).ids
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode([int(i) for i in ids])
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+
+class WordPieceText:
+    """Our WordPiece with BERT's [CLS] ... [SEP] around each text."""
+
+    def __init__(self, vocab_path, lowercase: bool = True):
+        from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer
+
+        self.wordpiece = WordPieceTokenizer(vocab_path, lowercase=lowercase)
+        self.vocab_size = self.wordpiece.vocab_size
+        self._special = {self.wordpiece.cls_id, self.wordpiece.sep_id, self.wordpiece.pad_id, self.wordpiece.mask_id}
+
+    def encode(self, text: str) -> list[int]:
+        return [self.wordpiece.cls_id, *self.wordpiece.encode(text), self.wordpiece.sep_id]
+
+    def decode(self, ids) -> str:
+        tokens = self.wordpiece.convert_ids_to_tokens([i for i in ids if int(i) not in self._special])
+        return " ".join(tokens).replace(" ##", "")
+
+
+def load_tokenizer(tokenizer_dir):
+    """The tokenizer of a checkpoint: its tokenizer.json (Rust `tokenizers`, no padding or truncation),
+    else our WordPiece over its vocab.txt (lower-cased unless tokenizer_config.json says otherwise)."""
+    import json
+
+    path = pathlib.Path(tokenizer_dir)
+    if path.is_file():
+        return WordPieceText(path)
+    if (path / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        return TextTokenizer(tokenizer)
+    if (path / "vocab.txt").is_file():
+        settings = path / "tokenizer_config.json"
+        lowercase = json.loads(settings.read_text()).get("do_lower_case", True) if settings.is_file() else True
+        return WordPieceText(path / "vocab.txt", lowercase=lowercase)
+    raise FileNotFoundError(f"no tokenizer.json or vocab.txt in {path}")

@@ -1,0 +1,331 @@
+"""`jaxlm convert from-hf` then `to-hf` on small random Hugging Face models of each family: the same tensors
+and the same outputs back, and clear errors on bad input that leave existing files alone."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+
+from conftest import run_cli  # noqa: E402
+from jaxlm import config as config_lib  # noqa: E402
+from jaxlm.cli import main  # noqa: E402
+from jaxlm.convert import registry, store  # noqa: E402
+from jaxlm.data.assets import minilm_dir  # noqa: E402
+from jaxlm.models import BertForPreTraining, CausalLM  # noqa: E402
+from jaxlm.train.checkpoint import restore_params  # noqa: E402
+from jaxlm.train.loop import train  # noqa: E402
+
+VOCAB = 1000
+ATOL = 1e-5
+SMALL = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+             max_position_embeddings=64)
+# family -> (transformers model class, config class, config fields, auto class, inputs kind)
+FAMILIES = {
+    "bert": ("BertForPreTraining", "BertConfig", SMALL, "AutoModelForPreTraining", "encoder"),
+    "roberta": ("RobertaForMaskedLM", "RobertaConfig", {**SMALL, "max_position_embeddings": 66, "type_vocab_size": 1,
+                                                        "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2},
+                "AutoModelForMaskedLM", "encoder"),
+    "distilbert": ("DistilBertForMaskedLM", "DistilBertConfig",
+                   dict(vocab_size=VOCAB, dim=64, n_layers=2, n_heads=4, hidden_dim=128, max_position_embeddings=64),
+                   "AutoModelForMaskedLM", "encoder"),
+    "gpt2": ("GPT2LMHeadModel", "GPT2Config", dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64,
+                                                   bos_token_id=0, eos_token_id=0), "AutoModelForCausalLM", "decoder"),
+    "llama": ("LlamaForCausalLM", "LlamaConfig", {**SMALL, "num_key_value_heads": 2, "rms_norm_eps": 1e-5},
+              "AutoModelForCausalLM", "decoder"),
+    "albert": ("AlbertForPreTraining", "AlbertConfig", {**SMALL, "embedding_size": 32}, "AutoModelForPreTraining",
+               "encoder"),
+    "t5": ("T5ForConditionalGeneration", "T5Config", dict(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2,
+                                                         num_heads=4, decoder_start_token_id=0),
+           "AutoModelForSeq2SeqLM", "seq2seq"),
+    "bart": ("BartForConditionalGeneration", "BartConfig", dict(
+        vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=64),
+             "AutoModelForSeq2SeqLM", "seq2seq"),
+}
+BUFFERS = ("position_ids", "token_type_ids", "attn.bias", "attn.masked_bias", "inv_freq")
+
+
+def inputs(kind: str) -> dict:
+    """Right-padded random ids; seq2seq models also get decoder ids."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(3, VOCAB, size=(3, 12))
+    mask = np.arange(12)[None, :] < np.array([12, 9, 5])[:, None]
+    batch = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask.astype(np.int64))}
+    if kind == "seq2seq":
+        batch["decoder_input_ids"] = torch.from_numpy(rng.integers(3, VOCAB, size=(3, 7)))
+    return batch
+
+
+def outputs(model, kind: str) -> dict[str, np.ndarray]:
+    with torch.no_grad():
+        out = model(**inputs(kind))
+    return {k: v.numpy() for k, v in out.items() if torch.is_tensor(v) and v.is_floating_point()}
+
+
+def state(model) -> dict[str, np.ndarray]:
+    return {k: v.detach().numpy() for k, v in model.state_dict().items()}
+
+
+def cli(capsys, *args) -> tuple[int, str, str]:
+    code = main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def snapshot(directory) -> dict:
+    return {p.relative_to(directory): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def hf_model(family: str, directory, **overrides):
+    """A small random model of `family` with every weight perturbed (biases and norms too), saved."""
+    model_cls, config_cls, fields, _, _ = FAMILIES[family]
+    torch.manual_seed(0)
+    config = getattr(transformers, config_cls)(**{**fields, **overrides}, attn_implementation="eager")
+    model = getattr(transformers, model_cls)(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    model.save_pretrained(directory)
+    return model
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """family -> (original model, HF dir, converted dir, to-hf dir), each through the real CLI."""
+    root = tmp_path_factory.mktemp("convert")
+    done = {}
+    for family in FAMILIES:
+        source, ckpt, back = root / f"{family}-hf", root / f"{family}-jaxlm", root / f"{family}-back"
+        model = hf_model(family, source)
+        if family == "bert":
+            for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json"):
+                shutil.copy(minilm_dir() / name, source / name)
+        assert main(["convert", "from-hf", str(source), str(ckpt)]) == 0
+        assert main(["convert", "to-hf", str(ckpt), str(back)]) == 0
+        done[family] = model, source, ckpt, back
+    return done
+
+
+def assert_same_tensors(model, directory) -> None:
+    ours, theirs = safetensors_numpy.load_file(str(directory / "model.safetensors")), state(model)
+    assert not [k for k in set(theirs) - set(ours) if not k.endswith(BUFFERS)]
+    assert set(ours) <= set(theirs)
+    for name, value in ours.items():
+        assert value.dtype == np.float32 and value.shape == theirs[name].shape, name
+        np.testing.assert_array_equal(value, theirs[name], err_msg=name)
+
+
+def assert_same_outputs(model, directory, family: str) -> None:
+    _, _, _, auto_class, kind = FAMILIES[family]
+    loaded, info = getattr(transformers, auto_class).from_pretrained(
+        str(directory), output_loading_info=True, attn_implementation="eager")
+    assert type(loaded) is type(model)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    ours, theirs = outputs(loaded.eval(), kind), outputs(model, kind)
+    assert set(ours) == set(theirs) and ours
+    for name in theirs:
+        diff = float(np.abs(ours[name] - theirs[name]).max())
+        print(f"{family} {name}: max abs diff {diff:.2e}")
+        assert diff <= ATOL, name
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_round_trip_gives_identical_tensors_and_outputs(converted, family):
+    model, _, ckpt, back = converted[family]
+    config, params, _ = store.load_checkpoint(ckpt)
+    assert config.family == family and config.dtype == "float32" and not config.scan_layers
+    hf_config = json.loads((back / "config.json").read_text())
+    assert hf_config["model_type"] == family
+    assert registry.family_for_hf(hf_config).config_from_hf(hf_config, dtype="float32") == config
+    assert_same_tensors(model, back)
+    assert_same_outputs(model, back, family)
+
+
+def test_tokenizer_files_travel_both_ways(converted):
+    _, source, ckpt, back = converted["bert"]
+    names = ("vocab.txt", "tokenizer.json", "tokenizer_config.json")
+    for name in names:
+        assert (ckpt / "tokenizer" / name).read_bytes() == (source / name).read_bytes()
+        assert (back / name).read_bytes() == (source / name).read_bytes()
+    tokenizer = store.load_tokenizer(ckpt / "tokenizer")
+    ids = tokenizer.encode("Hello, World!")
+    assert ids[0] == 101 and ids[-1] == 102 and tokenizer.decode(ids) == "hello, world!"
+    assert not (converted["gpt2"][2] / "tokenizer").exists()
+
+
+def test_scan_layers_stores_stacked_params_and_round_trips(converted, tmp_path, capsys):
+    model, source, _, _ = converted["llama"]
+    code, out, _ = cli(capsys, "convert", "from-hf", source, tmp_path / "scan", "--scan-layers")
+    assert code == 0 and "scan (stacked layers)" in out
+    config, params, _ = store.load_checkpoint(tmp_path / "scan")
+    assert config.scan_layers and "layer_0" not in params["decoder"]
+    assert params["decoder"]["layers"]["attention"]["query"]["kernel"].shape == (2, 64, 4, 16)
+    ids = jnp.zeros((1, 4), jnp.int32)
+    shapes = jax.eval_shape(lambda: nn.unbox(CausalLM(config).init(jax.random.key(0), ids)))["params"]
+    assert jax.tree.map(np.shape, params) == jax.tree.map(lambda s: s.shape, shapes)
+    assert cli(capsys, "convert", "to-hf", tmp_path / "scan", tmp_path / "back")[0] == 0
+    assert_same_tensors(model, tmp_path / "back")
+
+
+def test_converted_bert_restores_as_init_from(converted):
+    _, _, ckpt, _ = converted["bert"]
+    config, params, _ = store.load_checkpoint(ckpt)
+    mesh = Mesh(np.asarray(jax.devices()), ("data",))
+    replicated = NamedSharding(mesh, PartitionSpec())
+    ids = jnp.zeros((1, 4), jnp.int32)
+    init = BertForPreTraining(config).init
+    shapes = jax.eval_shape(lambda: nn.unbox(init(jax.random.key(0), ids, ids, ids == 0, ids)))
+    abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated), shapes["params"])
+    restored = restore_params(ckpt, abstract)
+    assert jax.tree.structure(restored) == jax.tree.structure(params)
+    for got, want in zip(jax.tree.leaves(restored), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_training_run_initialised_from_a_conversion_exports_the_same_weights(tmp_path, tiny_config, capsys):
+    """A run with train.init_from=<converted BERT> and a zero learning rate keeps the weights; to-hf of the
+    run directory gives back the original tensors."""
+    model = hf_model("bert", tmp_path / "hf", vocab_size=30522, num_attention_heads=2, intermediate_size=256)
+    assert cli(capsys, "convert", "from-hf", tmp_path / "hf", tmp_path / "init")[0] == 0
+    config = tiny_config({"train": {"init_from": str(tmp_path / "init"), "steps": 1, "eval_batches": 1},
+                          "optim": {"peak_lr": 0.0}})
+    train(config_lib.load(config))
+    assert f"initialised from {tmp_path / 'init'}" in "".join(capsys.readouterr())
+    assert cli(capsys, "convert", "to-hf", tmp_path / "run", tmp_path / "back")[0] == 0
+    assert_same_tensors(model, tmp_path / "back")
+    assert (tmp_path / "back" / "vocab.txt").is_file()
+
+    sentences = ["The quick brown fox jumps over the lazy dog.", "Hello!", "Rain again today, said Mr. Darcy."]
+    (tmp_path / "text.txt").write_text("\n".join(sentences) + "\n")
+    assert cli(capsys, "embed", tmp_path / "run", "--input", tmp_path / "text.txt")[0] == 0
+    tokenizer = transformers.BertTokenizer(vocab=str(tmp_path / "back" / "vocab.txt"), do_lower_case=True)
+    batch = tokenizer(sentences, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = model.bert(**batch).last_hidden_state.double().numpy()
+    mask = batch["attention_mask"].numpy()[..., None]
+    theirs, ours = (hidden * mask).sum(1) / mask.sum(1), np.load(tmp_path / "text.npy")
+    assert ours.shape == (3, 64) and np.abs(ours - theirs).max() < 1e-5
+
+
+def test_bare_encoder_exports_as_its_backbone(tmp_path, capsys):
+    """all-MiniLM-L6-v2 has no pretraining heads: to-hf writes a BertModel that AutoModel loads whole."""
+    assert cli(capsys, "convert", "from-hf", minilm_dir(), tmp_path / "mini")[0] == 0
+    code, out, _ = cli(capsys, "convert", "to-hf", tmp_path / "mini", tmp_path / "back")
+    assert code == 0 and "AutoModel.from_pretrained" in out
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["architectures"] == ["BertModel"]
+    model, info = transformers.AutoModel.from_pretrained(str(tmp_path / "back"), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    original = safetensors_numpy.load_file(str(minilm_dir() / "model.safetensors"))
+    ours = safetensors_numpy.load_file(str(tmp_path / "back" / "model.safetensors"))
+    for name, value in original.items():
+        if not name.endswith(BUFFERS):
+            np.testing.assert_array_equal(ours[f"bert.{name}"], value, err_msg=name)
+
+
+# ---------------------------------------------------------------- bad input
+
+def assert_one_error(code: int, err: str, command: str, *expected: str) -> None:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith(f"jaxlm {command}: error: "), err
+    for text in expected:
+        assert text in lines[0], lines[0]
+
+
+def test_from_hf_without_config_json(tmp_path, capsys, converted):
+    source = tmp_path / "weights-only"
+    source.mkdir()
+    shutil.copy(converted["bert"][1] / "model.safetensors", source)
+    code, _, err = cli(capsys, "convert", "from-hf", source, tmp_path / "out")
+    assert_one_error(code, err, "convert from-hf", "no Hugging Face config.json", str(source / "config.json"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_from_hf_unsupported_model_type_fails_before_reading_tensors(tmp_path, capsys):
+    source = tmp_path / "mpnet"
+    source.mkdir()
+    (source / "config.json").write_text(json.dumps({"model_type": "mpnet", "architectures": ["MPNetModel"]}))
+    (source / "model.safetensors").write_text("not a tensor file: reading it would fail differently")
+    code, _, err = cli(capsys, "convert", "from-hf", source, tmp_path / "out")
+    assert_one_error(code, err, "convert from-hf", "model_type='mpnet'", "supported model types: bert, roberta",
+                     "llama", "albert", "t5", "bart")
+    assert not (tmp_path / "out").exists()
+
+
+def test_from_hf_shapes_that_do_not_fit_config_json(tmp_path, capsys, converted):
+    source = tmp_path / "bert-wrong"
+    shutil.copytree(converted["bert"][1], source)
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "intermediate_size": 96}))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("an earlier conversion")
+    before = snapshot(out)
+    code, _, err = cli(capsys, "convert", "from-hf", source, out, "--overwrite")
+    assert_one_error(code, err, "convert from-hf", "bert.encoder.layer.0.intermediate.dense.weight",
+                     "(96, 64)", "(128, 64)")
+    assert snapshot(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bert-wrong", "out"]
+
+
+def test_existing_output_is_refused_and_untouched(tmp_path, capsys, converted):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    before = snapshot(out)
+    for args in (("from-hf", converted["gpt2"][1]), ("to-hf", converted["gpt2"][2])):
+        code, _, err = cli(capsys, "convert", *args, out)
+        assert_one_error(code, err, f"convert {args[0]}", f"{out} exists and is not empty", "--overwrite")
+        assert snapshot(out) == before
+    code, _, err = cli(capsys, "convert", "to-hf", converted["gpt2"][2], converted["gpt2"][2], "--overwrite")
+    assert_one_error(code, err, "convert to-hf", "would replace the input")
+    assert cli(capsys, "convert", "from-hf", converted["gpt2"][1], out, "--overwrite")[0] == 0
+    assert not (out / "keep.txt").exists() and store.load_checkpoint(out)[0].family == "gpt2"
+
+
+def test_to_hf_on_something_that_is_not_a_jaxlm_checkpoint(tmp_path, capsys, converted):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = {converted["bert"][1]: ["is not a jaxlm checkpoint", "convert it first with `jaxlm convert from-hf`"],
+             empty: ["is not a jaxlm checkpoint", "no Orbax checkpoint step"],
+             tmp_path / "missing": ["no checkpoint directory at"]}
+    for path, expected in cases.items():
+        code, _, err = cli(capsys, "convert", "to-hf", path, tmp_path / "out")
+        assert_one_error(code, err, "convert to-hf", str(path), *expected)
+    assert not (tmp_path / "out").exists()
+
+
+def test_embed_refuses_decoders_missing_input_and_blank_lines(tmp_path, capsys, converted):
+    text = tmp_path / "text.txt"
+    text.write_text("one sentence\n\nanother\n")
+    code, _, err = cli(capsys, "embed", converted["gpt2"][2], "--input", tmp_path / "nope.txt")
+    assert_one_error(code, err, "embed", "input file", "nope.txt does not exist")
+    code, _, err = cli(capsys, "embed", converted["gpt2"][2], "--input", text)
+    assert_one_error(code, err, "embed", "blank lines (2)")
+    text.write_text("one sentence\nanother\n")
+    code, _, err = cli(capsys, "embed", converted["gpt2"][2], "--input", text)
+    assert_one_error(code, err, "embed", "embed needs an encoder checkpoint", "holds a gpt2 model")
+    code, _, err = cli(capsys, "embed", converted["bert"][3], "--input", text)
+    assert_one_error(code, err, "embed", "is not a jaxlm checkpoint")
+    code, _, err = cli(capsys, "embed", converted["bert"][2], "--input", text)
+    assert_one_error(code, err, "embed", "outside the model's vocabulary (vocab_size=1000)",
+                     "tokenizer and checkpoint do not match")
+    code, _, err = cli(capsys, "embed", converted["bert"][2], "--input", text, "--max-length", 100)
+    assert_one_error(code, err, "embed", "--max-length 100 must lie in [2, 64]")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["text.txt"]
+
+
+def test_real_cli_process_reports_errors_on_one_line(tmp_path):
+    proc = run_cli("convert", "from-hf", tmp_path / "nothing", tmp_path / "out", devices=1, check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"jaxlm convert from-hf: error: no Hugging Face config.json at {tmp_path / 'nothing' / 'config.json'}"]

@@ -1,0 +1,49 @@
+"""`jaxlm convert from-gguf` on the real SmolLM2-135M-Instruct Q4_1 GGUF, then `to-hf`: transformers loads the
+result (model and tokenizer) and reproduces the perplexity ASSETS.md records for the GGUF (15.9)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+
+from jaxlm.cli import main  # noqa: E402
+from jaxlm.convert import store  # noqa: E402
+from jaxlm.data.assets import smollm2_gguf_path  # noqa: E402
+
+OPENING = ("It is a truth universally acknowledged, that a single man in possession of a good fortune, "
+           "must be in want of a wife.")
+
+
+def perplexity(model, ids) -> float:
+    with torch.no_grad():
+        return float(torch.exp(model(ids, labels=ids).loss))
+
+
+def test_from_gguf_to_hf_loads_in_transformers_with_the_recorded_perplexity(tmp_path):
+    ckpt, back = tmp_path / "smollm2", tmp_path / "hf"
+    assert main(["convert", "from-gguf", str(smollm2_gguf_path()), str(ckpt)]) == 0
+    config, _ = store.checkpoint_config(ckpt)
+    assert (config.family, config.num_layers, config.kv_heads) == ("llama", 30, 3)
+    settings = json.loads((ckpt / "tokenizer" / "tokenizer_config.json").read_text())
+    assert settings["eos_token"] == "<|im_end|>" and "chat_template" in settings
+    ours = store.load_tokenizer(ckpt / "tokenizer")
+    assert ours.decode(ours.encode(OPENING)) == OPENING
+
+    assert main(["convert", "to-hf", str(ckpt), str(back)]) == 0
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(str(back), output_loading_info=True,
+                                                                    dtype=torch.float32)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(back))
+    ids = tokenizer(OPENING, return_tensors="pt").input_ids
+    assert ids[0].tolist() == ours.encode(OPENING)
+    ppl = perplexity(model.eval(), ids)
+    shuffled = perplexity(model, tokenizer(" ".join(sorted(OPENING.split())), return_tensors="pt").input_ids)
+    print(f"SmolLM2 from GGUF via jaxlm, in transformers: perplexity {ppl:.2f} (sorted words {shuffled:.0f})")
+    assert abs(ppl - 15.9) < 0.1 and shuffled > 20 * ppl
+    np.testing.assert_array_equal(model.lm_head.weight.detach().numpy(),
+                                  model.model.embed_tokens.weight.detach().numpy())
