@@ -1,9 +1,14 @@
-"""jaxlm.models: the networks, their config and named presets."""
+"""jaxlm.models: the networks of every family, their config and named presets."""
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.presets import PRESETS, model_config
 from jaxlm.models.encoder import BertEncoder
 from jaxlm.models.heads import BertForPreTraining, MaskedLM
+from jaxlm.models.albert import AlbertEncoder, AlbertForPreTraining
+from jaxlm.models.spanbert import SpanBertForPreTraining, SpanBoundaryHead
 from jaxlm.models.decoder import CausalLM, Decoder
+from jaxlm.models.t5 import T5ForConditionalGeneration
+from jaxlm.models.bart import BartForConditionalGeneration, shift_tokens_right
 
-__all__ = ["PRESETS", "BertEncoder", "BertForPreTraining", "CausalLM", "Decoder", "MaskedLM",
-           "TransformerConfig", "model_config"]
+__all__ = ["PRESETS", "AlbertEncoder", "AlbertForPreTraining", "BartForConditionalGeneration", "BertEncoder",
+           "BertForPreTraining", "CausalLM", "Decoder", "MaskedLM", "SpanBertForPreTraining", "SpanBoundaryHead",
+           "T5ForConditionalGeneration", "TransformerConfig", "model_config", "shift_tokens_right"]
