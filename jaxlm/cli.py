@@ -211,6 +211,11 @@ def parser() -> argparse.ArgumentParser:
                      help="tokens per sentence, special tokens included (default 256, at most the positions)")
     emb.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     emb.set_defaults(handler=cmd_embed)
+    from jaxlm import generate
+    from jaxlm.train import aot
+
+    generate.add_parser(commands)
+    aot.add_parser(commands)
     return top
 
 

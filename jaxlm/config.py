@@ -220,6 +220,9 @@ def validate(config: RunConfig) -> None:
             f"data.max_seq_length={data.max_seq_length} exceeds the model's position table "
             f"(model.max_position_embeddings={model.max_position_embeddings}, position_offset="
             f"{model.position_offset}); lower the one or raise the other")
+    if model.attention_kernel == "splash" and data.max_seq_length % 128:
+        raise ConfigError(f"model.attention_kernel='splash' needs data.max_seq_length to be a multiple of 128, "
+                          f"not {data.max_seq_length}; change it or use model.attention_kernel=xla")
     if data.max_predictions > data.max_seq_length:
         raise ConfigError(f"data.max_predictions={data.max_predictions} exceeds data.max_seq_length={data.max_seq_length}")
     if not data.corpus:

@@ -42,7 +42,7 @@ def gpt2_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
         hidden_dropout=config.get("resid_pdrop", 0.1), attention_dropout=config.get("attn_pdrop", 0.1),
         layer_norm_eps=config.get("layer_norm_epsilon", 1e-5),
         initializer_range=config.get("initializer_range", 0.02), activation="gelu_tanh",
-        tie_embeddings=config.get("tie_word_embeddings", True))
+        tie_embeddings=config.get("tie_word_embeddings", True), eos_token_id=eos_id(config))
     return build_config(fields, overrides)
 
 
@@ -76,8 +76,15 @@ def llama_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
         hidden_dropout=0.0, attention_dropout=config.get("attention_dropout", 0.0),
         layer_norm_eps=config.get("rms_norm_eps", 1e-6), initializer_range=config.get("initializer_range", 0.02),
         position_embedding="rope", rope_theta=_rope_theta(config), norm="rmsnorm", activation="swiglu",
-        use_bias=False, tie_embeddings=config.get("tie_word_embeddings", False))
+        use_bias=False, tie_embeddings=config.get("tie_word_embeddings", False), eos_token_id=eos_id(config))
     return build_config(fields, overrides)
+
+
+def eos_id(config: Mapping) -> int:
+    """config.json's end-of-sequence id (the first, when it lists several), or -1 when it has none."""
+    eos = config.get("eos_token_id")
+    eos = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
+    return -1 if eos is None or eos == [] else int(eos)
 
 
 def _token_ids(config: TransformerConfig) -> dict:

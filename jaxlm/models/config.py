@@ -105,7 +105,8 @@ class TransformerConfig:
             raise ValueError(
                 f"model.attention_kernel={self.attention_kernel!r}; choose one of {ATTENTION_KERNELS}"
             )
-        if self.attention_kernel == "cudnn" and self.attention_dropout:
-            raise ValueError(
-                "model.attention_kernel='cudnn' has no attention dropout; set model.attention_dropout=0"
-            )
+        if self.attention_kernel in ("cudnn", "splash") and self.attention_dropout:
+            raise ValueError(f"model.attention_kernel={self.attention_kernel!r} has no attention dropout; "
+                             "set model.attention_dropout=0")
+        if self.attention_kernel == "splash" and self.position_embedding == "relative":
+            raise ValueError("model.attention_kernel='splash' takes no relative-position bias (T5); use 'xla'")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pathlib
 
+import jax
 import orbax.checkpoint as ocp
 
 ITEMS = ("state", "data", "config")
@@ -38,8 +39,26 @@ def restore_params(directory: str | pathlib.Path, abstract_params, step: int | N
     step = mngr.latest_step() if step is None else step
     if step is None:
         raise FileNotFoundError(f"train.init_from={directory}: no checkpoint found there")
+    stored = ocp.PyTreeCheckpointer().metadata(path.absolute() / str(step) / "state").item_metadata.tree
+    check_fits(stored.get("params", {}), abstract_params, f"train.init_from={directory}")
     target = {"params": abstract_params}
     restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
         item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
     mngr.close()
     return restored["state"]["params"]
+
+
+def check_fits(stored, abstract, where: str, listed: int = 6) -> None:
+    """Raise ValueError naming each parameter the checkpoint lacks or holds with another shape."""
+    have = {jax.tree_util.keystr(k): tuple(v.shape) for k, v in jax.tree_util.tree_flatten_with_path(stored)[0]}
+    problems = []
+    for key, leaf in jax.tree_util.tree_flatten_with_path(abstract)[0]:
+        name = jax.tree_util.keystr(key)
+        if name not in have:
+            problems.append(f"{name} missing")
+        elif have[name] != tuple(leaf.shape):
+            problems.append(f"{name} checkpoint {have[name]} vs config {tuple(leaf.shape)}")
+    if problems:
+        more = f" (and {len(problems) - listed} more)" if len(problems) > listed else ""
+        raise ValueError(f"{where}: the checkpoint does not fit model config: {'; '.join(problems[:listed])}{more}; "
+                         "make the model section match the checkpoint (same preset and sizes)")

@@ -61,3 +61,9 @@ def test_init_from_starts_from_another_runs_parameters(tiny_config, tmp_path):
     missing = tiny_config({"train": {"run_dir": str(tmp_path / "x"), "init_from": str(tmp_path / "nowhere")}}, "m.yaml")
     bad = run_cli("train", missing, check=False)
     assert bad.returncode == 2 and "no checkpoint found" in bad.stderr
+    wider = tiny_config({"model": {"intermediate_size": 128},
+                         "train": {"run_dir": str(tmp_path / "wider"), "init_from": str(tmp_path / "source")}}, "w.yaml")
+    misfit = run_cli("train", wider, check=False)
+    assert misfit.returncode == 2, misfit.stderr[-2000:]
+    assert "does not fit" in misfit.stderr and "(64, 256) vs config (64, 128)" in misfit.stderr, misfit.stderr[-2000:]
+    assert not (tmp_path / "wider" / "checkpoints").exists() or not any((tmp_path / "wider" / "checkpoints").iterdir())

@@ -24,7 +24,7 @@ def perplexity(model, ids) -> float:
         return float(torch.exp(model(ids, labels=ids).loss))
 
 
-def test_from_gguf_to_hf_loads_in_transformers_with_the_recorded_perplexity(tmp_path):
+def test_from_gguf_to_hf_loads_in_transformers_with_the_recorded_perplexity(tmp_path, capsys):
     ckpt, back = tmp_path / "smollm2", tmp_path / "hf"
     assert main(["convert", "from-gguf", str(smollm2_gguf_path()), str(ckpt)]) == 0
     config, _ = store.checkpoint_config(ckpt)
@@ -47,3 +47,14 @@ def test_from_gguf_to_hf_loads_in_transformers_with_the_recorded_perplexity(tmp_
     assert abs(ppl - 15.9) < 0.1 and shuffled > 20 * ppl
     np.testing.assert_array_equal(model.lm_head.weight.detach().numpy(),
                                   model.model.embed_tokens.weight.detach().numpy())
+
+    # `jaxlm generate` on the converted checkpoint: transformers' greedy continuation, token for token.
+    prompt = "It is a truth universally acknowledged, that"
+    capsys.readouterr()
+    assert main(["generate", str(ckpt), "--prompt", prompt, "--max-new-tokens", "12"]) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    with torch.no_grad():
+        expected = model.generate(tokenizer(prompt, return_tensors="pt").input_ids, max_new_tokens=12,
+                                  do_sample=False)[0, len(ours.encode(prompt)):].tolist()
+    print(f"jaxlm generate: {line['generated']!r}")
+    assert line["token_ids"] == expected

@@ -1,0 +1,141 @@
+"""Compile the train step for a TPU topology without the TPUs: does this config fit, and how much memory?
+
+With libtpu installed (`pip install "jax[tpu]==0.10.2"`, libtpu 0.0.42.1), `get_topology_desc` gives
+compile-only TPU devices on any machine, CPU-only ones included; the trainer's own `build` and
+`compile_steps` then lay the mesh over them and compile the real step, and `memory_analysis()` says
+what each chip would hold. `jaxlm compile CONFIG [overrides] --topology v5e:2x2` prints one line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from jaxlm import config as config_lib
+from jaxlm.config import RunConfig
+
+DEFAULT_TOPOLOGY = "v5e:2x2"
+MEMORY_FIELDS = ("argument", "output", "temp", "generated_code", "alias")
+# High-bandwidth memory per device, for the "fits" verdict (device_kind as libtpu reports it).
+HBM_BYTES = {"TPU v4": 32 << 30, "TPU v5 lite": 16 << 30, "TPU v5": 95 << 30, "TPU v6 lite": 32 << 30}
+INSTALL = 'pip install "jax[tpu]==0.10.2" (libtpu==0.0.42.1)'
+
+
+class TopologyError(ValueError):
+    """A topology that cannot be compiled for here; the message says what to change."""
+
+
+def _parse_bounds(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    try:
+        bounds = tuple(int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise TopologyError(f"chips per host {text!r} must look like 2x2x1") from None
+    return bounds + (1,) * (3 - len(bounds))
+
+
+def topology_devices(topology: str = DEFAULT_TOPOLOGY, *, chips_per_host_bounds=None, num_slices: int = 1) -> list:
+    """Compile-only TPU devices for a topology name such as "v5e:2x2", "v5p:2x2x1", "v6e:4x4"."""
+    from jax._src import xla_bridge
+
+    if xla_bridge.get_tpu_library_path() is None:
+        raise TopologyError(f"compiling for a TPU topology needs libtpu, which is not installed: {INSTALL}")
+    # Compile-only devices touch no TPU; don't take (or wait for) libtpu's one-process-per-host lock.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    from jax.experimental import topologies
+
+    kwargs = {"chip_config_name": "default", "num_slices": num_slices}
+    if chips_per_host_bounds is not None:
+        kwargs["chips_per_host_bounds"] = tuple(chips_per_host_bounds)
+    try:
+        return list(topologies.get_topology_desc(platform="tpu", topology_name=topology, **kwargs).devices)
+    except Exception as err:  # libtpu raises JaxRuntimeError / RuntimeError with its own text
+        text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if "lockfile" in text:
+            raise TopologyError(f"libtpu is locked by another process ({text}); set ALLOW_MULTIPLE_LIBTPU_LOAD=1 "
+                                "before jax starts") from err
+        if "INVALID_ARGUMENT" in text or "invalid" in text.lower():
+            raise TopologyError(f"unknown or unsupported TPU topology {topology!r}: {text}. Use a name like "
+                                "v5e:2x2, v5e:4x4, v5p:2x2x1, v4:2x2x1 or v6e:2x2") from err
+        raise TopologyError(f"could not make TPU topology {topology!r} ({text}); is libtpu working? {INSTALL}") from err
+
+
+def memory_stats(compiled) -> dict[str, int]:
+    """Per-device bytes from `memory_analysis()`: argument, output, temp, generated_code, alias, and
+    total = argument + output - alias + temp + generated_code (donated state is counted once)."""
+    stats = compiled.memory_analysis()
+    if stats is None:
+        return {}
+    out = {name: int(getattr(stats, f"{name}_size_in_bytes", 0) or 0) for name in MEMORY_FIELDS}
+    out["total"] = out["argument"] + out["output"] - out["alias"] + out["temp"] + out["generated_code"]
+    return out
+
+
+def compile_for_topology(config: RunConfig, topology: str = DEFAULT_TOPOLOGY, *, chips_per_host_bounds=None,
+                         num_slices: int = 1) -> dict:
+    """AOT-compile `config`'s train step for `topology`, the mesh from `config.mesh` over its chips.
+
+    Returns {"compiled", "topology", "device_kind", "devices", "mesh", "memory"}; `memory` is
+    `memory_stats(compiled)` (bytes per device)."""
+    from jaxlm.train.loop import build, compile_steps
+
+    devices = topology_devices(topology, chips_per_host_bounds=chips_per_host_bounds, num_slices=num_slices)
+    setup = build(config, devices=devices)
+    compiled, _ = compile_steps(setup, with_eval=False)
+    return {"compiled": compiled, "topology": topology, "device_kind": devices[0].device_kind,
+            "devices": len(devices), "mesh": dict(setup.mesh.shape), "memory": memory_stats(compiled)}
+
+
+def _mib(count: int) -> str:
+    return f"{count / 2**20:.1f} MiB" if count < 2**30 else f"{count / 2**30:.2f} GiB"
+
+
+def summary(result: dict) -> str:
+    """One line: where it was compiled for, and the per-device memory of the train step."""
+    mesh = " ".join(f"{k}={v}" for k, v in result["mesh"].items())
+    head = f"{result['topology']} ({result['devices']} x {result['device_kind']}, mesh {mesh})"
+    memory = result["memory"]
+    if not memory:
+        return f"{head}: memory analysis unavailable"
+    parts = ", ".join(f"{name} {_mib(memory[name])}" for name in ("argument", "output", "temp", "generated_code"))
+    line = f"{head}: per device {parts}; total {_mib(memory['total'])}"
+    capacity = HBM_BYTES.get(result["device_kind"])
+    if capacity:
+        verdict = "fits" if memory["total"] <= capacity else "does NOT fit"
+        line += f" ({verdict} in {_mib(capacity)} HBM)"
+    return line
+
+
+# ---------------------------------------------------------------- command line
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register `compile CONFIG [overrides] --topology v5e:2x2` on an argparse subparsers object."""
+    text = "compile the train step for a TPU topology (no TPU needed) and print its memory per device"
+    sub = subparsers.add_parser("compile", help=text, description=text)
+    sub.add_argument("config", help="a YAML file in configs/, e.g. configs/bert-base.yaml")
+    sub.add_argument("overrides", nargs="*", help="dotted overrides such as train.global_batch=64")
+    sub.add_argument("--topology", default=DEFAULT_TOPOLOGY,
+                     help=f"TPU topology name, e.g. v5e:2x2, v5e:4x4, v5p:2x2x1 (default {DEFAULT_TOPOLOGY})")
+    sub.add_argument("--chips-per-host", default=None, help="chips per host bounds, e.g. 2x2x1 (default: libtpu's)")
+    sub.add_argument("--num-slices", type=int, default=1, help="number of slices (default 1)")
+    sub.add_argument("--json", action="store_true", help="also print the numbers as JSON")
+    sub.set_defaults(handler=run)
+    return sub
+
+
+def run(args) -> None:
+    if "JAX_PLATFORMS" not in os.environ:
+        # The compile needs no accelerator runtime (the TPU devices are compile-only); don't probe for one.
+        import jax
+
+        try:
+            jax.config.update("jax_platforms", "cpu")
+        except RuntimeError:  # backends already started in this process: keep them
+            pass
+    config = config_lib.load(args.config, args.overrides)
+    result = compile_for_topology(config, args.topology, chips_per_host_bounds=_parse_bounds(args.chips_per_host),
+                                  num_slices=args.num_slices)
+    print(summary(result))
+    if args.json:
+        print(json.dumps({k: v for k, v in result.items() if k != "compiled"}))
