@@ -9,6 +9,8 @@ either has all of a group's tensors or none, and a missing group is left out of 
 """
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import pathlib
 from typing import Iterator, Mapping
@@ -245,19 +247,25 @@ def to_hf(kind: str, x, config: TransformerConfig):
 
 # ---------------------------------------------------------------- our tree
 
-def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
-    """'/'-joined path -> shape of every parameter of our BertForPreTraining (no allocation)."""
+def param_shapes(module_cls, config: TransformerConfig, num_inputs: int) -> dict[str, tuple[int, ...]]:
+    """'/'-joined loop-layout path -> shape of every parameter `module_cls(config)` creates when
+    initialised on `num_inputs` [1, 1] id arrays (no allocation)."""
     import flax.linen as nn
     import jax
     import jax.numpy as jnp
 
-    from jaxlm.models.heads import BertForPreTraining
-
+    model = module_cls(dataclasses.replace(config, scan_layers=False, remat="none"))
     ids = jnp.zeros((1, 1), jnp.int32)
-    init = lambda: nn.unbox(BertForPreTraining(config).init(jax.random.PRNGKey(0), ids, ids, ids == 0, ids))
-    shapes = jax.eval_shape(init)["params"]
+    shapes = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.PRNGKey(0), *[ids] * num_inputs)))["params"]
     return {"/".join(p.key for p in path): tuple(leaf.shape)
             for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]}
+
+
+def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
+    """'/'-joined path -> shape of every parameter of our BertForPreTraining (no allocation)."""
+    from jaxlm.models.heads import BertForPreTraining
+
+    return param_shapes(BertForPreTraining, config, 4)
 
 
 def flatten(tree: Mapping, prefix: str = "") -> Iterator[tuple[str, object]]:

@@ -5,9 +5,9 @@ from typing import Mapping
 
 import numpy as np
 
-from jaxlm.convert.hf import (CONFIG_FIELDS, _check_shapes, _dense, _listed, _norm, _plain, _present_groups,
-                              build_config, check_family, encoder_layer, flatten, to_hf, to_ours, unflatten)
-from jaxlm.convert.hf_encoders import BUFFERS, _normalize
+from jaxlm.convert.hf import (CONFIG_FIELDS, _check_shapes, _dense, _listed, _norm, _present_groups, build_config,
+                              check_family, encoder_layer, param_shapes, to_ours, unflatten)
+from jaxlm.convert.hf_encoders import BUFFERS, _normalize, encoder_params_to_hf
 from jaxlm.models.config import TransformerConfig
 
 Entry = tuple[str, str, str]
@@ -97,17 +97,9 @@ def albert_name_map(config: TransformerConfig) -> dict[str, list[Entry]]:
 
 def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     """'/'-joined path -> shape of every parameter of our AlbertForPreTraining (no allocation)."""
-    import flax.linen as nn
-    import jax
-    import jax.numpy as jnp
-
     from jaxlm.models.albert import AlbertForPreTraining
 
-    ids = jnp.zeros((1, 1), jnp.int32)
-    init = lambda: nn.unbox(AlbertForPreTraining(config).init(jax.random.PRNGKey(0), ids, ids, ids == 0, ids))
-    shapes = jax.eval_shape(init)["params"]
-    return {"/".join(p.key for p in path): tuple(leaf.shape)
-            for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]}
+    return param_shapes(AlbertForPreTraining, config, 4)
 
 
 # ---------------------------------------------------------------- HF -> ours
@@ -145,19 +137,4 @@ def albert_params_from_hf(tensors: Mapping[str, np.ndarray], config: Transformer
 def albert_params_to_hf(params: Mapping, config: TransformerConfig) -> dict[str, np.ndarray]:
     """HF AlbertForPreTraining tensors from our tree (boxed or plain, with or without `params`),
     including the tied `predictions.decoder.*` copies when the MLM head is present."""
-    flat = {path: np.asarray(value, np.float32) for path, value in flatten(_plain(params))}
-    groups = albert_name_map(config)
-    known = {ours for entries in groups.values() for ours, _, _ in entries}
-    unknown = sorted(set(flat) - known)
-    if unknown:
-        raise ValueError(f"parameters with no Hugging Face ALBERT name: {_listed(unknown)}")
-    shapes = expected_shapes(config)
-    wrong = [f"{ours}: want {shapes[ours]}, got {flat[ours].shape}"
-             for ours in flat if flat[ours].shape != shapes[ours]]
-    if wrong:
-        raise ValueError(f"parameters do not fit the config ({len(wrong)} shape mismatches): {_listed(wrong)}")
-    tensors = {theirs: np.ascontiguousarray(to_hf(kind, flat[ours], config))
-               for entries in groups.values() for ours, theirs, kind in entries if ours in flat}
-    if "mlm/bias" in flat:
-        tensors.update({copy: tensors[source].copy() for copy, source in TIED.items()})
-    return tensors
+    return encoder_params_to_hf(params, config, albert_name_map(config), TIED, "ALBERT", expected_shapes(config))

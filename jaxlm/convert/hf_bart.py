@@ -1,13 +1,12 @@
 """Hugging Face BART checkpoints <-> jaxlm BART: config, tensor names, layouts and shape checks."""
 from __future__ import annotations
 
-import dataclasses
 from typing import Mapping
 
 import numpy as np
 
 from jaxlm.convert.hf import (_dense, _listed, _norm, _plain, build_config, check_family, encoder_layer, flatten,
-                              read_config, read_tensors, to_hf, to_ours, unflatten)
+                              param_shapes, read_config, read_tensors, to_hf, to_ours, unflatten)
 from jaxlm.convert.layout import stack_layers, unstack_layers
 from jaxlm.models.config import TransformerConfig
 
@@ -150,19 +149,10 @@ def _to_hf(kind: str, x: np.ndarray, config: TransformerConfig) -> np.ndarray:
 # ---------------------------------------------------------------- shapes
 
 def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
-    """'/'-joined loop-layout path -> shape of every parameter of our BART (no allocation)."""
-    import flax.linen as nn
-    import jax
-    import jax.numpy as jnp
-
+    """'/'-joined path -> shape of every parameter of our BART (no allocation)."""
     from jaxlm.models.bart import BartForConditionalGeneration
 
-    loop = dataclasses.replace(config, scan_layers=False, remat="none")
-    ids = jnp.zeros((1, 1), jnp.int32)
-    init = lambda: nn.unbox(BartForConditionalGeneration(loop).init(jax.random.PRNGKey(0), ids, ids))
-    shapes = jax.eval_shape(init)["params"]
-    return {"/".join(p.key for p in path): tuple(leaf.shape)
-            for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]}
+    return param_shapes(BartForConditionalGeneration, config, 2)
 
 
 def _hf_shape(kind: str, shape: tuple[int, ...], config: TransformerConfig) -> tuple[int, ...]:

@@ -12,7 +12,7 @@ from typing import Mapping
 
 import numpy as np
 
-from jaxlm.convert.hf import (_listed, _plain, build_config, check_family, check_representable, flatten,
+from jaxlm.convert.hf import (_listed, _plain, build_config, check_family, check_representable, flatten, param_shapes,
                               read_config, read_tensors, unflatten)
 from jaxlm.models.config import TransformerConfig
 
@@ -202,16 +202,9 @@ def llama_name_map(config: TransformerConfig) -> list[Entry]:
 
 def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     """'/'-joined path -> shape of every parameter of our CausalLM (no allocation)."""
-    import flax.linen as nn
-    import jax
-    import jax.numpy as jnp
-
     from jaxlm.models.decoder import CausalLM
 
-    ids = jnp.zeros((1, 1), jnp.int32)
-    shapes = jax.eval_shape(lambda: nn.unbox(CausalLM(config).init(jax.random.PRNGKey(0), ids)))["params"]
-    return {"/".join(p.key for p in path): tuple(leaf.shape)
-            for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]}
+    return param_shapes(CausalLM, config, 1)
 
 
 def _hf_shape(kind: str, shapes: list[tuple[int, ...]], config: TransformerConfig) -> tuple[int, ...]:

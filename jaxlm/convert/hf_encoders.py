@@ -17,8 +17,8 @@ from typing import Mapping
 import numpy as np
 
 from jaxlm.convert.hf import (CONFIG_FIELDS, _check_shapes, _dense, _listed, _norm, _plain, _present_groups,
-                              build_config, check_family, check_representable, encoder_layer, flatten, to_hf,
-                              to_ours, unflatten)
+                              build_config, check_family, check_representable, encoder_layer, flatten, param_shapes,
+                              to_hf, to_ours, unflatten)
 from jaxlm.models.config import TransformerConfig
 
 Entry = tuple[str, str, str]
@@ -128,19 +128,10 @@ def distilbert_name_map(config: TransformerConfig) -> dict[str, list[Entry]]:
 
 def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     """'/'-joined path -> shape of every parameter of our MaskedLM, plus the encoder's optional pooler."""
-    import flax.linen as nn
-    import jax
-    import jax.numpy as jnp
-
     from jaxlm.models.heads import MaskedLM
 
-    ids = jnp.zeros((1, 1), jnp.int32)
-    init = lambda: nn.unbox(MaskedLM(config).init(jax.random.PRNGKey(0), ids, ids, ids == 0, ids))
-    shapes = jax.eval_shape(init)["params"]
     e = config.hidden_size
-    return {"/".join(p.key for p in path): tuple(leaf.shape)
-            for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]} | {
-        "encoder/pooler/kernel": (e, e), "encoder/pooler/bias": (e,)}
+    return param_shapes(MaskedLM, config, 4) | {"encoder/pooler/kernel": (e, e), "encoder/pooler/bias": (e,)}
 
 
 # ---------------------------------------------------------------- HF -> ours
@@ -194,14 +185,16 @@ def distilbert_params_from_hf(tensors: Mapping[str, np.ndarray], config: Transfo
 
 # ---------------------------------------------------------------- ours -> HF
 
-def _to_hf(params: Mapping, config: TransformerConfig, groups: dict[str, list[Entry]],
-           tied: Mapping[str, str], family: str) -> dict[str, np.ndarray]:
+def encoder_params_to_hf(params: Mapping, config: TransformerConfig, groups: dict[str, list[Entry]],
+                         tied: Mapping[str, str], family: str, shapes: Mapping | None = None) -> dict[str, np.ndarray]:
+    """HF tensors of an encoder family from our tree, checked against `shapes` (default: MaskedLM's),
+    with the `tied` copies of the word table written when the MLM head is present."""
     flat = {path: np.asarray(value, np.float32) for path, value in flatten(_plain(params))}
     known = {ours for entries in groups.values() for ours, _, _ in entries}
     unknown = sorted(set(flat) - known)
     if unknown:
         raise ValueError(f"parameters with no Hugging Face {family} name: {_listed(unknown)}")
-    shapes = expected_shapes(config)
+    shapes = expected_shapes(config) if shapes is None else shapes
     wrong = [f"{ours}: want {shapes[ours]}, got {flat[ours].shape}"
              for ours in flat if flat[ours].shape != shapes[ours]]
     if wrong:
@@ -216,10 +209,10 @@ def _to_hf(params: Mapping, config: TransformerConfig, groups: dict[str, list[En
 def roberta_params_to_hf(params: Mapping, config: TransformerConfig) -> dict[str, np.ndarray]:
     """HF RobertaForMaskedLM tensors from our tree (boxed or plain, with or without `params`),
     including the tied `lm_head.decoder.*` copies when the MLM head is present."""
-    return _to_hf(params, config, roberta_name_map(config), ROBERTA_TIED, "RoBERTa")
+    return encoder_params_to_hf(params, config, roberta_name_map(config), ROBERTA_TIED, "RoBERTa")
 
 
 def distilbert_params_to_hf(params: Mapping, config: TransformerConfig) -> dict[str, np.ndarray]:
     """HF DistilBertForMaskedLM tensors from our tree (boxed or plain, with or without `params`),
     including the tied `vocab_projector.weight` copy when the MLM head is present."""
-    return _to_hf(params, config, distilbert_name_map(config), DISTILBERT_TIED, "DistilBERT")
+    return encoder_params_to_hf(params, config, distilbert_name_map(config), DISTILBERT_TIED, "DistilBERT")

@@ -1,12 +1,11 @@
 """Hugging Face T5 checkpoints <-> jaxlm T5: config, tensor names, layouts and shape checks."""
 from __future__ import annotations
 
-import dataclasses
 from typing import Mapping
 
 import numpy as np
 
-from jaxlm.convert.hf import _listed, _plain, build_config, check_family, flatten, unflatten
+from jaxlm.convert.hf import _listed, _plain, build_config, check_family, flatten, param_shapes, unflatten
 from jaxlm.convert.hf_decoder import LAYOUTS
 from jaxlm.convert.layout import stack_layers, unstack_layers
 from jaxlm.models.config import TransformerConfig
@@ -122,18 +121,10 @@ def t5_name_map(config: TransformerConfig) -> list[Entry]:
 
 
 def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
-    """'/'-joined loop-layout path -> shape of every parameter of our T5 (no allocation)."""
-    import flax.linen as nn
-    import jax
-    import jax.numpy as jnp
-
+    """'/'-joined path -> shape of every parameter of our T5 (no allocation)."""
     from jaxlm.models.t5 import T5ForConditionalGeneration
 
-    model = T5ForConditionalGeneration(dataclasses.replace(config, scan_layers=False, remat="none"))
-    ids = jnp.zeros((1, 1), jnp.int32)
-    shapes = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.PRNGKey(0), ids, ids)))["params"]
-    return {"/".join(p.key for p in path): tuple(leaf.shape)
-            for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]}
+    return param_shapes(T5ForConditionalGeneration, config, 2)
 
 
 # ---------------------------------------------------------------- HF -> ours

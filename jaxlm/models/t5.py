@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jaxlm.models.config import TransformerConfig
 from jaxlm.nn.attention import Attention
 from jaxlm.nn.embed import Embed
-from jaxlm.nn.layers import Dense, mlp_block, normal_init, norm_layer
+from jaxlm.nn.layers import mlp_block, normal_init, norm_layer
 from jaxlm.nn.stack import make_layers, run_layers
 
 ACTIVATION = ("batch", "length", "embed")

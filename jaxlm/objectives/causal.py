@@ -9,6 +9,17 @@ from jaxlm.objectives.base import FLOAT, INT, Field, Objective, layer_matmul_par
 from jaxlm.objectives.losses import ratio, weighted_cross_entropy
 
 
+def token_stats(logits, batch) -> dict:
+    """Summed loss, correct predictions and weight of every target token."""
+    loss, correct, count = weighted_cross_entropy(logits, batch["targets"], batch["target_weights"])
+    return {"lm_loss_sum": loss, "lm_correct": correct, "lm_count": count}
+
+
+def token_summary(stats: dict) -> dict:
+    return {"loss": ratio(stats["lm_loss_sum"], stats["lm_count"]),
+            "lm_acc": ratio(stats["lm_correct"], stats["lm_count"])}
+
+
 @dataclasses.dataclass(frozen=True)
 class CausalLm(Objective):
     """`segment_ids` number the documents packed in a row (0 = padding): attention never crosses
@@ -30,13 +41,10 @@ class CausalLm(Objective):
         return batch["input_ids"], None, batch["segment_ids"], batch["segment_ids"] > 0
 
     def stats(self, params, batch, rng, deterministic: bool = False) -> dict:
-        logits = self.apply(params, batch, rng, deterministic)
-        loss, correct, count = weighted_cross_entropy(logits, batch["targets"], batch["target_weights"])
-        return {"lm_loss_sum": loss, "lm_correct": correct, "lm_count": count}
+        return token_stats(self.apply(params, batch, rng, deterministic), batch)
 
     def summarize(self, stats: dict) -> dict:
-        loss = ratio(stats["lm_loss_sum"], stats["lm_count"])
-        return {"loss": loss, "lm_acc": ratio(stats["lm_correct"], stats["lm_count"])}
+        return token_summary(stats)
 
     def flops_per_token(self) -> float:
         """6·N + 6·L·d·T (causal), N = the layers' matmuls plus the LM head."""

@@ -6,7 +6,7 @@ import dataclasses
 import flax.linen as nn
 
 from jaxlm.objectives.base import FLOAT, INT, Field, Objective, layer_matmul_params
-from jaxlm.objectives.losses import ratio, weighted_cross_entropy
+from jaxlm.objectives.causal import token_stats, token_summary
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,13 +40,10 @@ class Seq2Seq(Objective):
         return batch["input_ids"], batch["decoder_input_ids"], batch["input_mask"]
 
     def stats(self, params, batch, rng, deterministic: bool = False) -> dict:
-        logits = self.apply(params, batch, rng, deterministic)
-        loss, correct, count = weighted_cross_entropy(logits, batch["targets"], batch["target_weights"])
-        return {"lm_loss_sum": loss, "lm_correct": correct, "lm_count": count}
+        return token_stats(self.apply(params, batch, rng, deterministic), batch)
 
     def summarize(self, stats: dict) -> dict:
-        loss = ratio(stats["lm_loss_sum"], stats["lm_count"])
-        return {"loss": loss, "lm_acc": ratio(stats["lm_correct"], stats["lm_count"])}
+        return token_summary(stats)
 
     def flops_per_token(self) -> float:
         """Per encoder token: the encoder's 6·N + 12·L·d·T plus the decoder's work spread over them
