@@ -1,0 +1,58 @@
+"""`jaxlm tokenizer train`: a BERT WordPiece vocab.txt from text files."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from jaxlm.data.tokenizers.trainer import train_wordpiece, write_vocab
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Registers `tokenizer train --input FILE [FILE ...] --vocab-size N --output vocab.txt [--cased]`."""
+    text = "train tokenizers"
+    tokenizer = subparsers.add_parser("tokenizer", help=text, description=text)
+    commands = tokenizer.add_subparsers(dest="tokenizer_command", required=True)
+    text = "train a BERT WordPiece vocabulary and write it as vocab.txt"
+    train = commands.add_parser("train", help=text, description=text)
+    train.add_argument("--input", nargs="+", required=True, metavar="FILE", help="UTF-8 text files")
+    train.add_argument("--vocab-size", type=int, required=True, help="tokens in the vocabulary, specials included")
+    train.add_argument("--output", required=True, metavar="VOCAB_TXT", help="where to write vocab.txt")
+    train.add_argument("--cased", action="store_true", help="keep case and accents (default: lower-case)")
+    train.add_argument("--min-frequency", type=int, default=2, help="merge only pairs seen this often")
+    train.add_argument("--limit-alphabet", type=int, default=1000, help="keep at most this many characters")
+    train.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    train.set_defaults(handler=run, label="tokenizer train")
+    return tokenizer
+
+
+def read_lines(paths: list[Path]):
+    for path in paths:
+        with path.open(encoding="utf-8") as f:
+            yield from f
+
+
+def _report_progress(size: int, total: int) -> None:
+    if size % 1000 == 0 or size == total:
+        print(f"\r{size}/{total} tokens", end="", file=sys.stderr, flush=True)
+
+
+def run(args) -> list[str]:
+    output = Path(args.output)
+    if output.exists() and not args.overwrite:
+        raise FileExistsError(f"{output} exists; pass --overwrite to replace it")
+    inputs = [Path(p) for p in args.input]
+    missing = [str(p) for p in inputs if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"no input file {', '.join(missing)}")
+    start = time.perf_counter()
+    vocab = train_wordpiece(read_lines(inputs), args.vocab_size, lowercase=not args.cased,
+                            min_frequency=args.min_frequency, limit_alphabet=args.limit_alphabet,
+                            progress=_report_progress)
+    seconds = time.perf_counter() - start
+    print(file=sys.stderr)
+    write_vocab(vocab, output)
+    short = "" if len(vocab) == args.vocab_size else f" (asked for {args.vocab_size}: no pair left to merge)"
+    print(f"trained {len(vocab)} tokens{short} in {seconds:.1f}s -> {output}")
+    return vocab
