@@ -212,11 +212,12 @@ def parser() -> argparse.ArgumentParser:
     emb.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     emb.set_defaults(handler=cmd_embed)
     from jaxlm import generate
-    from jaxlm.data.tokenizers import trainer_cli
+    from jaxlm.data.tokenizers import tokenize_cli, trainer_cli
     from jaxlm.train import aot
 
     generate.add_parser(commands)
     aot.add_parser(commands)
+    tokenize_cli.add_parser(commands)
     trainer_cli.add_parser(commands)
     return top
 

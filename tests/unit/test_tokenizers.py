@@ -1,0 +1,248 @@
+"""GPT-2 BPE, SentencePiece and WordPiece offsets against transformers/tokenizers/sentencepiece; `jaxlm tokenize`."""
+import json
+import shutil
+import unicodedata
+from argparse import Namespace
+
+import pytest
+
+from jaxlm.data import assets
+from jaxlm.data.tokenizers import bpe
+from jaxlm.data.tokenizers.bpe import Gpt2Tokenizer
+from jaxlm.data.tokenizers.offsets import wordpiece_offsets
+from jaxlm.data.tokenizers.spm import SentencePieceTokenizer, train_sentencepiece
+from jaxlm.data.tokenizers.tokenize_cli import run
+from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer, basic_tokenize
+
+transformers = pytest.importorskip("transformers")
+sentencepiece = pytest.importorskip("sentencepiece")
+
+TRICKY = [
+    "",
+    "Hello world",
+    "  leading and trailing spaces  ",
+    "Héllo  WÖRLD! Ça va? naïve café — “quotes” İstanbul ﬁne ǅemal",
+    "e\u0301 a\u0323\u0302 combining marks, x²³ ½ Ⅻ 3.14159 1,000,000",
+    "日本語のテキスト、東京。中文字 한국어",
+    "emoji 😀👍🏽 flags 🇬🇧 I ❤️ 🤗",
+    "don't we'll I'm you've they're it's 'S 'quoted' --stop!! (really?)",
+    "tab\there\u00a0nbsp\u3000ideo\u2028line x\x00y\u200bz",
+    "ΟΔΟΣ Σίσυφος ΣΑΣ مَرْحَبًا नमस्ते",
+    "<|endoftext|> https://example.com/a?b=c&d=e user@example.org",
+]
+
+
+@pytest.fixture(scope="module")
+def lines():
+    return [line for path in assets.fetch_demo_corpus() for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    directory = assets.gpt2_tokenizer_dir()
+    return Gpt2Tokenizer.from_files(directory / "encoder.json", directory / "vocab.bpe")
+
+
+@pytest.fixture(scope="module")
+def spm_dir():
+    return assets.sentencepiece_test_dir()
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _squeeze(text: str) -> str:
+    """Roughly sentencepiece's nmt_nfkc, less whitespace: NFKC without control and format characters."""
+    return "".join(c for c in unicodedata.normalize("NFKC", text) if not c.isspace() and unicodedata.category(c)[0] != "C")
+
+
+def assert_spans_ordered(offsets, text):
+    for (s, e), (s2, e2) in zip(offsets, offsets[1:]):
+        assert s <= s2 and e <= e2
+    assert all(0 <= s <= e <= len(text) for s, e in offsets)
+
+
+# ---------------------------------------------------------------- GPT-2 byte-level BPE
+
+def test_gpt2_hello_world_and_round_trip(gpt2):
+    assert gpt2.encode("Hello world") == [15496, 995]
+    assert gpt2.vocab_size == 50257 and gpt2.eos_id == 50256
+    for text in TRICKY:
+        assert gpt2.decode(gpt2.encode(text)) == text
+    assert len(gpt2.fingerprint()) == 64
+
+
+def test_gpt2_pretokenizer_matches_the_regex_package(lines):
+    regex = pytest.importorskip("regex")
+    pattern = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
+    for text in TRICKY + lines[::7]:
+        assert bpe.pretokenize(text) == [m.span() for m in pattern.finditer(text)], text
+
+
+def test_gpt2_ids_equal_transformers_on_every_demo_line(gpt2, lines):
+    reference = transformers.GPT2Tokenizer(vocab=gpt2.encoder, merges=gpt2.merges)
+    assert reference("Hello world")["input_ids"] == [15496, 995]
+    texts = TRICKY[1:] + lines
+    expected = [reference(t, add_special_tokens=False)["input_ids"] for t in TRICKY[1:]]
+    expected += [e.ids for e in reference.backend_tokenizer.encode_batch_fast(lines, add_special_tokens=False)]
+    ours = [gpt2.encode(t) for t in texts]
+    mismatches = [t for t, a, b in zip(texts, ours, expected) if a != b and "<|endoftext|>" not in t]
+    assert not mismatches
+    assert gpt2.encode_batch(lines) == ours[len(TRICKY) - 1:]
+
+
+def test_gpt2_offsets(gpt2, lines):
+    fast = gpt2.fast_tokenizer
+    for text in TRICKY + lines[::10]:
+        ids, offsets = gpt2.encode_with_offsets(text)
+        assert ids == gpt2.encode(text)
+        assert_spans_ordered(offsets, text)
+        for token, (s, e) in zip(gpt2.convert_ids_to_tokens(ids), offsets):
+            token_bytes = bytes(gpt2._byte_values[c] for c in token)
+            span_bytes = text[s:e].encode("utf-8")
+            if token_bytes == span_bytes:
+                assert gpt2.encode(text[s:e]) == [gpt2.encoder[token]]
+            else:  # starts or ends inside a multi-byte character: the span covers that character
+                assert token_bytes in span_bytes and not _is_utf8(token_bytes)
+        assert offsets == fast.encode(text, add_special_tokens=False).offsets, text
+
+
+# ---------------------------------------------------------------- SentencePiece
+
+@pytest.mark.parametrize("model", ["botchan_en_unigram_1000.model", "botchan_en_bpe_1000.model"])
+def test_sentencepiece_ids_equal_the_package(spm_dir, lines, model):
+    ours = SentencePieceTokenizer(spm_dir / model)
+    reference = sentencepiece.SentencePieceProcessor(model_file=str(spm_dir / model))
+    assert ours.vocab_size == 1000
+    assert [ours.encode(t) for t in TRICKY + lines] == reference.encode(TRICKY + lines)
+    for text in TRICKY + lines[::50]:
+        ids, offsets = ours.encode_with_offsets(text)
+        assert ids == reference.encode(text)
+        assert_spans_ordered(offsets, text)
+        # Where NFKC expands one character (ﬁ -> fi) into two pieces, sentencepiece gives the whole
+        # character to one of them: compare the smallest runs of pieces whose text agrees.
+        run_text, run_pieces, run_length = "", "", 0
+        pieces = [p.piece for p in reference.encode_as_proto(text).pieces]  # <unk> as the text it stands for
+        for piece, (s, e) in zip(pieces, offsets):
+            run_text += text[s:e]
+            run_pieces += piece
+            run_length += 1
+            if _squeeze(run_text) == _squeeze(run_pieces.replace("▁", " ")):
+                run_text, run_pieces, run_length = "", "", 0
+            assert run_length <= 2, (text, piece, text[s:e])
+        assert not run_length, (text, run_text, run_pieces)
+
+
+def test_sentencepiece_offsets_equal_tokenizers(spm_dir, lines, tmp_path):
+    """transformers' T5Tokenizer runs the model in the Rust `tokenizers` Unigram; its offsets leave out
+    the leading space that sentencepiece counts in a piece's surface, and it numbers <unk> 2."""
+    shutil.copy(spm_dir / "botchan_en_unigram_1000.model", tmp_path / "spiece.model")
+    reference = transformers.T5Tokenizer.from_pretrained(str(tmp_path), extra_ids=0).backend_tokenizer
+    ours = SentencePieceTokenizer(spm_dir / "botchan_en_unigram_1000.model")
+    compared = 0
+    for text in lines[::20]:
+        ids, offsets = ours.encode_with_offsets(text)
+        expected = reference.encode(text, add_special_tokens=False)
+        if [0 if i == 2 else i for i in expected.ids] != ids:
+            continue
+        trimmed = [(s + len(text[s:e]) - len(text[s:e].lstrip()), e) for s, e in offsets]
+        kept = [i for i, (s, e) in enumerate(trimmed) if s < e]
+        assert [trimmed[i] for i in kept] == [expected.offsets[i] for i in kept], text
+        compared += 1
+    assert compared > len(lines[::20]) // 2
+
+
+def test_sentinels_follow_t5(spm_dir, tmp_path):
+    model = spm_dir / "botchan_en_unigram_1000.model"
+    tok = SentencePieceTokenizer(model, sentinels=100)
+    assert tok.vocab_size == 1100 and tok.model_size == 1000
+    assert tok.sentinel_id(0) == 1099 == tok.vocab_size - 1 and tok.sentinel_id(99) == 1000
+    assert tok.convert_ids_to_tokens([1099, 1000]) == ["<extra_id_0>", "<extra_id_99>"]
+    assert tok.piece_to_id("<extra_id_7>") == tok.sentinel_id(7)
+    shutil.copy(model, tmp_path / "spiece.model")
+    t5 = transformers.T5Tokenizer.from_pretrained(str(tmp_path), extra_ids=100)
+    assert t5.convert_tokens_to_ids([f"<extra_id_{i}>" for i in range(100)]) == [tok.sentinel_id(i) for i in range(100)]
+    ids = tok.encode("the cat") + [tok.sentinel_id(0)] + tok.encode("sat") + [tok.sentinel_id(1)]
+    assert tok.decode(ids) == t5.decode(ids) == "the cat<extra_id_0> sat<extra_id_1>"
+    with pytest.raises(ValueError, match="out of range"):
+        tok.sentinel_id(100)
+    assert tok.fingerprint() != SentencePieceTokenizer(model).fingerprint()
+
+
+@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
+def test_train_sentencepiece_on_austen(tmp_path, model_type):
+    austen = assets.fetch_austen()
+    path = train_sentencepiece([austen], tmp_path / model_type, vocab_size=2000, model_type=model_type,
+                               input_sentence_size=8000)
+    tok = SentencePieceTokenizer(path)
+    assert tok.vocab_size == 2000
+    sample = [" ".join(line.split()) for line in austen.read_text(encoding="utf-8").splitlines()[:300:7]]
+    for text in sample:
+        assert tok.decode(tok.encode(text)) == text
+    assert len(tok.encode("It is a truth universally acknowledged")) < len("It is a truth universally acknowledged")
+
+
+# ---------------------------------------------------------------- WordPiece offsets
+
+def test_wordpiece_offsets(lines):
+    tok = WordPieceTokenizer(assets.bert_vocab_path())
+    texts = TRICKY + lines[::5]
+    fast = tok.fast_tokenizer.encode_batch(texts, add_special_tokens=False)
+    for text, expected in zip(texts, fast):
+        ids, offsets = wordpiece_offsets(tok, text)
+        assert ids == tok.encode(text)
+        assert_spans_ordered(offsets, text)
+        for piece, (s, e) in zip(tok.convert_ids_to_tokens(ids), offsets):
+            if piece != "[UNK]":  # a piece may hold part of one character's expansion (한 -> ᄒ ᅡ ᆫ)
+                normalized, piece = "".join(basic_tokenize(text[s:e])), piece.removeprefix("##")
+                assert normalized == piece or (e - s == 1 and piece in normalized), (text, piece, text[s:e])
+        assert offsets == expected.offsets, text
+
+
+# ---------------------------------------------------------------- jaxlm tokenize
+
+@pytest.fixture(scope="module")
+def sample_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tokenize") / "input.txt"
+    path.write_text("Hello world\nCafé naïve, 日本!\n\n", encoding="utf-8")
+    return path
+
+
+def tokenize(capsys, spec, path, pieces=False, offsets=False):
+    run(Namespace(tokenizer=str(spec), input=str(path), pieces=pieces, offsets=offsets))
+    return capsys.readouterr().out.splitlines()
+
+
+def test_tokenize_cli_every_spec_kind(capsys, sample_file, spm_dir, gpt2):
+    vocab = assets.bert_vocab_path()
+    wordpiece = WordPieceTokenizer(vocab)
+    assert tokenize(capsys, "bert-base-uncased", sample_file) == [
+        " ".join(map(str, wordpiece.encode(t))) for t in ("Hello world", "Café naïve, 日本!", "")]
+    assert tokenize(capsys, vocab, sample_file, pieces=True)[:2] == [
+        "hello world", "cafe naive , 日 本 !"]
+    assert tokenize(capsys, "gpt2", sample_file)[0] == "15496 995"
+    assert tokenize(capsys, assets.gpt2_tokenizer_dir(), sample_file, pieces=True)[0] == "Hello Ġworld"
+    model = spm_dir / "botchan_en_unigram_1000.model"
+    assert tokenize(capsys, model, sample_file)[0] == " ".join(map(str, SentencePieceTokenizer(model).encode("Hello world")))
+    for spec in ("bert-base-uncased", "gpt2", model):
+        rows = [json.loads(line) for line in tokenize(capsys, spec, sample_file, offsets=True)]
+        assert len(rows) == 3 and rows[2] == {"ids": [], "pieces": [], "offsets": []}
+        text = "Café naïve, 日本!"
+        assert all(0 <= s <= e <= len(text) for s, e in rows[1]["offsets"])
+    assert json.loads(tokenize(capsys, "gpt2", sample_file, offsets=True)[0])["offsets"] == [[0, 5], [5, 11]]
+
+
+def test_tokenize_cli_errors(capsys, sample_file, tmp_path):
+    with pytest.raises(ValueError, match="gpt2.*encoder.json"):
+        tokenize(capsys, "gpt-17", sample_file)
+    with pytest.raises(FileNotFoundError, match="not found"):
+        tokenize(capsys, tmp_path / "missing.model", sample_file)
+    with pytest.raises(FileNotFoundError, match="encoder.json"):
+        tokenize(capsys, tmp_path, sample_file)
+    with pytest.raises(FileNotFoundError, match="input file not found"):
+        tokenize(capsys, "gpt2", tmp_path / "nope.txt")

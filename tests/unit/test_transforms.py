@@ -1,0 +1,295 @@
+"""Every pretraining objective's data transform, measured on real tokenised text (Jane Austen)."""
+import math
+
+import numpy as np
+import pytest
+
+from jaxlm.data import denoising, packing, spans
+from jaxlm.data.assets import bert_vocab_path, fetch_austen
+from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer
+
+SEQ, PRED = 512, 80
+# chi-square critical values at alpha = 0.001 (scipy.stats.chi2.ppf(0.999, dof)); scipy is not a dependency
+CHI2_999 = {7: 24.322, 9: 27.877, 10: 29.588}
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return WordPieceTokenizer(bert_vocab_path())
+
+
+@pytest.fixture(scope="module")
+def documents(tok):
+    """Austen chapters as lists of tokenised sentences, ~400k tokens."""
+    docs, total = [], 0
+    for block in fetch_austen().read_text().split("\n\n"):
+        sentences = [s for s in tok.encode_batch(block.splitlines()) if s]
+        docs.append(sentences)
+        total += sum(map(len, sentences))
+        if total > 400_000:
+            return docs
+    return docs
+
+
+@pytest.fixture(scope="module")
+def rows(documents, tok):
+    return packing.pack_sentences(documents, SEQ, cls_id=tok.cls_id, sep_id=tok.sep_id)
+
+
+@pytest.fixture(scope="module")
+def is_continuation(tok):
+    table = np.zeros(tok.vocab_size, bool)
+    for token, i in tok.vocab.items():
+        table[i] = token.startswith("##")
+    return table
+
+
+def rng(epoch, index, seed=5):
+    return np.random.default_rng([seed, epoch, index])
+
+
+def mlm_kwargs(tok):
+    return dict(vocab_size=tok.vocab_size, mask_id=tok.mask_id, max_seq_length=SEQ, max_predictions=PRED,
+                special_ids=(tok.pad_id, tok.cls_id, tok.sep_id, tok.mask_id))
+
+
+def chi_square(observed, expected_probs):
+    expected = np.asarray(expected_probs) * np.sum(observed)
+    return float(np.sum((np.asarray(observed) - expected) ** 2 / expected))
+
+
+def actions(original, inputs, mask_id):
+    """Per group of positions: 0 = all [MASK], 1 = all replaced by other ids, 2 = all kept."""
+    if np.all(inputs == mask_id):
+        return 0
+    if np.all(inputs == original):
+        return 2
+    assert np.all(inputs != mask_id)
+    return 1
+
+
+def test_whole_word_masking_rates(rows, tok, is_continuation):
+    candidates = chosen = 0
+    counts = np.zeros(3)
+    for epoch in range(2):
+        for index, row in enumerate(rows):
+            starts = ~is_continuation[row]
+            ex = spans.mask_words(row, starts, rng(epoch, index), **mlm_kwargs(tok))
+            candidates += int(np.sum(~np.isin(row, (tok.cls_id, tok.sep_id))))
+            positions = ex["masked_positions"][ex["masked_weights"] > 0]
+            chosen += len(positions)
+            masked = np.zeros(len(row), bool)
+            masked[positions] = True
+            word_id = np.cumsum(starts | np.isin(row, (tok.cls_id, tok.sep_id)))
+            for w in np.unique(word_id[masked]):
+                group = np.flatnonzero(word_id == w)
+                assert masked[group].all(), "a word was masked only in part"
+                counts[actions(row[group], ex["input_ids"][group], tok.mask_id)] += 1
+    print(f"whole words: chosen {chosen / candidates:.4f}, actions {counts / counts.sum()} over {counts.sum():.0f} words")
+    assert abs(chosen / candidates - 0.15) < 0.005
+    np.testing.assert_allclose(counts / counts.sum(), [0.8, 0.1, 0.1], atol=0.01)
+
+
+def test_span_masking_rates_boundaries_and_length_distribution(rows, tok, is_continuation):
+    pmf = spans.clipped_geometric(0.2, 10)
+    candidates = chosen = 0
+    counts = np.zeros(3)
+    drawn_hist = np.zeros(10)
+    realised = []
+    for epoch in range(3):
+        for index, row in enumerate(rows):
+            starts = ~is_continuation[row]
+            ex = spans.span_mask(row, starts, rng(epoch, index), **mlm_kwargs(tok))
+            special = np.isin(row, (tok.cls_id, tok.sep_id))
+            sampled = spans.sample_spans(starts, ~special, rng(epoch, index), pmf=pmf,
+                                         budget=spans.prediction_budget(int((~special).sum()), 0.15, PRED))
+            candidates += int((~special).sum())
+            real = ex["masked_weights"] > 0
+            positions, pairs, offsets = ex["masked_positions"][real], ex["pair_positions"][real], ex["span_offsets"][real]
+            chosen += len(positions)
+            span_start = positions - offsets
+            np.testing.assert_array_equal(span_start, pairs[:, 0] + 1)
+            np.testing.assert_array_equal(ex["masked_labels"][real], row[positions])
+            masked = np.zeros(len(row) + 1, bool)
+            masked[positions] = True
+            assert not masked[pairs].any(), "a span boundary is itself masked"
+            word_id = np.cumsum(starts | special)
+            assert set(zip(sampled.starts, sampled.ends)) == set(zip(span_start.tolist(), pairs[:, 1].tolist()))
+            for k, (s, e) in enumerate(zip(sampled.starts, sampled.ends)):
+                assert starts[s] and (e == len(row) or starts[e] or special[e]), "span cuts a word"
+                assert not special[s:e].any()
+                words = len(np.unique(word_id[s:e]))
+                assert words == sampled.drawn[k] or k == len(sampled.drawn) - 1
+                realised.append(words)
+                counts[actions(row[s:e], ex["input_ids"][s:e], tok.mask_id)] += 1
+            drawn_hist += np.bincount(sampled.drawn - 1, minlength=10)
+    theory_mean = float(np.sum(np.arange(1, 11) * pmf))
+    stat = chi_square(drawn_hist, pmf)
+    print(f"spans: chosen {chosen / candidates:.4f}, actions {counts / counts.sum()} over {counts.sum():.0f} spans; "
+          f"mean words drawn {np.sum(np.arange(1, 11) * drawn_hist) / drawn_hist.sum():.3f}, "
+          f"realised {np.mean(realised):.3f}, theory {theory_mean:.3f}; chi2 {stat:.2f} (9 dof)")
+    assert abs(chosen / candidates - 0.15) < 0.005
+    np.testing.assert_allclose(counts / counts.sum(), [0.8, 0.1, 0.1], atol=0.01)
+    # Wald's identity: with a stopping rule, the pooled draws (the last one included) follow the pmf
+    assert stat < CHI2_999[9]
+    drawn_mean = np.sum(np.arange(1, 11) * drawn_hist) / drawn_hist.sum()
+    assert abs(drawn_mean - theory_mean) < 0.05
+    # only each example's last span is ever cut (to the budget), so realised spans run a little short
+    assert 0 < theory_mean - np.mean(realised) < 0.25
+
+
+def test_transforms_are_pure_functions_of_seed_epoch_index(rows, tok, is_continuation):
+    row = rows[3]
+    starts = ~is_continuation[row]
+    sentinels = list(range(tok.vocab_size - 1, tok.vocab_size - 101, -1))
+    makers = [
+        lambda r: spans.span_mask(row, starts, r, **mlm_kwargs(tok)),
+        lambda r: spans.mask_words(row, starts, r, **mlm_kwargs(tok)),
+        lambda r: denoising.t5_span_corruption(row, r, sentinel_ids=sentinels, eos_id=tok.sep_id),
+        lambda r: denoising.bart_text_infilling(row, r, mask_id=tok.mask_id, max_seq_length=SEQ,
+                                                max_target_length=SEQ),
+    ]
+    for make in makers:
+        a, b, c = make(rng(0, 3)), make(rng(0, 3)), make(rng(1, 3))
+        assert all(np.array_equal(a[k], b[k]) for k in a)
+        assert not np.array_equal(a["input_ids"], c["input_ids"])
+
+
+def test_full_sentence_rows_hold_every_sentence_once(documents, rows, tok):
+    body = np.concatenate([r[1:-1] for r in rows])
+    expected = np.concatenate([np.r_[[tok.sep_id] if d else [], *doc] for d, doc in enumerate(documents)])
+    # the separator between two documents is dropped where they fall in different rows
+    np.testing.assert_array_equal(body[body != tok.sep_id], expected[expected != tok.sep_id])
+    assert all(len(r) <= SEQ and r[0] == tok.cls_id and r[-1] == tok.sep_id for r in rows)
+    fill = np.mean([len(r) for r in rows]) / SEQ
+    print(f"full-sentence rows: {len(rows)}, mean fill {fill:.3f}")
+    assert fill > 0.9
+
+
+def test_sentence_order_labels(documents, tok):
+    pairs = [(a, b) for doc in documents for a, b in zip(doc, doc[1:])][:20_000]
+    swapped = 0
+    for i, (a, b) in enumerate(pairs):
+        tokens, len_a, label = packing.sentence_order_pair(a, b, rng(0, i), cls_id=tok.cls_id, sep_id=tok.sep_id)
+        first, second = (b, a) if label else (a, b)
+        assert tokens[1:len_a - 1].tolist() == list(first) and tokens[len_a:-1].tolist() == list(second)
+        swapped += label
+    print(f"SOP swapped {swapped / len(pairs):.4f} of {len(pairs)}")
+    assert abs(swapped / len(pairs) - 0.5) < 0.015
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_causal_packing_never_crosses_documents(documents, packed, tok):
+    eos, length = tok.sep_id, 256
+    docs = [[t for s in doc for t in s] for doc in documents]
+    out = packing.pack_documents(docs, length, eos, packed=packed)
+    stream = np.concatenate([np.r_[d, eos] for d in docs])
+    doc_of = np.concatenate([np.full(len(d) + 1, i) for i, d in enumerate(docs)])
+    ids, seg, tgt, w = out["input_ids"], out["segment_ids"], out["targets"], out["target_weights"]
+    assert ids.shape[1] == length and np.all((seg == 0) == (ids == 0)) and np.all(w[seg == 0] == 0)
+    if packed:
+        real = ids[seg > 0]
+        np.testing.assert_array_equal(real, stream)  # every token once, in order
+        where = np.flatnonzero((seg > 0).reshape(-1))
+        weighted = w.reshape(-1)[where] > 0
+        nxt = np.r_[stream[1:], -1]
+        same_doc = np.r_[doc_of[1:] == doc_of[:-1], False]
+        np.testing.assert_array_equal(weighted, same_doc)
+        np.testing.assert_array_equal(tgt.reshape(-1)[where][weighted], nxt[weighted])
+        doc_rows = np.full(ids.shape, -1)
+        doc_rows[seg > 0] = doc_of
+        for r in range(len(ids)):  # a segment id changes exactly where the document does
+            pos = seg[r] > 0
+            np.testing.assert_array_equal(np.diff(seg[r][pos]) > 0, np.diff(doc_rows[r][pos]) != 0)
+    else:
+        assert len(ids) == len(docs)
+        for d, row, t, wt in zip(docs, ids, tgt, w):
+            sequence = np.r_[d, eos]
+            n = min(len(sequence), length)
+            np.testing.assert_array_equal(row[:n], sequence[:n])
+            np.testing.assert_array_equal(t[wt > 0], sequence[1:n + 1][: int(wt.sum())])
+            assert wt.sum() == min(len(sequence) - 1, length)
+
+
+def test_t5_lengths_match_the_published_numbers():
+    assert denoising.t5_input_target_lengths(512, 0.15, 3.0) == (568, 114)
+    assert denoising.t5_input_target_lengths(512, 0.5, 3.0)[1] <= 512
+
+
+def test_t5_span_corruption_density_spans_and_reconstruction(documents, tok):
+    raw_length, target_length = denoising.t5_input_target_lengths(512)
+    stream = np.concatenate([t for doc in documents for t in doc])
+    sentinels = np.arange(tok.vocab_size - 1, tok.vocab_size - 101, -1)
+    eos = tok.sep_id
+    noise = total = 0
+    span_lengths = []
+    for i in range(len(stream) // raw_length):
+        tokens = stream[i * raw_length:(i + 1) * raw_length]
+        ex = denoising.t5_span_corruption(tokens, rng(0, i), sentinel_ids=sentinels, eos_id=eos)
+        inputs, targets = ex["input_ids"], ex["targets"]
+        assert len(inputs) == 512 and len(targets) == target_length
+        assert inputs[-1] == eos and targets[-1] == eos and ex["target_weights"].all()
+        np.testing.assert_array_equal(ex["decoder_input_ids"], np.r_[0, targets[:-1]])
+        cut = np.flatnonzero(np.isin(targets, sentinels))
+        pieces = {targets[c]: targets[c + 1:e] for c, e in zip(cut, np.r_[cut[1:], len(targets) - 1])}
+        rebuilt = np.concatenate([pieces[t] if t in pieces else [t] for t in inputs[:-1]])
+        np.testing.assert_array_equal(rebuilt, tokens)
+        span_lengths += [len(p) for p in pieces.values()]
+        noise += sum(len(p) for p in pieces.values())
+        total += len(tokens)
+    n, k = denoising.t5_noise_counts(raw_length, 0.15, 3.0)
+    # a uniform split of n items into k non-empty parts: P(part = j) = C(n-j-1, k-2) / C(n-1, k-1)
+    probs = np.array([math.comb(n - j - 1, k - 2) / math.comb(n - 1, k - 1) for j in range(1, n - k + 2)])
+    observed = np.bincount(span_lengths, minlength=n - k + 2)[1:]
+    binned_obs, binned_p = np.r_[observed[:7], observed[7:].sum()], np.r_[probs[:7], probs[7:].sum()]
+    stat = chi_square(binned_obs, binned_p)
+    print(f"T5: density {noise / total:.4f} over {total} tokens, mean span {np.mean(span_lengths):.3f} "
+          f"({len(span_lengths)} spans), segmentation chi2 {stat:.2f} (7 dof)")
+    assert abs(noise / total - 0.15) < 0.005
+    assert abs(np.mean(span_lengths) - 3.0) < 0.1
+    assert stat < CHI2_999[7]
+
+
+def test_bart_text_infilling_rate_spans_and_reconstruction(documents, tok):
+    stream = np.concatenate([t for doc in documents for t in doc])
+    masked = total = 0
+    hist = np.zeros(11)
+    mask_id = tok.mask_id
+    for i in range(len(stream) // 500):
+        tokens = stream[i * 500:(i + 1) * 500]
+        ex = denoising.bart_text_infilling(tokens, rng(0, i), mask_id=mask_id, max_seq_length=500,
+                                           max_target_length=500)
+        infill = denoising.sample_infill_spans(500, rng(0, i))
+        np.testing.assert_array_equal(ex["targets"], tokens)
+        inputs = ex["input_ids"][ex["input_mask"] > 0]
+        assert np.sum(inputs == mask_id) == len(infill.starts)
+        rebuilt, at = [], 0
+        for t in inputs:  # the k-th mask stands for span k
+            if t == mask_id:
+                rebuilt.extend(tokens[infill.starts[at]:infill.starts[at] + infill.lengths[at]])
+                at += 1
+            else:
+                rebuilt.append(t)
+        np.testing.assert_array_equal(rebuilt, tokens)
+        last = np.flatnonzero(infill.lengths != infill.drawn)
+        assert len(last) <= 1
+        masked += int(infill.lengths.sum())
+        total += len(tokens)
+        hist += np.bincount(np.minimum(infill.drawn, 10), minlength=11)
+    pois = np.array([math.exp(-3) * 3 ** j / math.factorial(j) for j in range(10)])
+    stat = chi_square(hist, np.r_[pois, 1 - pois.sum()])
+    print(f"BART: masked {masked / total:.4f} over {total} tokens, {hist.sum():.0f} spans "
+          f"({hist[0] / hist.sum():.4f} inserts vs {pois[0]:.4f}), mean length "
+          f"{np.sum(np.arange(11) * hist) / hist.sum():.3f}, Poisson chi2 {stat:.2f} (10 dof)")
+    assert abs(masked / total - 0.3) < 0.01
+    assert stat < CHI2_999[10]
+
+
+def test_bart_sentence_permutation(documents):
+    doc = documents[0][:12]
+    ex = denoising.bart_sentence_permutation(doc, rng(0, 0), max_seq_length=SEQ * 2, max_target_length=SEQ * 2)
+    n = sum(map(len, doc))
+    np.testing.assert_array_equal(ex["targets"][:n], np.concatenate(doc))
+    np.testing.assert_array_equal(np.sort(ex["input_ids"][:n]), np.sort(np.concatenate(doc)))
+    assert not np.array_equal(ex["input_ids"][:n], ex["targets"][:n])
+    assert ex["decoder_input_ids"][0] == 2 and ex["target_weights"].sum() == n
