@@ -5,9 +5,8 @@ from typing import Mapping
 
 import numpy as np
 
-from jaxlm.convert.hf import (CONFIG_FIELDS, _check_shapes, _dense, _listed, _norm, _present_groups, build_config,
-                              check_family, encoder_layer, param_shapes, to_ours, unflatten)
-from jaxlm.convert.hf_encoders import BUFFERS, _normalize, encoder_params_to_hf
+from jaxlm.convert.hf import CONFIG_FIELDS, _dense, _norm, build_config, check_family, encoder_layer, param_shapes
+from jaxlm.convert.hf_encoders import _normalize, encoder_params_from_hf, encoder_params_to_hf
 from jaxlm.models.config import TransformerConfig
 
 Entry = tuple[str, str, str]
@@ -111,25 +110,8 @@ def albert_params_from_hf(tensors: Mapping[str, np.ndarray], config: Transformer
     Optional groups (pooler, MLM head, SOP head) absent from the checkpoint are left out of the
     tree; with `require_heads` a missing MLM or SOP head raises instead.
     """
-    tensors = _normalize(tensors, "albert", HEAD_PREFIXES)
-    for copy, source in TIED.items():
-        if copy in tensors and source in tensors and not np.array_equal(tensors[copy], tensors[source]):
-            raise ValueError(f"{copy} differs from {source}: jaxlm ALBERT ties them, so this checkpoint "
-                             "cannot be represented")
-    groups = albert_name_map(config)
-    known = {theirs for entries in groups.values() for _, theirs, _ in entries}
-    unknown = sorted(n for n in tensors if n not in known and n not in TIED
-                     and not n.removeprefix("albert.").startswith(BUFFERS))
-    if unknown:
-        raise ValueError(f"checkpoint tensors jaxlm ALBERT has no place for: {_listed(unknown)}")
-    present = _present_groups(tensors, groups)
-    absent_heads = [g for g in ("mlm", "sop") if g not in present]
-    if require_heads and absent_heads:
-        raise ValueError(f"checkpoint has no {' or '.join(absent_heads)} head (require_heads=True)")
-    entries = [entry for group in present for entry in groups[group]]
-    _check_shapes(tensors, entries, expected_shapes(config), config)
-    return unflatten({ours: np.asarray(to_ours(kind, np.asarray(tensors[theirs], np.float32), config))
-                      for ours, theirs, kind in entries})
+    return encoder_params_from_hf(_normalize(tensors, "albert", HEAD_PREFIXES), config, albert_name_map(config),
+                                  TIED, "albert", "ALBERT", require_heads, ("mlm", "sop"), expected_shapes(config))
 
 
 # ---------------------------------------------------------------- ours -> HF

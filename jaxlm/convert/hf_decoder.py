@@ -225,14 +225,21 @@ def _params_from_hf(tensors, config, entries, source, buffers) -> dict:
             raise ValueError(f"{LM_HEAD} differs from {source} but the config ties them "
                              "(tie_word_embeddings=True), so this checkpoint cannot be represented")
         tensors = {k: v for k, v in tensors.items() if k != LM_HEAD}
+    return entries_to_params(tensors, config, entries, expected_shapes(config), "decoder", buffers)
+
+
+def entries_to_params(tensors: Mapping[str, np.ndarray], config: TransformerConfig, entries: list[Entry],
+                      shapes: Mapping[str, tuple[int, ...]], model: str, ignored: tuple[str, ...] = ()) -> dict:
+    """Our loop-layout tree from HF tensors through `entries` (HF name, our paths, layout kind), our
+    parameters having `shapes`; raises ValueError listing unknown (except names ending in `ignored`),
+    missing and wrongly shaped tensors."""
     known = {theirs for theirs, _, _ in entries}
-    unknown = sorted(n for n in tensors if n not in known and not n.endswith(buffers))
+    unknown = sorted(n for n in tensors if n not in known and not n.endswith(ignored))
     if unknown:
-        raise ValueError(f"checkpoint tensors the decoder has no place for: {_listed(unknown)}")
+        raise ValueError(f"checkpoint tensors the {model} has no place for: {_listed(unknown)}")
     missing = [theirs for theirs, _, _ in entries if theirs not in tensors]
     if missing:
         raise ValueError(f"checkpoint lacks {len(missing)} tensors the config needs: {_listed(missing)}")
-    shapes = expected_shapes(config)
     wrong = []
     for theirs, ours, kind in entries:
         want, got = _hf_shape(kind, [shapes[p] for p in ours], config), tuple(np.shape(tensors[theirs]))

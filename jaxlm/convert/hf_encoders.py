@@ -146,8 +146,13 @@ def _normalize(tensors: Mapping[str, np.ndarray], prefix: str, head_prefixes: tu
     return out
 
 
-def _from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig, groups: dict[str, list[Entry]],
-             tied: Mapping[str, str], prefix: str, family: str, require_head: bool) -> dict:
+def encoder_params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig,
+                           groups: dict[str, list[Entry]], tied: Mapping[str, str], prefix: str, family: str,
+                           require_heads: bool, heads: tuple[str, ...] = ("mlm",),
+                           shapes: Mapping | None = None) -> dict:
+    """Our tree from an encoder family's HF tensors through its name-map `groups`; optional groups the
+    checkpoint lacks are left out, unless they are among `heads` and `require_heads`. `shapes`
+    defaults to MaskedLM's."""
     for copy, source in tied.items():
         if copy in tensors and source in tensors and not np.array_equal(tensors[copy], tensors[source]):
             raise ValueError(f"{copy} differs from {source}: jaxlm {family} ties them, so this checkpoint "
@@ -158,10 +163,11 @@ def _from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig, group
     if unknown:
         raise ValueError(f"checkpoint tensors jaxlm {family} has no place for: {_listed(unknown)}")
     present = _present_groups(tensors, groups)
-    if require_head and "mlm" not in present:
-        raise ValueError("checkpoint has no mlm head (require_head=True)")
+    absent_heads = [g for g in heads if g not in present]
+    if require_heads and absent_heads:
+        raise ValueError(f"checkpoint has no {' or '.join(absent_heads)} head (require_heads=True)")
     entries = [entry for group in present for entry in groups[group]]
-    _check_shapes(tensors, entries, expected_shapes(config), config)
+    _check_shapes(tensors, entries, expected_shapes(config) if shapes is None else shapes, config)
     return unflatten({ours: np.asarray(to_ours(kind, np.asarray(tensors[theirs], np.float32), config))
                       for ours, theirs, kind in entries})
 
@@ -171,7 +177,8 @@ def roberta_params_from_hf(tensors: Mapping[str, np.ndarray], config: Transforme
     """Our MaskedLM tree from HF RoBERTa tensors (names with or without `roberta.`); a missing LM head
     is left out of the tree unless `require_head`."""
     tensors = _normalize(tensors, "roberta", ("lm_head.",))
-    return _from_hf(tensors, config, roberta_name_map(config), ROBERTA_TIED, "roberta", "RoBERTa", require_head)
+    return encoder_params_from_hf(tensors, config, roberta_name_map(config), ROBERTA_TIED, "roberta", "RoBERTa",
+                                  require_head)
 
 
 def distilbert_params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig, *,
@@ -179,8 +186,8 @@ def distilbert_params_from_hf(tensors: Mapping[str, np.ndarray], config: Transfo
     """Our MaskedLM tree from HF DistilBERT tensors (names with or without `distilbert.`); a missing
     LM head is left out of the tree unless `require_head`."""
     tensors = _normalize(tensors, "distilbert", ("vocab_",))
-    return _from_hf(tensors, config, distilbert_name_map(config), DISTILBERT_TIED, "distilbert", "DistilBERT",
-                    require_head)
+    return encoder_params_from_hf(tensors, config, distilbert_name_map(config), DISTILBERT_TIED, "distilbert",
+                                  "DistilBERT", require_head)
 
 
 # ---------------------------------------------------------------- ours -> HF

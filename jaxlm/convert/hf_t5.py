@@ -5,8 +5,8 @@ from typing import Mapping
 
 import numpy as np
 
-from jaxlm.convert.hf import _listed, _plain, build_config, check_family, flatten, param_shapes, unflatten
-from jaxlm.convert.hf_decoder import LAYOUTS
+from jaxlm.convert.hf import _listed, _plain, build_config, check_family, flatten, param_shapes
+from jaxlm.convert.hf_decoder import LAYOUTS, entries_to_params
 from jaxlm.convert.layout import stack_layers, unstack_layers
 from jaxlm.models.config import TransformerConfig
 
@@ -155,27 +155,8 @@ def t5_params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConf
     T5ForConditionalGeneration tensors; raises ValueError listing unknown, missing and wrongly shaped
     tensors. The repeated embedding tables must equal `shared.weight`; an untied config without
     `lm_head.weight` takes `shared.weight` as its head, as transformers does."""
-    tensors = _fold_copies(tensors, config)
-    entries = t5_name_map(config)
-    known = {theirs for theirs, _, _ in entries}
-    unknown = sorted(n for n in tensors if n not in known)
-    if unknown:
-        raise ValueError(f"checkpoint tensors jaxlm T5 has no place for: {_listed(unknown)}")
-    missing = [theirs for theirs, _, _ in entries if theirs not in tensors]
-    if missing:
-        raise ValueError(f"checkpoint lacks {len(missing)} tensors the config needs: {_listed(missing)}")
-    shapes = expected_shapes(config)
-    wrong = []
-    for theirs, ours, kind in entries:
-        want = tuple(LAYOUTS[kind][1]([np.empty(shapes[ours], np.float32)], config).shape)
-        got = tuple(np.shape(tensors[theirs]))
-        if got != want:
-            wrong.append(f"{theirs} -> {ours}: expected {want}, got {got}")
-    if wrong:
-        raise ValueError(f"checkpoint does not fit the config ({len(wrong)} shape mismatches): {_listed(wrong)}")
-    params = unflatten({ours: np.ascontiguousarray(LAYOUTS[kind][0](np.asarray(tensors[theirs], np.float32),
-                                                                     config)[0])
-                        for theirs, ours, kind in entries})
+    entries = [(theirs, (ours,), kind) for theirs, ours, kind in t5_name_map(config)]
+    params = entries_to_params(_fold_copies(tensors, config), config, entries, expected_shapes(config), "T5")
     return stack_layers(params) if config.scan_layers else params
 
 
