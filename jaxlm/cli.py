@@ -15,45 +15,22 @@ def _load(args) -> config_lib.RunConfig:
 
 
 def cmd_prepare(args) -> None:
-    from jaxlm.data.prepare import prepare
+    from jaxlm.data.prepare import already_prepared, config_settings, prepare, preparation_settings
     from jaxlm.data.sources import model_tokenizer, resolve_corpus
 
     config = _load(args)
     data = config.data
     tokenizer = model_tokenizer(config)
-    if not args.overwrite and _already_prepared(config, tokenizer):
+    inputs = resolve_corpus(data.corpus)
+    settings = config_settings(data, config.model.family)
+    if not args.overwrite and already_prepared(data.prepared_dir, preparation_settings(inputs, tokenizer, **settings)):
         print(f"{data.prepared_dir} is already prepared for this config and tokenizer "
               "(pass --overwrite to rebuild it)")
         return
-    manifest = prepare(resolve_corpus(data.corpus), data.prepared_dir, tokenizer,
-                       max_seq_length=data.max_seq_length, short_seq_prob=data.short_seq_prob,
-                       dupe_factor=data.dupe_factor, valid_fraction=data.valid_fraction, seed=data.seed,
-                       shard_size=data.shard_size, overwrite=args.overwrite)
+    manifest = prepare(inputs, data.prepared_dir, tokenizer, tfds_data_dir=data.tfds_data_dir or None,
+                       overwrite=args.overwrite, **settings)
     counts = {split: {k: v for k, v in info.items() if k != "shards"} for split, info in manifest["splits"].items()}
-    print(json.dumps({"prepared_dir": data.prepared_dir, "splits": counts}, indent=2))
-
-
-def _already_prepared(config, tokenizer) -> bool:
-    """True when prepared_dir holds data made with these settings; raises when it holds other data."""
-    from jaxlm.data.sources import resolve_corpus
-
-    manifest_path = pathlib.Path(config.data.prepared_dir) / "manifest.json"
-    if not manifest_path.is_file():
-        return False
-    manifest = json.loads(manifest_path.read_text())
-    data = config.data
-    wanted = {"tokenizer_fingerprint": tokenizer.fingerprint(), "max_seq_length": data.max_seq_length,
-              "short_seq_prob": data.short_seq_prob, "dupe_factor": data.dupe_factor,
-              "valid_fraction": data.valid_fraction, "seed": data.seed}
-    differing = {k: (manifest.get(k), v) for k, v in wanted.items() if manifest.get(k) != v}
-    sources = [s["path"] for s in manifest.get("sources", [])]
-    if sources != [str(p.resolve()) for p in resolve_corpus(data.corpus)]:
-        differing["corpus"] = (sources, list(data.corpus))
-    if differing:
-        details = "; ".join(f"{k}: prepared {old!r}, config {new!r}" for k, (old, new) in differing.items())
-        raise ConfigError(f"{data.prepared_dir} holds data prepared with other settings ({details}); "
-                          "pass --overwrite to rebuild it or choose another data.prepared_dir")
-    return True
+    print(json.dumps({"prepared_dir": data.prepared_dir, "family": manifest["family"], "splits": counts}, indent=2))
 
 
 def cmd_train(args) -> None:
@@ -229,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, OSError, ValueError) as err:
         print(f"jaxlm {getattr(args, 'label', args.command)}: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        again = " (the same command continues where this one stopped)" if args.command == "prepare" else ""
+        print(f"jaxlm {getattr(args, 'label', args.command)}: interrupted{again}", file=sys.stderr)
+        return 130
     return 0
 
 

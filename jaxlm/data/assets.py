@@ -25,6 +25,8 @@ import zipfile
 import zlib
 from typing import Iterable
 
+from jaxlm.data.rst import rst_documents
+
 CORPUS_LICENCES = {
     "austen": "Six Jane Austen novels, texts in the public domain; from the Debian package "
     "r-cran-janeaustenr (R package janeaustenr, MIT-licensed packaging).",
@@ -32,6 +34,11 @@ CORPUS_LICENCES = {
     "CC BY-SA 3.0; from the gensim 4.4.0 wheel's test data.",
     "news": "Lee background corpus: 300 news articles from the Australian Broadcasting "
     "Corporation, distributed for research use; from the gensim 4.4.0 wheel's test data.",
+    "kernel-docs": "Linux kernel documentation (Documentation/, English only), GPL-2.0 for the "
+    "most part (some files GPL-2.0+, GFDL-1.1+ or dual-licensed; see the SPDX lines and the "
+    "package's copyright file); from the Debian package linux-doc-6.12.",
+    "python-docs": "Python 3.11 documentation reST sources, under the PSF License Agreement "
+    "(Python Software Foundation License Version 2); from the Debian package python3.11-doc.",
 }
 
 GENSIM = "gensim==4.4.0"
@@ -40,6 +47,8 @@ MINILM_FILES = ("config.json", "model.safetensors", "vocab.txt", "tokenizer.json
 _JANEAUSTENR_DATA = "usr/lib/R/site-library/janeaustenr/data/Rdata"
 _WIKI_MEMBER = "gensim/test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 _NEWS_MEMBER = "gensim/test/test_data/lee_background.cor"
+_KERNEL_DOCS = "usr/share/doc/linux-doc-6.12/Documentation"
+_PYTHON_DOCS = "usr/share/doc/python3.11/html/_sources"
 
 
 def cache_dir() -> pathlib.Path:
@@ -348,6 +357,50 @@ def fetch_news() -> pathlib.Path:
         return path
     articles = _gensim_test_data(_NEWS_MEMBER).decode("utf-8").splitlines()
     return _write_atomic(path, format_documents(split_sentences(a) for a in articles))
+
+
+# ---------------------------------------------------------------- documentation (reStructuredText)
+
+def rst_corpus(files: Iterable[pathlib.Path], min_sentences: int = 3) -> str:
+    """BERT text of reST files (``.gz`` ones decompressed): one document per file, as
+    :func:`jaxlm.data.rst.rst_documents` cleans it, without documents under ``min_sentences``."""
+    documents = []
+    for file in files:
+        raw = file.read_bytes()
+        if file.name.endswith(".gz"):
+            raw = zlib.decompress(raw, 47)
+        documents += [d for d in rst_documents(raw.decode("utf-8", "replace"), split_sentences)
+                      if len(d) >= min_sentences]
+    return format_documents(documents)
+
+
+def fetch_kernel_docs() -> pathlib.Path:
+    """Linux kernel documentation (Debian linux-doc-6.12): the English .rst(.gz) files, as prose."""
+    path = _corpus_path("kernel-docs")
+    if path.exists():
+        return path
+    with tempfile.TemporaryDirectory() as tmp:
+        docs = _apt_download("linux-doc-6.12", tmp) / _KERNEL_DOCS
+        files = sorted(
+            p for p in docs.rglob("*") if p.name.endswith((".rst", ".rst.gz")) and p.is_file()
+            and "translations" not in p.relative_to(docs).parts)
+        if not files:
+            raise RuntimeError(f"linux-doc-6.12 has no .rst files under {_KERNEL_DOCS}.")
+        text = rst_corpus(files)
+    return _write_atomic(path, text)
+
+
+def fetch_python_docs() -> pathlib.Path:
+    """Python 3.11 documentation (Debian python3.11-doc): the reST sources, as prose."""
+    path = _corpus_path("python-docs")
+    if path.exists():
+        return path
+    with tempfile.TemporaryDirectory() as tmp:
+        files = sorted((_apt_download("python3.11-doc", tmp) / _PYTHON_DOCS).rglob("*.rst.txt"))
+        if not files:
+            raise RuntimeError(f"python3.11-doc has no .rst.txt files under {_PYTHON_DOCS}.")
+        text = rst_corpus(files)
+    return _write_atomic(path, text)
 
 
 def fetch_demo_corpus() -> list[pathlib.Path]:

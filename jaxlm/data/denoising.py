@@ -126,11 +126,9 @@ def sample_infill_spans(length: int, rng: np.random.Generator, *, mask_ratio: fl
     return Infill(starts.astype(np.int64), lengths, drawn_arr)
 
 
-def bart_text_infilling(tokens: np.ndarray, rng: np.random.Generator, *, mask_id: int,
-                        mask_ratio: float = 0.3, poisson_lambda: float = 3.0, max_seq_length: int,
-                        max_target_length: int, pad_id: int = 1, decoder_start_id: int = 2) -> dict[str, np.ndarray]:
-    """BART's text infilling of `tokens` (the caller frames them with BOS/EOS): each span of
-    `sample_infill_spans` becomes one mask token; the target is the original."""
+def infill(tokens: np.ndarray, rng: np.random.Generator, *, mask_id: int, mask_ratio: float = 0.3,
+           poisson_lambda: float = 3.0) -> np.ndarray:
+    """BART's text infilling of `tokens`: each span of `sample_infill_spans` becomes one mask token."""
     tokens = np.asarray(tokens, np.int32)
     spans = sample_infill_spans(len(tokens), rng, mask_ratio=mask_ratio, poisson_lambda=poisson_lambda)
     masked = np.zeros(len(tokens), bool)
@@ -140,17 +138,28 @@ def bart_text_infilling(tokens: np.ndarray, rng: np.random.Generator, *, mask_id
     # a mask token goes before the first kept token at or after its span's start
     at = np.searchsorted(keep, spans.starts)
     pieces = np.split(tokens[keep], at)
-    inputs = np.concatenate([np.r_[piece, mask_id] if i < len(at) else piece
-                             for i, piece in enumerate(pieces)]).astype(np.int32)
-    return seq2seq_arrays(inputs, tokens, max_seq_length=max_seq_length, max_target_length=max_target_length,
-                          pad_id=pad_id, decoder_start_id=decoder_start_id)
+    return np.concatenate([np.r_[piece, mask_id] if i < len(at) else piece
+                           for i, piece in enumerate(pieces)]).astype(np.int32)
+
+
+def permute_sentences(sentences: Sequence[Sequence[int]], rng: np.random.Generator) -> np.ndarray:
+    """BART's sentence permutation: the sentences in a uniformly random order, concatenated."""
+    return np.array([t for i in rng.permutation(len(sentences)) for t in sentences[i]], np.int32)
+
+
+def bart_text_infilling(tokens: np.ndarray, rng: np.random.Generator, *, mask_id: int,
+                        mask_ratio: float = 0.3, poisson_lambda: float = 3.0, max_seq_length: int,
+                        max_target_length: int, pad_id: int = 1, decoder_start_id: int = 2) -> dict[str, np.ndarray]:
+    """`infill` as a seq2seq example (the caller frames `tokens` with BOS/EOS); the target is the original."""
+    inputs = infill(tokens, rng, mask_id=mask_id, mask_ratio=mask_ratio, poisson_lambda=poisson_lambda)
+    return seq2seq_arrays(inputs, np.asarray(tokens, np.int32), max_seq_length=max_seq_length,
+                          max_target_length=max_target_length, pad_id=pad_id, decoder_start_id=decoder_start_id)
 
 
 def bart_sentence_permutation(sentences: Sequence[Sequence[int]], rng: np.random.Generator, *,
                               max_seq_length: int, max_target_length: int, pad_id: int = 1,
                               decoder_start_id: int = 2) -> dict[str, np.ndarray]:
-    """BART's sentence permutation: the document's sentences shuffled; the target is the original."""
+    """`permute_sentences` as a seq2seq example; the target is the original order."""
     original = np.array([t for s in sentences for t in s], np.int32)
-    shuffled = np.array([t for i in rng.permutation(len(sentences)) for t in sentences[i]], np.int32)
-    return seq2seq_arrays(shuffled, original, max_seq_length=max_seq_length,
+    return seq2seq_arrays(permute_sentences(sentences, rng), original, max_seq_length=max_seq_length,
                           max_target_length=max_target_length, pad_id=pad_id, decoder_start_id=decoder_start_id)

@@ -8,27 +8,29 @@ import numpy as np
 Document = Sequence[Sequence[int]]
 
 
-def pack_sentences(documents: Sequence[Document], max_seq_length: int, *, cls_id: int,
-                   sep_id: int) -> list[np.ndarray]:
-    """RoBERTa's FULL-SENTENCES rows: [CLS] then whole sentences, contiguously and across document
-    boundaries (an extra [SEP] between documents), as many as fit, then [SEP].
-
-    A sentence longer than a row is cut into row-sized pieces, so every token lands in one row.
-    The rows are then masked dynamically (`masking.mask_example` with len_a = the row's length)."""
-    capacity = max_seq_length - 2
+def sentence_rows(documents: Sequence[Document], capacity: int, *, sep_id: int | None,
+                  cross_documents: bool = True) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Whole sentences laid contiguously into rows of at most `capacity` tokens: (tokens, the
+    position where each sentence starts). Across documents a `sep_id` token separates them (None:
+    no separator); without `cross_documents` every document starts a new row. A sentence longer
+    than a row is cut into row-sized pieces, so every token lands in exactly one row."""
     if capacity < 1:
-        raise ValueError(f"max_seq_length must be at least 3 ([CLS] x [SEP]), got {max_seq_length}")
-    rows: list[np.ndarray] = []
+        raise ValueError(f"rows must hold at least one token, got capacity {capacity}")
+    rows: list[tuple[np.ndarray, np.ndarray]] = []
     row: list[int] = []
+    starts: list[int] = []
 
     def flush():
         if row:
-            rows.append(np.array([cls_id, *row, sep_id], np.int32))
+            rows.append((np.array(row, np.int32), np.array(starts, np.int32)))
             row.clear()
+            starts.clear()
 
     for d, document in enumerate(d for d in documents if any(len(s) for s in d)):
+        if d and not cross_documents:
+            flush()
         for j, sentence in enumerate(s for s in document if len(s)):
-            lead = [sep_id] if d and not j and row else []
+            lead = [sep_id] if d and not j and row and sep_id is not None else []
             if len(row) + len(lead) + len(sentence) > capacity:
                 flush()
                 lead = []
@@ -36,9 +38,22 @@ def pack_sentences(documents: Sequence[Document], max_seq_length: int, *, cls_id
             for i in range(0, len(sentence), capacity):
                 if i:
                     flush()
+                starts.append(len(row))
                 row.extend(sentence[i:i + capacity])
     flush()
     return rows
+
+
+def pack_sentences(documents: Sequence[Document], max_seq_length: int, *, cls_id: int,
+                   sep_id: int) -> list[np.ndarray]:
+    """RoBERTa's FULL-SENTENCES rows: [CLS] then whole sentences, contiguously and across document
+    boundaries (an extra [SEP] between documents), as many as fit, then [SEP].
+
+    The rows are then masked dynamically (`masking.mask_example` with len_a = the row's length)."""
+    if max_seq_length < 3:
+        raise ValueError(f"max_seq_length must be at least 3 ([CLS] x [SEP]), got {max_seq_length}")
+    return [np.r_[cls_id, tokens, sep_id].astype(np.int32)
+            for tokens, _ in sentence_rows(documents, max_seq_length - 2, sep_id=sep_id)]
 
 
 def sentence_order_pair(segment_a: Sequence[int], segment_b: Sequence[int], rng: np.random.Generator,
@@ -51,43 +66,38 @@ def sentence_order_pair(segment_a: Sequence[int], segment_b: Sequence[int], rng:
     return tokens, len(first) + 2, swapped
 
 
-def _causal_row(tokens: np.ndarray, segments: np.ndarray, next_tokens: np.ndarray,
-                weights: np.ndarray, max_seq_length: int) -> dict[str, np.ndarray]:
+def causal_rows(docs: Sequence[Sequence[int]], max_seq_length: int, eos_id: int, *,
+                packed: bool = True) -> list[np.ndarray]:
+    """Causal-LM rows before `causal_example`: every document followed by EOS; packed, the stream
+    cut into rows of max_seq_length tokens plus the next one (the last position's target);
+    unpacked, one document per row, truncated to max_seq_length + 1."""
+    if not docs:
+        raise ValueError("causal_rows got no documents")
+    sequences = [np.r_[np.asarray(d, np.int64), eos_id].astype(np.int32) for d in docs]
+    if not packed:
+        return [s[:max_seq_length + 1] for s in sequences]
+    stream = np.concatenate(sequences)
+    return [stream[start:start + max_seq_length + 1] for start in range(0, len(stream), max_seq_length)]
+
+
+def causal_example(row: np.ndarray, max_seq_length: int, eos_id: int) -> dict[str, np.ndarray]:
+    """A row of `causal_rows` as `CausalLm` fields: `segment_ids` number the documents in the row
+    1..k (a document's EOS belongs to it; 0 on padding); `targets` are the next tokens; the EOS
+    closing a document, the row's lookahead token and padding get weight 0."""
+    row = np.asarray(row, np.int32)
+    tokens = row[:max_seq_length]
     n = len(tokens)
+    is_eos = tokens == eos_id
+    next_tokens = np.r_[row[1:], 0][:n]
     pad = lambda x, dtype: np.pad(x, (0, max_seq_length - n)).astype(dtype)
-    return {"input_ids": pad(tokens, np.int32), "segment_ids": pad(segments, np.int32),
-            "targets": pad(next_tokens, np.int32), "target_weights": pad(weights, np.float32)}
+    return {"input_ids": pad(tokens, np.int32),
+            "segment_ids": pad(1 + np.r_[0, np.cumsum(is_eos)[:-1]], np.int32),
+            "targets": pad(np.where(is_eos, 0, next_tokens), np.int32),
+            "target_weights": pad(~is_eos, np.float32)}
 
 
 def pack_documents(docs: Sequence[Sequence[int]], max_seq_length: int, eos_id: int, *,
                    packed: bool = True) -> dict[str, np.ndarray]:
-    """Causal-LM rows [rows, max_seq_length]: every document followed by EOS.
-
-    Packed: the documents are concatenated and cut into rows; `segment_ids` number the documents
-    (or pieces of them) in each row 1..k, 0 on padding. Unpacked: one document per row, truncated.
-    `targets` are the next token of the same document (a document's last token predicts EOS);
-    Only the EOS closing a document and padding get weight 0."""
-    if packed:
-        stream = np.concatenate([np.r_[np.asarray(d, np.int64), eos_id] for d in docs]) if docs else np.zeros(0, np.int64)
-        doc_index = np.concatenate([np.full(len(d) + 1, i) for i, d in enumerate(docs)]) if docs else stream
-        is_eos = np.zeros(len(stream), bool)
-        is_eos[np.cumsum([len(d) + 1 for d in docs]) - 1] = True
-        next_tokens = np.r_[stream[1:], eos_id]
-        rows = []
-        for start in range(0, len(stream), max_seq_length):
-            piece = slice(start, start + max_seq_length)
-            owner = doc_index[piece]
-            segments = np.cumsum(np.r_[True, owner[1:] != owner[:-1]])
-            rows.append(_causal_row(stream[piece], segments, np.where(is_eos[piece], 0, next_tokens[piece]),
-                                    (~is_eos[piece]).astype(np.float32), max_seq_length))
-    else:
-        rows = []
-        for d in docs:
-            sequence = np.r_[np.asarray(d, np.int64), eos_id]
-            tokens = sequence[:max_seq_length]
-            next_tokens = np.r_[sequence[1:], 0][:len(tokens)]
-            weights = np.arange(len(tokens)) < len(sequence) - 1
-            rows.append(_causal_row(tokens, np.ones(len(tokens)), next_tokens, weights, max_seq_length))
-    if not rows:
-        raise ValueError("pack_documents got no documents")
+    """Causal-LM rows [rows, max_seq_length] (`causal_rows` then `causal_example`), stacked."""
+    rows = [causal_example(r, max_seq_length, eos_id) for r in causal_rows(docs, max_seq_length, eos_id, packed=packed)]
     return {k: np.stack([r[k] for r in rows]) for k in rows[0]}

@@ -41,12 +41,14 @@ def _random_segments(documents: Sequence[Document], exclude: int, target: int,
 
 def instances_from_document(documents: Sequence[Document], index: int, max_seq_length: int,
                             short_seq_prob: float, rng: np.random.Generator,
-                            cls_id: int, sep_id: int) -> list[Instance]:
+                            cls_id: int, sep_id: int, random_next_prob: float = 0.5) -> list[Instance]:
     """BERT's create_instances_from_document: pairs (A, B) from document `index` of `documents`.
 
     One departure keeps NSP at 50%: where BERT forces a random B because the chunk holds a single
     sentence, a true-continuation draw pairs it with the next sentence (or, at the document's end,
     the previous one); only one-sentence documents still always get a random B.
+    With `random_next_prob=0` (ALBERT's sentence-order pairs) B always continues A, and
+    one-sentence documents give no pairs.
     """
     document = documents[index]
     max_num_tokens = max_seq_length - 3
@@ -61,13 +63,15 @@ def instances_from_document(documents: Sequence[Document], index: int, max_seq_l
         chunk.append(document[i])
         chunk_len += len(document[i])
         if i == len(document) - 1 or chunk_len >= target:
-            is_random = rng.random() < 0.5
+            is_random = rng.random() < random_next_prob
             if len(chunk) == 1 and not is_random:
                 if i + 1 < len(document):
                     i += 1
                     chunk.append(document[i])
                 elif i > 0:
                     chunk.insert(0, document[i - 1])
+                elif random_next_prob == 0:
+                    return instances
                 else:
                     is_random = True
             a_end = int(rng.integers(1, len(chunk))) if len(chunk) >= 2 else 1
@@ -87,7 +91,7 @@ def instances_from_document(documents: Sequence[Document], index: int, max_seq_l
 
 def create_instances(documents: Sequence[Document], max_seq_length: int, rng: np.random.Generator,
                      *, cls_id: int, sep_id: int, short_seq_prob: float = 0.1,
-                     dupe_factor: int = 1) -> list[Instance]:
+                     dupe_factor: int = 1, random_next_prob: float = 0.5) -> list[Instance]:
     """All instances of `dupe_factor` passes over `documents`, in creation order.
 
     Random B segments come only from `documents`; empty sentences are ignored.
@@ -100,5 +104,5 @@ def create_instances(documents: Sequence[Document], max_seq_length: int, rng: np
     for _ in range(dupe_factor):
         for index in range(len(docs)):
             out.extend(instances_from_document(docs, index, max_seq_length, short_seq_prob,
-                                               rng, cls_id, sep_id))
+                                               rng, cls_id, sep_id, random_next_prob))
     return out

@@ -1,4 +1,4 @@
-"""Random-access BERT MLM+NSP examples and per-process batches from a prepared directory."""
+"""Random-access examples of any objective and per-process batches from a prepared directory."""
 from __future__ import annotations
 
 import json
@@ -12,8 +12,9 @@ from typing import Iterator
 import numpy as np
 from array_record.python.array_record_data_source import ArrayRecordDataSource
 
-from jaxlm.data.masking import mask_example
-from jaxlm.data.prepare import FORMAT, MANIFEST, decode_record
+from jaxlm.data.examples import TransformOptions, make_transform
+from jaxlm.data.layouts import LAYOUTS, Row, decode_row
+from jaxlm.data.prepare import FORMAT, MANIFEST, WORD_STARTS
 
 
 def load_manifest(data_dir: str | Path) -> dict:
@@ -28,6 +29,9 @@ def load_manifest(data_dir: str | Path) -> dict:
     return manifest
 
 
+ID_FIELDS = ("input_ids", "masked_labels", "targets", "decoder_input_ids")
+
+
 def _check(manifest: dict, key: str, expected, data_dir) -> None:
     if expected is not None and manifest[key] != expected:
         raise ValueError(f"{key} mismatch: the data in {data_dir} was prepared with {manifest[key]!r}, "
@@ -36,16 +40,24 @@ def _check(manifest: dict, key: str, expected, data_dir) -> None:
 
 
 class PretrainingData:
-    """One split of a prepared dataset; every example is a pure function of (seed, epoch, index)."""
+    """One split of a prepared dataset; every example is a pure function of (seed, epoch, index).
 
-    def __init__(self, data_dir: str | Path, split: str, *, seed: int, max_predictions: int,
-                 mask_prob: float = 0.15, tokenizer_fingerprint: str | None = None,
-                 vocab_size: int | None = None, max_seq_length: int | None = None):
+    `family` picks the transform (default: the family the data was prepared for; any family
+    sharing its layout may read it); `options` are `TransformOptions` fields (max_predictions, ...)."""
+
+    def __init__(self, data_dir: str | Path, split: str, *, seed: int, family: str | None = None,
+                 tokenizer_fingerprint: str | None = None, vocab_size: int | None = None,
+                 max_seq_length: int | None = None, **options):
         self.data_dir = Path(data_dir)
         self.manifest = load_manifest(self.data_dir)
         _check(self.manifest, "tokenizer_fingerprint", tokenizer_fingerprint, data_dir)
         _check(self.manifest, "vocab_size", vocab_size, data_dir)
         _check(self.manifest, "max_seq_length", max_seq_length, data_dir)
+        self.family = family or self.manifest["family"]
+        if LAYOUTS.get(self.family) != self.manifest["layout"]:
+            raise ValueError(f"{data_dir} was prepared for model.family={self.manifest['family']} "
+                             f"({self.manifest['layout']} rows), but this run is model.family={self.family}; "
+                             "re-run `jaxlm prepare CONFIG` with a data.prepared_dir of its own")
         splits = self.manifest["splits"]
         if split not in splits:
             raise ValueError(f"split {split!r} not in {data_dir}; available: {sorted(splits)}")
@@ -53,13 +65,9 @@ class PretrainingData:
             raise ValueError(f"split {split!r} of {data_dir} has no examples")
         self.split, self.seed = split, seed
         self.max_seq_length = self.manifest["max_seq_length"]
-        self.max_predictions, self.mask_prob = max_predictions, mask_prob
-        special = self.manifest["special_ids"]
-        self._mask_kwargs = dict(
-            vocab_size=self.manifest["vocab_size"], mask_id=special["mask_id"],
-            special_ids=(special["pad_id"], special["cls_id"], special["sep_id"], special["mask_id"]),
-            max_seq_length=self.max_seq_length, max_predictions=max_predictions,
-            mask_prob=mask_prob, pad_id=special["pad_id"])
+        self.options = TransformOptions(**options)
+        table = np.load(self.data_dir / WORD_STARTS)
+        self._transform = make_transform(self.family, self.manifest, table, self.options)
         self._source = ArrayRecordDataSource(
             [str(self.data_dir / name) for name in splits[split]["shards"]])
         self._len = len(self._source)
@@ -72,18 +80,14 @@ class PretrainingData:
         return np.random.default_rng([self.seed, epoch]).permutation(self._len)
 
     def _make(self, record: bytes, index: int, epoch: int) -> dict[str, np.ndarray]:
-        tokens, len_a, is_random_next = decode_record(record)
-        rng = np.random.default_rng([self.seed, epoch, int(index)])
-        out = mask_example(tokens, len_a, rng, **self._mask_kwargs)
-        out["nsp_label"] = np.int32(is_random_next)
-        return out
+        return self._transform(decode_row(record), np.random.default_rng([self.seed, epoch, int(index)]))
 
-    def raw(self, index: int) -> tuple[np.ndarray, int, int]:
-        """The stored (tokens, len_a, is_random_next) of example `index`, before masking."""
-        return decode_record(self._source[int(index)])
+    def raw(self, index: int) -> Row:
+        """The stored row of example `index`, before this epoch's masking or corruption."""
+        return decode_row(self._source[int(index)])
 
     def example(self, index: int, epoch: int) -> dict[str, np.ndarray]:
-        """Example `index` as masked in `epoch`; nsp_label 1 means B is a random sentence."""
+        """Example `index` as transformed in `epoch` (for BERT, nsp_label 1 means B is a random sentence)."""
         return self._make(self._source[int(index)], index, epoch)
 
     def steps_per_epoch(self, global_batch: int) -> int:
@@ -147,22 +151,18 @@ class PretrainingData:
             stop.set()
 
     def show(self, n: int, tokenizer) -> list[dict]:
-        """The first n examples of epoch 0 in visiting order, JSON-friendly, as the model sees them."""
+        """The first n examples of epoch 0 in visiting order, JSON-friendly, as the model sees them;
+        every id field also as tokens."""
         rows = []
         for index in self.permutation(0)[:n]:
             ex = self.example(int(index), 0)
-            rows.append({
-                "index": int(index),
-                "input_ids": ex["input_ids"].tolist(),
-                "tokens": tokenizer.convert_ids_to_tokens(ex["input_ids"].tolist()),
-                "segment_ids": ex["segment_ids"].tolist(),
-                "input_mask": ex["input_mask"].tolist(),
-                "masked_positions": ex["masked_positions"].tolist(),
-                "masked_labels": ex["masked_labels"].tolist(),
-                "masked_label_tokens": tokenizer.convert_ids_to_tokens(ex["masked_labels"].tolist()),
-                "masked_weights": ex["masked_weights"].tolist(),
-                "nsp_label": int(ex["nsp_label"]),
-            })
+            row = {"index": int(index)}
+            for key, value in ex.items():
+                row[key] = value.tolist()
+                if key in ID_FIELDS:
+                    row[key.removesuffix("_ids").removesuffix("s") + "_tokens"] = (
+                        tokenizer.convert_ids_to_tokens(value.tolist()))
+            rows.append(row)
         return rows
 
 

@@ -1,47 +1,28 @@
-"""Offline BERT MLM+NSP preparation: sentence-per-line text -> tokenized pair shards + manifest."""
+"""Offline preparation for every objective: corpora -> tokenized documents (cached in chunks, so an
+interrupted run continues) -> the objective's rows in ArrayRecord shards + a manifest."""
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxlm.data.pairs import Instance, create_instances
+from jaxlm.data.layouts import LAYOUTS, LayoutSettings, Row, build_rows, check_roles, encode_row
+from jaxlm.data.sources import read_source
+from jaxlm.data.tokenizers.roles import special_ids, word_start_table
 
-FORMAT = "jaxlm.bert_pairs.v1"
+FORMAT = "jaxlm.rows.v1"
+RECORD = "little-endian int32 [label, len_a, n, *tokens (n), *sentence_starts]"
 MANIFEST = "manifest.json"
 DOCUMENTS = "documents.json"
+WORD_STARTS = "word_starts.npy"
 SPLITS = ("train", "valid")
-_TOKENIZE_CHUNK = 4096
-
-
-def encode_record(instance: Instance) -> bytes:
-    header = np.array([instance.is_random_next, instance.len_a], dtype="<i4")
-    return header.tobytes() + np.asarray(instance.tokens, dtype="<i4").tobytes()
-
-
-def decode_record(record: bytes) -> tuple[np.ndarray, int, int]:
-    """-> (tokens, len_a, is_random_next)."""
-    values = np.frombuffer(record, dtype="<i4")
-    return values[2:].astype(np.int32), int(values[1]), int(values[0])
-
-
-def read_documents(path: Path) -> list[list[str]]:
-    """Documents of a sentence-per-line file; blank lines separate documents; empty ones dropped."""
-    documents: list[list[str]] = [[]]
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                documents[-1].append(line)
-            elif documents[-1]:
-                documents.append([])
-    return [d for d in documents if d]
+CHUNK_DOCUMENTS = 500
+_TOKENIZE_BATCH = 4096
 
 
 def split_documents(n: int, valid_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -51,45 +32,45 @@ def split_documents(n: int, valid_fraction: float, seed: int) -> tuple[np.ndarra
     return np.sort(order[n_valid:]), np.sort(order[:n_valid])
 
 
-def tokenize_documents(documents: Sequence[Sequence[str]], tokenizer, progress: bool = True
-                       ) -> list[list[list[int]]]:
+def tokenize_chunk(documents: Sequence[Sequence[str]], tokenizer, bar) -> dict[str, np.ndarray]:
+    """Documents of sentences as flat ids + sentence lengths + sentences per document."""
     sentences = [s for doc in documents for s in doc]
     ids: list[list[int]] = []
-    with tqdm(total=len(sentences), desc="tokenize", unit="sent", disable=not progress) as bar:
-        for start in range(0, len(sentences), _TOKENIZE_CHUNK):
-            chunk = sentences[start:start + _TOKENIZE_CHUNK]
-            ids.extend(tokenizer.encode_batch(chunk))
-            bar.update(len(chunk))
-    out, pos = [], 0
-    for doc in documents:
-        out.append(ids[pos:pos + len(doc)])
-        pos += len(doc)
-    return out
+    for start in range(0, len(sentences), _TOKENIZE_BATCH):
+        batch = sentences[start:start + _TOKENIZE_BATCH]
+        ids.extend(tokenizer.encode_batch(batch))
+        bar.update(len(batch))
+    flat = np.fromiter((t for s in ids for t in s), np.int32, sum(map(len, ids)))
+    return {"ids": flat, "sentence_lengths": np.array([len(s) for s in ids], np.int32),
+            "doc_sentences": np.array([len(d) for d in documents], np.int32)}
 
 
-def write_shards(instances: Sequence[Instance], directory: Path, split: str, shard_size: int,
+def chunk_documents(chunk: dict[str, np.ndarray]) -> list[list[list[int]]]:
+    sentences = np.split(chunk["ids"], np.cumsum(chunk["sentence_lengths"])[:-1]) if len(chunk["sentence_lengths"]) else []
+    bounds = np.r_[0, np.cumsum(chunk["doc_sentences"])]
+    return [[s.tolist() for s in sentences[a:b]] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def write_shards(rows: Sequence[Row], directory: Path, split: str, shard_size: int,
                  progress: bool = True) -> list[str]:
     from array_record.python.array_record_module import ArrayRecordWriter
 
-    n_shards = max(1, -(-len(instances) // shard_size))
+    n_shards = max(1, -(-len(rows) // shard_size))
     names = [f"{split}-{i:05d}-of-{n_shards:05d}.array_record" for i in range(n_shards)]
-    with tqdm(total=len(instances), desc=f"write {split}", unit="ex", disable=not progress) as bar:
+    with tqdm(total=len(rows), desc=f"write {split}", unit="ex", disable=not progress) as bar:
         for i, name in enumerate(names):
             writer = ArrayRecordWriter(str(directory / name), "group_size:1")
-            for instance in instances[i * shard_size:(i + 1) * shard_size]:
-                writer.write(encode_record(instance))
+            for row in rows[i * shard_size:(i + 1) * shard_size]:
+                writer.write(encode_row(row))
             writer.close()
-            bar.update(min(shard_size, len(instances) - i * shard_size))
+            bar.update(min(shard_size, len(rows) - i * shard_size))
     return names
 
 
-def _check_arguments(paths: list[Path], output_dir: Path, max_seq_length: int, short_seq_prob: float,
+def _check_arguments(family: str, output_dir: Path, max_seq_length: int, short_seq_prob: float,
                      dupe_factor: int, valid_fraction: float, shard_size: int, overwrite: bool) -> None:
-    if not paths:
-        raise ValueError("no input files given")
-    missing = [str(p) for p in paths if not p.is_file()]
-    if missing:
-        raise FileNotFoundError(f"input file(s) not found: {', '.join(missing)}")
+    if family not in LAYOUTS:
+        raise ValueError(f"no pretraining data layout for model.family={family!r}; known: {', '.join(LAYOUTS)}")
     if max_seq_length < 5:
         raise ValueError(f"max_seq_length must be >= 5 ([CLS] A [SEP] B [SEP]), got {max_seq_length}")
     if not 0.0 <= short_seq_prob <= 1.0:
@@ -106,23 +87,6 @@ def _check_arguments(paths: list[Path], output_dir: Path, max_seq_length: int, s
             "(CLI: --overwrite) to replace it, or choose another output_dir")
 
 
-def _read_corpus(paths: list[Path]) -> tuple[list[list[str]], list[tuple[int, int]], list[dict]]:
-    documents, origin, sources = [], [], []
-    for s, path in enumerate(paths):
-        docs = read_documents(path)
-        documents.extend(docs)
-        origin.extend((s, d) for d in range(len(docs)))
-        sources.append({"path": str(path.resolve()), "bytes": path.stat().st_size,
-                        "documents": len(docs)})
-    if not documents:
-        raise ValueError(f"empty corpus: no non-empty documents in {', '.join(map(str, paths))} "
-                         "(expected UTF-8, one sentence per line, blank line between documents)")
-    if len(documents) < 2:
-        raise ValueError(f"the corpus has only {len(documents)} document; next-sentence pairs need "
-                         "at least 2 (separate documents with a blank line)")
-    return documents, origin, sources
-
-
 def _replace_dir(tmp: Path, output_dir: Path) -> None:
     old = None
     if output_dir.exists():
@@ -133,52 +97,157 @@ def _replace_dir(tmp: Path, output_dir: Path) -> None:
         shutil.rmtree(old)
 
 
-def prepare(input_files: Sequence[str | os.PathLike], output_dir: str | os.PathLike, tokenizer,
-            max_seq_length: int = 128, short_seq_prob: float = 0.1, dupe_factor: int = 1,
-            valid_fraction: float = 0.05, seed: int = 0, shard_size: int = 100_000,
-            progress: bool = True, overwrite: bool = False) -> dict:
-    """Writes train/valid array_record shards of BERT pairs, manifest.json and documents.json."""
-    paths = [Path(p) for p in input_files]
-    output_dir = Path(output_dir)
-    _check_arguments(paths, output_dir, max_seq_length, short_seq_prob, dupe_factor,
-                     valid_fraction, shard_size, overwrite)
-    documents, origin, sources = _read_corpus(paths)
-    split_ids = dict(zip(SPLITS, split_documents(len(documents), valid_fraction, seed)))
-    special = {k: int(getattr(tokenizer, k)) for k in ("pad_id", "cls_id", "sep_id", "mask_id", "unk_id")}
-    manifest = {
-        "format": FORMAT, "record": "little-endian int32 [is_random_next, len_a, *tokens]",
-        "sources": sources, "tokenizer_fingerprint": tokenizer.fingerprint(),
-        "vocab_size": int(tokenizer.vocab_size), "special_ids": special,
-        "max_seq_length": max_seq_length, "short_seq_prob": short_seq_prob,
-        "dupe_factor": dupe_factor, "valid_fraction": valid_fraction, "seed": seed,
-        "shard_size": shard_size, "splits": {},
-    }
-    tokenized = tokenize_documents(documents, tokenizer, progress)
+def partial_dir(output_dir: Path) -> Path:
+    """Where an unfinished preparation of output_dir keeps its work (tokenized chunks) to continue from."""
+    return output_dir.with_name(f".{output_dir.name}.partial")
 
+
+def _open_work(work: Path, settings: dict, progress: bool) -> None:
+    """Keeps the work of an interrupted run with the same settings; starts over otherwise."""
+    key = json.dumps(settings, sort_keys=True)
+    stamp = work / "settings.json"
+    if work.is_dir() and stamp.is_file() and stamp.read_text() == key:
+        done = len(list(work.glob("tokens-*.npz")))
+        if progress and done:
+            print(f"continuing an interrupted preparation: {done} tokenized chunk(s) in {work}")
+        shutil.rmtree(work / "out", ignore_errors=True)
+        return
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    work.chmod(0o755)
+    stamp.write_text(key)
+
+
+def _tokenized_sources(sources: list[tuple[list[list[str]], dict]], tokenizer, work: Path,
+                       progress: bool) -> list[list[list[int]]]:
+    """Every source's documents tokenized, chunk by chunk; chunks already in `work` are read back."""
+    plan = [(s, c, docs[c:c + CHUNK_DOCUMENTS]) for s, (docs, _) in enumerate(sources)
+            for c in range(0, len(docs), CHUNK_DOCUMENTS)]
+    path = lambda s, c: work / f"tokens-{s:03d}-{c // CHUNK_DOCUMENTS:05d}.npz"
+    todo = sum(len(sent) for s, c, docs in plan if not path(s, c).is_file() for sent in docs)
+    out: list[list[list[int]]] = []
+    with tqdm(total=todo, desc="tokenize", unit="sent", disable=not progress) as bar:
+        for s, c, docs in plan:
+            target = path(s, c)
+            if not target.is_file():
+                tmp = target.with_name(target.stem + ".tmp.npz")
+                np.savez(tmp, **tokenize_chunk(docs, tokenizer, bar))
+                os.replace(tmp, target)
+            with np.load(target) as chunk:
+                out.extend(chunk_documents(dict(chunk)))
+    return out
+
+
+def _input_name(source) -> str:
+    return source if isinstance(source, str) else str(Path(source).resolve())
+
+
+def _input_stat(source) -> str:
+    if isinstance(source, str):
+        return source
+    stat = Path(source).stat()
+    return f"{_input_name(source)}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def preparation_settings(input_files, tokenizer, *, family: str, valid_fraction: float, seed: int,
+                         shard_size: int, text_field: str, **layout) -> dict:
+    """What a manifest records of how its data was made; equal settings give equal data."""
+    return {"family": family, "layout": LAYOUTS.get(family), **vars(LayoutSettings(**layout)),
+            "valid_fraction": valid_fraction, "seed": seed, "shard_size": shard_size,
+            "tokenizer_fingerprint": tokenizer.fingerprint(), "text_field": text_field,
+            "inputs": [_input_name(p) for p in input_files]}
+
+
+def already_prepared(output_dir, settings: dict) -> bool:
+    """True when output_dir holds data prepared with `settings`; False when it holds no manifest;
+    ValueError naming each difference when it holds other data."""
+    path = Path(output_dir) / MANIFEST
+    if not path.is_file():
+        return False
+    manifest = json.loads(path.read_text())
+    differing = {k: (manifest.get(k), v) for k, v in settings.items() if manifest.get(k) != v}
+    if differing:
+        details = "; ".join(f"{k}: prepared {old!r}, config {new!r}" for k, (old, new) in differing.items())
+        raise ValueError(f"{output_dir} holds data prepared with other settings ({details}); "
+                         "pass --overwrite to rebuild it or choose another data.prepared_dir")
+    return True
+
+
+def prepare(input_files: Sequence[str | os.PathLike], output_dir: str | os.PathLike, tokenizer, *,
+            family: str = "bert", max_seq_length: int = 128, short_seq_prob: float = 0.1,
+            dupe_factor: int = 1, packed: bool = True, noise_density: float = 0.15,
+            mean_span_length: float = 3.0, valid_fraction: float = 0.05, seed: int = 0,
+            shard_size: int = 100_000, text_field: str = "text", tfds_data_dir: str | None = None,
+            progress: bool = True, overwrite: bool = False) -> dict:
+    """Writes `family`'s train/valid rows as array_record shards, manifest.json, documents.json and
+    word_starts.npy. Inputs: sentence-per-line text files, JSONL files or `tfds:` specs.
+
+    Interrupted (Ctrl-C, a crash), it leaves output_dir as it was and its tokenized chunks in
+    `partial_dir(output_dir)`; the same call again continues from them."""
+    output_dir = Path(output_dir)
+    if not input_files:
+        raise ValueError("no input files given")
+    missing = [str(p) for p in input_files if not str(p).startswith("tfds:") and not Path(p).is_file()]
+    if missing:
+        raise FileNotFoundError(f"input file(s) not found: {', '.join(missing)}")
+    _check_arguments(family, output_dir, max_seq_length, short_seq_prob, dupe_factor, valid_fraction,
+                     shard_size, overwrite)
+    layout = LAYOUTS[family]
+    special = special_ids(tokenizer)
+    check_roles(layout, special, family)
+    layout_settings = LayoutSettings(max_seq_length, short_seq_prob, dupe_factor, packed, noise_density,
+                                     mean_span_length)
+    sources = [read_source(p, text_field, tfds_data_dir) for p in input_files]
+    n_docs = sum(len(docs) for docs, _ in sources)
+    names = ", ".join(map(str, input_files))
+    if n_docs == 0:
+        raise ValueError(f"empty corpus: no non-empty documents in {names} (expected UTF-8, one sentence "
+                         "per line, blank line between documents; or JSONL with a text field)")
+    if n_docs < 2:
+        raise ValueError(f"the corpus has only {n_docs} document; a train and a held-out split need at least 2 "
+                         "(separate documents with a blank line)")
+    origin = [(s, d) for s, (docs, _) in enumerate(sources) for d in range(len(docs))]
+    split_ids = dict(zip(SPLITS, split_documents(n_docs, valid_fraction, seed)))
+    settings = preparation_settings(input_files, tokenizer, family=family, valid_fraction=valid_fraction,
+                                    seed=seed, shard_size=shard_size, text_field=text_field,
+                                    **vars(layout_settings))
+    manifest = {"format": FORMAT, "record": RECORD, **settings,
+                "sources": [info | {"documents": len(docs)} for docs, info in sources],
+                "vocab_size": int(tokenizer.vocab_size), "special_ids": special, "splits": {}}
+
+    work = partial_dir(output_dir)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.partial-", dir=output_dir.parent))
+    _open_work(work, settings | {"input_stats": [_input_stat(p) for p in input_files]}, progress)
+    tokenized = _tokenized_sources(sources, tokenizer, work, progress)
+    tmp = work / "out"
+    tmp.mkdir()
     tmp.chmod(0o755)
-    try:
-        for k, (split, ids) in enumerate(split_ids.items()):
-            if len(ids) == 0:
-                continue
-            instances = create_instances([tokenized[i] for i in ids], max_seq_length,
-                                         np.random.default_rng([seed, 1, k]),
-                                         cls_id=special["cls_id"], sep_id=special["sep_id"],
-                                         short_seq_prob=short_seq_prob, dupe_factor=dupe_factor)
-            order = np.random.default_rng([seed, 2, k]).permutation(len(instances))
-            instances = [instances[i] for i in order]
-            manifest["splits"][split] = {
-                "documents": len(ids), "examples": len(instances),
-                "tokens": int(sum(len(x.tokens) for x in instances)),
-                "random_next": int(sum(x.is_random_next for x in instances)),
-                "shards": write_shards(instances, tmp, split, shard_size, progress),
-            }
-        recorded = {split: [list(origin[i]) for i in ids] for split, ids in split_ids.items()}
-        (tmp / DOCUMENTS).write_text(json.dumps(recorded))
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        _replace_dir(tmp, output_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    for k, (split, ids) in enumerate(split_ids.items()):
+        if len(ids) == 0:
+            continue
+        rows = build_rows(layout, [tokenized[i] for i in ids], np.random.default_rng([seed, 1, k]),
+                          layout_settings, special)
+        order = np.random.default_rng([seed, 2, k]).permutation(len(rows))
+        rows = [rows[i] for i in order]
+        manifest["splits"][split] = {
+            "documents": len(ids), "examples": len(rows), "tokens": int(sum(len(r.tokens) for r in rows)),
+            **({"random_next": int(sum(r.label for r in rows))} if layout == "nsp_pairs" else {}),
+            "shards": write_shards(rows, tmp, split, shard_size, progress),
+        }
+    np.save(tmp / WORD_STARTS, word_start_table(tokenizer))
+    recorded = {split: [list(origin[i]) for i in ids] for split, ids in split_ids.items()}
+    (tmp / DOCUMENTS).write_text(json.dumps(recorded))
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    _replace_dir(tmp, output_dir)
+    shutil.rmtree(work)
     return manifest
+
+
+def config_settings(data, family: str) -> dict:
+    """`prepare`'s settings from a DataConfig (everything but inputs, output, tokenizer and where
+    TFDS datasets live)."""
+    return dict(family=family, max_seq_length=data.max_seq_length, short_seq_prob=data.short_seq_prob,
+                dupe_factor=data.dupe_factor, packed=data.packed, noise_density=data.noise_density,
+                mean_span_length=data.mean_span_length, valid_fraction=data.valid_fraction, seed=data.seed,
+                shard_size=data.shard_size, text_field=data.text_field)
+

@@ -107,17 +107,15 @@ def global_batch(setup: Setup, local: dict) -> dict:
 
 def open_data(config: RunConfig):
     """Train and held-out splits, validated against the tokenizer and the model before any compute."""
+    from jaxlm.data.examples import options_from_config
     from jaxlm.data.pipeline import PretrainingData
     from jaxlm.data.sources import model_tokenizer
 
-    if config.model.family != "bert":
-        raise ConfigError(f"model.family={config.model.family!r}: `jaxlm prepare` and `train` read BERT's MLM+NSP "
-                          "data only so far; other families train through the library (jaxlm.objectives)")
     tokenizer = model_tokenizer(config)
     directory = pathlib.Path(config.data.prepared_dir)
-    common = dict(seed=config.data.seed, max_predictions=config.data.max_predictions,
-                  mask_prob=config.data.mask_prob, tokenizer_fingerprint=tokenizer.fingerprint(),
-                  vocab_size=tokenizer.vocab_size, max_seq_length=config.data.max_seq_length)
+    common = dict(seed=config.data.seed, family=config.model.family, tokenizer_fingerprint=tokenizer.fingerprint(),
+                  vocab_size=tokenizer.vocab_size, max_seq_length=config.data.max_seq_length,
+                  **options_from_config(config.data, config.model))
     train, valid = (PretrainingData(directory, split, **common) for split in ("train", "valid"))
     if len(train) < config.train.global_batch:
         raise ConfigError(f"the train split has {len(train)} examples, fewer than train.global_batch="
@@ -210,19 +208,30 @@ def train(config: RunConfig) -> dict:
 
 
 def report(config: RunConfig, final: dict) -> str:
-    """Held-out accuracy next to its trivial baselines, and the plot of the curves."""
+    """Held-out accuracy next to its trivial baselines (MLM: the most frequent masked token; NSP/SOP:
+    0.5), perplexity for token-level objectives, and the plot of the curves."""
     from jaxlm.data.pipeline import most_frequent_token_baseline
 
-    _, _, valid = open_data(config)
     run_dir = pathlib.Path(config.train.run_dir)
-    baseline = most_frequent_token_baseline(valid, epoch=0, limit=final.get("examples"))
-    plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png", {"mlm_acc": baseline, "nsp_acc": 0.5})
-    summary = {"step": final["step"], "mlm_acc": final["mlm_acc"], "mlm_baseline": baseline,
-               "mlm_ratio": final["mlm_acc"] / max(baseline, 1e-9), "nsp_acc": final["nsp_acc"],
-               "nsp_baseline": 0.5, "examples": final["examples"]}
+    summary = {"step": final["step"], "loss": final["loss"], "examples": final["examples"]}
+    lines, baselines = [f"  held-out loss {final['loss']:.4f}"], {}
+    if "mlm_acc" in final:
+        _, _, valid = open_data(config)
+        baseline = most_frequent_token_baseline(valid, epoch=0, limit=final.get("examples"))
+        baselines["mlm_acc"] = baseline
+        summary |= {"mlm_acc": final["mlm_acc"], "mlm_baseline": baseline,
+                    "mlm_ratio": final["mlm_acc"] / max(baseline, 1e-9)}
+        lines.append(f"  MLM accuracy {final['mlm_acc']:.4f}   most-frequent-token baseline {baseline:.4f}"
+                     f"   ({summary['mlm_ratio']:.2f}x)")
+    for name in ("nsp", "sop"):
+        if f"{name}_acc" in final:
+            baselines[f"{name}_acc"] = 0.5
+            summary |= {f"{name}_acc": final[f"{name}_acc"], f"{name}_baseline": 0.5}
+            lines.append(f"  {name.upper()} accuracy {final[f'{name}_acc']:.4f}   baseline 0.5000")
+    if "lm_acc" in final:
+        summary |= {"lm_acc": final["lm_acc"], "perplexity": float(np.exp(final["loss"]))}
+        lines.append(f"  token accuracy {final['lm_acc']:.4f}   perplexity {summary['perplexity']:.2f}")
+    plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png", baselines)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    return (f"held-out after {final['step']} steps on {final['examples']} examples:\n"
-            f"  MLM accuracy {final['mlm_acc']:.4f}   most-frequent-token baseline {baseline:.4f}"
-            f"   ({summary['mlm_ratio']:.2f}x)\n"
-            f"  NSP accuracy {final['nsp_acc']:.4f}   baseline 0.5000\n"
-            f"  curves: {run_dir / 'curves.png'}")
+    return "\n".join([f"held-out after {final['step']} steps on {final['examples']} examples:", *lines,
+                      f"  curves: {run_dir / 'curves.png'}"])

@@ -66,9 +66,11 @@ def plot_curves(jsonl_path: pathlib.Path, png_path: pathlib.Path, baselines: dic
     import matplotlib.pyplot as plt
 
     records = read_jsonl(jsonl_path)
-    panels = (("loss", "loss"), ("mlm_acc", "MLM accuracy"), ("nsp_acc", "NSP accuracy"))
-    fig, axes = plt.subplots(1, len(panels), figsize=(15, 4))
-    for ax, (key, title) in zip(axes, panels):
+    titles = {"loss": "loss", "mlm_acc": "MLM accuracy", "nsp_acc": "NSP accuracy", "sop_acc": "SOP accuracy",
+              "sbo_acc": "SBO accuracy", "lm_acc": "token accuracy"}
+    panels = [(k, t) for k, t in titles.items() if k == "loss" or any(k in r for r in records)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (key, title) in zip(axes[0], panels):
         for split, style in (("train", "-"), ("eval", "o-")):
             points = [(r["step"], r[key]) for r in records if r.get("split") == split and key in r]
             if points:

@@ -32,7 +32,7 @@ def test_mask_rates_on_real_examples(data, tokenizer):
     candidates = chosen = masked = randomized = kept = 0
     index = 0
     while candidates < 150_000:
-        tokens, _, _ = data.raw(index)
+        tokens = data.raw(index).tokens
         ex = data.example(index, 0)
         n = len(tokens)
         candidates += int(sum(t not in specials for t in tokens))
@@ -80,7 +80,7 @@ def test_epochs_remask_the_same_example(data):
 
 def test_positions_sorted_unique_labels_are_originals_and_segments(data):
     for i in range(200):
-        tokens, len_a, _ = data.raw(i)
+        tokens, len_a = data.raw(i)[:2]
         ex = data.example(i, 0)
         k = int(ex["masked_weights"].sum())
         positions = ex["masked_positions"][:k]

@@ -1,4 +1,4 @@
-"""jaxlm prepare for BERT pairs: shards, manifest, held-out split, errors, and per-process batches."""
+"""jaxlm prepare for BERT pairs: shards, manifest, held-out split, errors, resuming, and per-process batches."""
 import json
 
 import numpy as np
@@ -8,7 +8,9 @@ from array_record.python.array_record_data_source import ArrayRecordDataSource
 import jaxlm.data.prepare as prep
 from jaxlm.data.assets import bert_vocab_path, fetch_demo_corpus
 from jaxlm.data.pipeline import PretrainingData
-from jaxlm.data.prepare import decode_record, prepare, read_documents
+from jaxlm.data.layouts import decode_row
+from jaxlm.data.prepare import partial_dir, prepare
+from jaxlm.data.sources import text_documents as read_documents
 from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer
 
 SEQ = 128
@@ -34,7 +36,7 @@ def prepared(tmp_path_factory, tokenizer, austen):
 
 def _records(directory, names):
     source = ArrayRecordDataSource([str(directory / n) for n in names])
-    return [decode_record(source[i]) for i in range(len(source))]
+    return [decode_row(source[i])[:3] for i in range(len(source))]
 
 
 def test_manifest_counts_match_shards(prepared, austen):
@@ -124,20 +126,57 @@ def test_existing_output_is_kept_unless_overwrite(tmp_path, tokenizer):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt", "out"]
 
 
-def test_interrupted_prepare_leaves_nothing_behind(tmp_path, tokenizer, monkeypatch):
+def test_interrupted_prepare_continues_where_it_stopped(tmp_path, tokenizer, austen, monkeypatch):
+    """Ctrl-C while tokenizing leaves the output untouched and the finished chunks on disk; the
+    same call continues from them and writes exactly what an uninterrupted run writes."""
+    kwargs = dict(valid_fraction=0.1, seed=4, shard_size=5000, progress=False)
+    wiki = [p for p in fetch_demo_corpus() if p.name == "wikipedia.txt"]
+    inputs = austen + wiki
+    reference = prepare(inputs, tmp_path / "reference", tokenizer, **kwargs)
+    monkeypatch.setattr(prep, "CHUNK_DOCUMENTS", 60)
+    calls, real_tokenize = [], prep.tokenize_chunk
+
+    def interrupted_after_three(*args, **kw):
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return real_tokenize(*args, **kw)
+
+    out = tmp_path / "data" / "out"
+    monkeypatch.setattr(prep, "tokenize_chunk", interrupted_after_three)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(inputs, out, tokenizer, **kwargs)
+    assert not out.exists() and len(list(partial_dir(out).glob("tokens-*.npz"))) == 3
+
+    calls.clear()
+    monkeypatch.setattr(prep, "tokenize_chunk", lambda *a, **kw: calls.append(1) or real_tokenize(*a, **kw))
+    manifest = prepare(inputs, out, tokenizer, **kwargs)
+    total_chunks = sum(-(-n // 60) for n in (269, len(read_documents(wiki[0]))))
+    assert len(calls) == total_chunks - 3
+    assert not partial_dir(out).exists() and sorted(p.name for p in out.parent.iterdir()) == ["out"]
+    assert manifest["splits"] == reference["splits"]
+    for split, info in manifest["splits"].items():
+        for name in info["shards"]:
+            got, want = _records(out, [name]), _records(tmp_path / "reference", [name])
+            assert [(t.tolist(), a, r) for t, a, r in got] == [(t.tolist(), a, r) for t, a, r in want]
+
+
+def test_interrupted_prepare_with_other_settings_starts_over(tmp_path, tokenizer, monkeypatch):
     corpus = tmp_path / "in" / "c.txt"
     corpus.parent.mkdir()
     corpus.write_text("One sentence.\nTwo.\n\nAnother document.\nEnds here.\n")
-    data = tmp_path / "data"
-    data.mkdir()
+    out = tmp_path / "data" / "out"
 
     def boom(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(prep, "write_shards", boom)
     with pytest.raises(KeyboardInterrupt):
-        prepare([corpus], data / "out", tokenizer, progress=False)
-    assert list(data.iterdir()) == []
+        prepare([corpus], out, tokenizer, progress=False)
+    assert not out.exists() and partial_dir(out).is_dir()
+    monkeypatch.undo()
+    manifest = prepare([corpus], out, tokenizer, max_seq_length=64, progress=False)
+    assert manifest["max_seq_length"] == 64 and not partial_dir(out).exists()
 
 
 def test_manifest_mismatches_and_missing_dir(prepared, tokenizer, tmp_path):
@@ -196,5 +235,5 @@ def test_iterate_resumes_from_any_step(train):
 def test_show_is_json_friendly(train, tokenizer):
     rows = train.show(2, tokenizer)
     line = json.dumps(rows[0])
-    assert json.loads(line)["tokens"][0] == "[CLS]"
+    assert json.loads(line)["input_tokens"][0] == "[CLS]"
     assert rows[0]["input_ids"] == train.local_batch(0, 2)["input_ids"][0].tolist()

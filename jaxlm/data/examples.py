@@ -1,0 +1,113 @@
+"""Each objective's per-example transform: a stored row and a generator seeded by (seed, epoch,
+index) -> the batch fields its objective declares (dynamic masks, swaps and corruptions)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+from jaxlm.data.denoising import infill, permute_sentences, seq2seq_arrays, t5_span_corruption
+from jaxlm.data.layouts import LAYOUTS, Row
+from jaxlm.data.masking import mask_example
+from jaxlm.data.packing import causal_example, sentence_order_pair
+from jaxlm.data.spans import mask_words, span_mask
+
+Transform = Callable[[Row, np.random.Generator], dict]
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformOptions:
+    """The data.* settings the transforms read (see configs and DataConfig)."""
+    max_predictions: int = 20
+    mask_prob: float = 0.15
+    whole_word_masking: bool = False
+    span_p: float = 0.2  # SpanBERT: geometric span lengths (in words), clipped at max_span
+    max_span: int = 10
+    target_length: int = 0  # encoder-decoders: decoder length; 0: max_seq_length
+    noise_density: float = 0.15  # T5
+    mean_span_length: float = 3.0
+    mask_ratio: float = 0.3  # BART: share of tokens infilled, span lengths ~ Poisson(poisson_lambda)
+    poisson_lambda: float = 3.0
+    permute_sentences: bool = True
+
+
+def options_from_config(data, model) -> dict:
+    """`TransformOptions` fields from a DataConfig (and the model, for the decoder length)."""
+    from jaxlm.objectives import target_length
+
+    names = [f.name for f in dataclasses.fields(TransformOptions) if f.name != "target_length"]
+    return {n: getattr(data, n) for n in names} | {"target_length": target_length(model, data)}
+
+
+def word_starts(row: Row, table: np.ndarray) -> np.ndarray:
+    """True where a token begins a word: by its piece, or because a stored sentence starts there."""
+    starts = table[row.tokens]
+    starts[row.sentence_starts[row.sentence_starts < len(starts)]] = True
+    return starts
+
+
+def make_transform(family: str, manifest: dict, word_start_table: np.ndarray | None,
+                   options: TransformOptions = TransformOptions()) -> Transform:
+    """The transform of `family` over rows prepared as `manifest` describes."""
+    o, seq, special = options, manifest["max_seq_length"], manifest["special_ids"]
+    layout = LAYOUTS[family]
+    vocab_size = manifest["vocab_size"]
+    # BERT never masks or draws its [PAD] [CLS] [SEP] [MASK] (and does draw [UNK])
+    specials = tuple(sorted({special[k] for k in ("pad", "cls", "sep", "mask") if special[k] is not None}))
+    mlm = dict(vocab_size=vocab_size, mask_id=special["mask"], special_ids=specials, max_seq_length=seq,
+               max_predictions=o.max_predictions, mask_prob=o.mask_prob, pad_id=special["pad"])
+
+    def masked(tokens: np.ndarray, len_a: int | None, starts, rng) -> dict:
+        if o.whole_word_masking:
+            return mask_words(tokens, starts, rng, len_a=len_a, **mlm)
+        return mask_example(tokens, len(tokens) if len_a is None else len_a, rng, **mlm)
+
+    if layout == "nsp_pairs":
+        def transform(row, rng):
+            starts = word_starts(row, word_start_table) if o.whole_word_masking else None
+            return masked(row.tokens, row.len_a, starts, rng) | {"nsp_label": np.int32(row.label)}
+    elif layout == "sop_pairs":
+        def transform(row, rng):
+            a, b = row.tokens[1:row.len_a - 1], row.tokens[row.len_a:-1]
+            tokens, len_a, label = sentence_order_pair(a, b, rng, cls_id=special["cls"], sep_id=special["sep"])
+            starts = word_start_table[tokens] if o.whole_word_masking else None
+            return masked(tokens, len_a, starts, rng) | {"nsp_label": np.int32(label)}
+    elif family == "spanbert":
+        def transform(row, rng):
+            return span_mask(row.tokens, word_starts(row, word_start_table), rng, p=o.span_p,
+                             max_span=o.max_span, **mlm)
+    elif layout == "sentence_rows":
+        def transform(row, rng):
+            starts = word_starts(row, word_start_table) if o.whole_word_masking else None
+            out = masked(row.tokens, None, starts, rng)
+            del out["segment_ids"]  # one segment: RoBERTa and DistilBERT take no token types
+            return out
+    elif layout == "causal":
+        def transform(row, rng):
+            return causal_example(row.tokens, seq, special["eos"])
+    elif layout == "t5_chunks":
+        pad = special["pad"] if special["pad"] is not None else 0
+        target = o.target_length or seq
+
+        def transform(row, rng):
+            return t5_span_corruption(row.tokens, rng, sentinel_ids=special["sentinels"], eos_id=special["eos"],
+                                      noise_density=o.noise_density, mean_span_length=o.mean_span_length,
+                                      max_seq_length=seq, max_target_length=target, pad_id=pad,
+                                      decoder_start_id=pad)
+    elif layout == "bart_rows":
+        pad = special["pad"] if special["pad"] is not None else 0
+        target = o.target_length or seq
+
+        def transform(row, rng):
+            inner = row.tokens[1:-1]
+            if o.permute_sentences:
+                bounds = np.r_[row.sentence_starts - 1, len(inner)]
+                inner = permute_sentences([inner[s:e] for s, e in zip(bounds[:-1], bounds[1:])], rng)
+            inputs = infill(inner, rng, mask_id=special["mask"], mask_ratio=o.mask_ratio,
+                            poisson_lambda=o.poisson_lambda)
+            return seq2seq_arrays(np.r_[row.tokens[0], inputs, row.tokens[-1]], row.tokens, max_seq_length=seq,
+                                  max_target_length=target, pad_id=pad, decoder_start_id=special["eos"])
+    else:
+        raise ValueError(f"no transform for model.family={family!r}")
+    return transform

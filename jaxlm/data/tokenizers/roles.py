@@ -1,0 +1,55 @@
+"""Which ids play which role (pad, CLS/BOS, SEP/EOS, mask, unknown, sentinels) and which pieces begin
+a word, for every tokenizer we load; the objectives read these, never a tokenizer's class."""
+from __future__ import annotations
+
+import numpy as np
+
+from jaxlm.data.tokenizers.bpe import Gpt2Tokenizer
+from jaxlm.data.tokenizers.spm import SentencePieceTokenizer
+from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer
+
+ROLES = ("pad", "cls", "sep", "bos", "eos", "mask", "unk")
+
+
+def _lookup(lookup, *names: str) -> int | None:
+    for name in names:
+        i = lookup(name)
+        if i is not None and i >= 0:
+            return int(i)
+    return None
+
+
+def special_ids(tokenizer) -> dict[str, int | None]:
+    """Role -> id (None where the tokenizer has no such token); `sentinels` lists T5's sentinel ids."""
+    if isinstance(tokenizer, WordPieceTokenizer):
+        t = tokenizer
+        roles = {"pad": t.pad_id, "cls": t.cls_id, "sep": t.sep_id, "bos": t.cls_id, "eos": t.sep_id,
+                 "mask": t.mask_id, "unk": t.unk_id}
+        return roles | {"sentinels": []}
+    if isinstance(tokenizer, Gpt2Tokenizer):
+        # GPT-2's files hold only <|endoftext|>; RoBERTa's and BART's add <s> </s> <pad> <mask> <unk>
+        find = lambda *names: _lookup(tokenizer.encoder.get, *names)
+        bos, eos = find("<s>", "<|endoftext|>"), find("</s>", "<|endoftext|>")
+        roles = {"pad": find("<pad>", "<|endoftext|>"), "cls": find("<s>"), "sep": find("</s>"), "bos": bos,
+                 "eos": eos, "mask": find("<mask>"), "unk": find("<unk>")}
+        return roles | {"sentinels": []}
+    if isinstance(tokenizer, SentencePieceTokenizer):
+        sp = tokenizer.sp
+        piece = lambda name: sp.piece_to_id(name) if sp.piece_to_id(name) != sp.unk_id() else None
+        own = lambda i: i if i >= 0 else None
+        bos, eos = own(sp.bos_id()), own(sp.eos_id())
+        roles = {"pad": own(sp.pad_id()), "cls": bos, "sep": eos, "bos": bos, "eos": eos,
+                 "mask": _lookup(piece, "<mask>", "[MASK]"), "unk": own(sp.unk_id())}
+        return roles | {"sentinels": [tokenizer.sentinel_id(i) for i in range(tokenizer.sentinels)]}
+    raise TypeError(f"no special-token roles known for {type(tokenizer).__name__}")
+
+
+def word_start_table(tokenizer) -> np.ndarray:
+    """bool[vocab_size]: True for pieces that begin a word (WordPiece: no "##"; byte-level BPE:
+    a leading space "Ġ"; SentencePiece: a leading "▁"). Sentence-initial BPE pieces carry no space,
+    so the pipelines also treat every stored sentence start as a word start."""
+    pieces = tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size))
+    if isinstance(tokenizer, WordPieceTokenizer):
+        return np.array([not p.startswith("##") for p in pieces])
+    marker = "Ġ" if isinstance(tokenizer, Gpt2Tokenizer) else "▁"
+    return np.array([p.startswith(marker) or (p.startswith("<") and p.endswith(">")) for p in pieces])

@@ -1,0 +1,187 @@
+"""TFDS corpus sources (jaxlm.data.tfds_corpus): the demo builder, foreign datasets, bad specs."""
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from jaxlm.data import assets, tfds_corpus as tc
+
+tfds = pytest.importorskip("tensorflow_datasets")
+
+PARAGRAPHS = [
+    "First paragraph. It has two sentences.\n\nSecond paragraph, one line.",
+    "A single line. Split into sentences! By split_sentences? Yes.",
+    "",  # empty texts are skipped
+    "Caf\u00e9 na\u00efvet\u00e9 \u2014 unicode survives.\n\n\nAfter two blank lines.\n",
+]
+PARAGRAPH_DOCUMENTS = [
+    ["First paragraph. It has two sentences.", "Second paragraph, one line."],
+    ["A single line.", "Split into sentences!", "By split_sentences?", "Yes."],
+    ["Caf\u00e9 na\u00efvet\u00e9 \u2014 unicode survives.", "After two blank lines."],
+]
+
+
+class JaxlmTestParagraphs(tfds.core.GeneratorBasedBuilder):
+    """A foreign dataset: one `text` of paragraphs per example."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    code_path = None  # TFDS 4.9.10 needs importlib_resources for it under a package (not installed)
+
+    def _info(self):
+        return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
+            {"text": tfds.features.Text(), "label": np.int64}), disable_shuffling=True)
+
+    def _split_generators(self, dl_manager):
+        return {"train": self._generate_examples(PARAGRAPHS), "test": self._generate_examples(PARAGRAPHS[:1])}
+
+    def _generate_examples(self, texts):
+        for index, text in enumerate(texts):
+            yield index, {"text": text, "label": index}
+
+
+class JaxlmTestContent(JaxlmTestParagraphs):
+    """Its text is in `content`."""
+
+    def _info(self):
+        return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
+            {"content": tfds.features.Text(), "label": np.int64}), disable_shuffling=True)
+
+    def _generate_examples(self, texts):
+        for index, text in enumerate(texts):
+            yield index, {"content": text, "label": index}
+
+
+class JaxlmTestUnprepared(JaxlmTestParagraphs):
+    """Registered, never prepared."""
+
+
+def read_documents(path: pathlib.Path) -> list[list[str]]:
+    text = path.read_text(encoding="utf-8")
+    return [block.split("\n") for block in text.strip("\n").split("\n\n")]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> pathlib.Path:
+    directory = tmp_path_factory.mktemp("tfds")
+    tc.build_demo("austen", directory)
+    for cls in (JaxlmTestParagraphs, JaxlmTestContent):
+        cls(data_dir=directory, file_format="array_record").download_and_prepare()
+    return directory
+
+
+def test_import_does_not_load_tfds():
+    code = ("import sys, jaxlm.data.tfds_corpus as tc; tc.parse_tfds_spec('tfds:a/b'); "
+            "assert 'tensorflow_datasets' not in sys.modules, 'tfds imported eagerly'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("tfds:jaxlm_demo_corpus/austen", ("jaxlm_demo_corpus/austen", "train")),
+    ("tfds:mnist", ("mnist", "train")),
+    ("tfds:my_dataset/config@1.0.0:train", ("my_dataset/config:1.0.0", "train")),
+    ("tfds:my_dataset@2.1.0:validation", ("my_dataset:2.1.0", "validation")),
+    ("tfds:wiki/en:train[:90%]", ("wiki/en", "train[:90%]")),
+    ("tfds:wiki:train[10:20]+test", ("wiki", "train[10:20]+test")),
+])
+def test_parse_tfds_spec(spec, expected):
+    assert tc.parse_tfds_spec(spec) == expected
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("demo:austen", "expected tfds:NAME"),
+    ("tfds:", "expected tfds:NAME"),
+    ("tfds:a/b/c", "expected tfds:NAME"),
+    ("tfds:wiki:", "empty split"),
+    ("tfds:wiki/en:1.0.0", "write the version with @"),
+])
+def test_parse_tfds_spec_rejects(spec, message):
+    with pytest.raises(ValueError, match=message):
+        tc.parse_tfds_spec(spec)
+
+
+def test_demo_corpus_round_trip(data_dir):
+    expected = read_documents(assets.fetch_austen())
+    assert tc.tfds_documents("tfds:jaxlm_demo_corpus/austen", data_dir) == expected
+    source = tfds.data_source("jaxlm_demo_corpus/austen", split="train", data_dir=data_dir, download=False)
+    assert [int(source[i]["id"]) for i in (0, len(source) - 1)] == [0, len(expected) - 1]
+    assert "tensorflow" not in sys.modules
+    info = json.loads((data_dir / "jaxlm_demo_corpus/austen/1.0.0/dataset_info.json").read_text())
+    assert info["fileFormat"] == "array_record"
+    assert info["redistributionInfo"]["license"] == assets.CORPUS_LICENCES["austen"]
+    assert tc.tfds_fingerprint("tfds:jaxlm_demo_corpus/austen:train[:100]", data_dir) == {
+        "source": "tfds", "spec": "tfds:jaxlm_demo_corpus/austen:train[:100]",
+        "name": "jaxlm_demo_corpus", "config": "austen", "version": "1.0.0",
+        "full_name": "jaxlm_demo_corpus/austen/1.0.0", "split": "train[:100]",
+        "num_examples": 100, "file_format": "array_record",
+        "data_dir": str(data_dir / "jaxlm_demo_corpus/austen/1.0.0"),
+    }
+    shard = next((data_dir / "jaxlm_demo_corpus/austen/1.0.0").glob("*.array_record-*"))
+    before = shard.stat().st_mtime_ns
+    tc.build_demo("austen", data_dir)  # already built: untouched
+    assert shard.stat().st_mtime_ns == before
+
+
+def test_foreign_dataset(data_dir):
+    assert tc.tfds_documents("tfds:jaxlm_test_paragraphs", data_dir) == PARAGRAPH_DOCUMENTS
+    assert tc.tfds_documents("tfds:jaxlm_test_paragraphs@1.0.0:train[:2]", data_dir) == PARAGRAPH_DOCUMENTS[:2]
+    assert tc.tfds_documents("tfds:jaxlm_test_paragraphs:test", data_dir) == PARAGRAPH_DOCUMENTS[:1]
+    assert tc.tfds_documents("tfds:jaxlm_test_content", data_dir, text_field="content") == PARAGRAPH_DOCUMENTS
+    assert tc.tfds_fingerprint("tfds:jaxlm_test_content:train+test", data_dir)["num_examples"] == 5
+
+
+def test_foreign_dataset_read_from_files_alone(data_dir):
+    """A fresh process that never imports the builder reads the prepared files."""
+    code = ("import sys, jaxlm.data.tfds_corpus as tc; "
+            f"print(len(tc.tfds_documents('tfds:jaxlm_test_paragraphs', {str(data_dir)!r})))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert out.strip() == str(len(PARAGRAPH_DOCUMENTS))
+
+
+def test_text_field_errors(data_dir):
+    with pytest.raises(ValueError, match=r"no feature 'text'; its features are: content, label\. Set data\.text_field"):
+        tc.tfds_documents("tfds:jaxlm_test_content", data_dir)
+    with pytest.raises(ValueError, match=r"'label' .* not a single text"):
+        tc.tfds_documents("tfds:jaxlm_test_content", data_dir, text_field="label")
+
+
+def test_missing_datasets_and_splits(data_dir, tmp_path):
+    with pytest.raises(FileNotFoundError, match="neither registered nor prepared"):
+        tc.tfds_documents("tfds:jaxlm_no_such_dataset", data_dir)
+    with pytest.raises(FileNotFoundError, match=r"not prepared in .*file_format='array_record'"):
+        tc.tfds_documents("tfds:jaxlm_test_unprepared", data_dir)
+    with pytest.raises(ValueError, match=r"no split 'validation'; its splits are: test, train"):
+        tc.tfds_documents("tfds:jaxlm_test_paragraphs:validation", data_dir)
+    with pytest.raises(ValueError, match="bad split"):
+        tc.tfds_documents("tfds:jaxlm_test_paragraphs:train[:x]", data_dir)
+    # our demo corpus: bad config, split or field fail before anything is built
+    with pytest.raises(ValueError, match="unknown jaxlm_demo_corpus config 'poems'; choose one of: austen"):
+        tc.tfds_documents("tfds:jaxlm_demo_corpus/poems", tmp_path)
+    with pytest.raises(ValueError, match="no split 'validation'; its splits are: train"):
+        tc.tfds_documents("tfds:jaxlm_demo_corpus/austen:validation", tmp_path)
+    with pytest.raises(ValueError, match="jaxlm_demo_corpus/kernel_docs has no split 'test'"):
+        tc.tfds_documents("tfds:jaxlm_demo_corpus/kernel-docs:test", tmp_path)
+    with pytest.raises(ValueError, match="its features are: text, id"):
+        tc.tfds_documents("tfds:jaxlm_demo_corpus/austen", tmp_path, text_field="body")
+    assert not (tmp_path / "jaxlm_demo_corpus").exists()
+
+
+def test_demo_corpus_without_fetch_function(tmp_path, monkeypatch):
+    monkeypatch.setitem(tc.DEMO_CORPORA, "news", "fetch_not_written_yet")
+    with pytest.raises(ValueError, match=r"needs jaxlm\.data\.assets\.fetch_not_written_yet\(\)"):
+        tc.build_demo("news", tmp_path)
+
+
+def test_tfrecord_dataset_is_refused(data_dir, tmp_path):
+    """TFDS cannot write tfrecord without TensorFlow: relabel a prepared copy as tfrecord."""
+    import shutil
+
+    shutil.copytree(data_dir / "jaxlm_test_paragraphs", tmp_path / "jaxlm_test_paragraphs")
+    info_path = tmp_path / "jaxlm_test_paragraphs/1.0.0/dataset_info.json"
+    info = json.loads(info_path.read_text())
+    info["fileFormat"] = "tfrecord"
+    info_path.write_text(json.dumps(info))
+    with pytest.raises(ValueError, match=r"prepared in the tfrecord file format.*file_format='array_record'"):
+        tc.tfds_documents("tfds:jaxlm_test_paragraphs", tmp_path)
