@@ -55,6 +55,8 @@ def cmd_data_show(args) -> None:
 
 
 def cmd_bench(args) -> None:
+    if args.config == "data":
+        return cmd_bench_data(args)
     from jaxlm.train.bench import bench, format_table
 
     config = _load(args)
@@ -64,6 +66,22 @@ def cmd_bench(args) -> None:
     if jax.process_index() == 0:
         print(format_table([row]))
         if args.json:
+            print(json.dumps(row))
+
+
+def cmd_bench_data(args) -> None:
+    """`jaxlm bench data CONFIG [CONFIG ...] [overrides]`: one row per config."""
+    from jaxlm.data.bench import bench_data, format_data_table
+
+    paths = [a for a in args.overrides if "=" not in a]
+    overrides = [a for a in args.overrides if "=" in a]
+    if not paths:
+        raise ConfigError("jaxlm bench data needs at least one config, e.g. jaxlm bench data configs/bert-tiny.yaml")
+    rows = [{"config": pathlib.Path(path).stem} | bench_data(config_lib.load(path, overrides), args.batches)
+            for path in paths]
+    print(format_data_table(rows))
+    if args.json:
+        for row in rows:
             print(json.dumps(row))
 
 
@@ -144,8 +162,10 @@ def parser() -> argparse.ArgumentParser:
     prep = command(commands, "prepare", cmd_prepare, "text -> tokenized, pair-built examples in ArrayRecord shards")
     prep.add_argument("--overwrite", action="store_true", help="replace an existing prepared directory")
     command(commands, "train", cmd_train, "train, or resume the run in train.run_dir")
-    bench = command(commands, "bench", cmd_bench, "time the compiled train step: tokens/s and MFU")
-    bench.add_argument("--json", action="store_true", help="also print the row as JSON")
+    bench = command(commands, "bench", cmd_bench, "time the compiled train step: tokens/s and MFU; "
+                    "`jaxlm bench data CONFIG [CONFIG ...]`: the input pipeline's examples/s per core")
+    bench.add_argument("--json", action="store_true", help="also print the row(s) as JSON")
+    bench.add_argument("--batches", type=int, default=20, help="bench data: batches of 256 timed per config")
     data = commands.add_parser("data", help="inspect the data").add_subparsers(dest="data_command", required=True)
     show = command(data, "show", cmd_data_show, "print examples exactly as the model receives them (JSON lines)")
     show.add_argument("--n", type=int, default=4, help="how many examples")

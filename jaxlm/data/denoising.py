@@ -14,7 +14,11 @@ def seq2seq_arrays(inputs: np.ndarray, targets: np.ndarray, *, max_seq_length: i
     if len(inputs) > max_seq_length or len(targets) > max_target_length:
         raise ValueError(f"corrupted example has {len(inputs)} input and {len(targets)} target tokens, "
                          f"more than max_seq_length={max_seq_length} / max_target_length={max_target_length}")
-    padded = lambda x, size: np.pad(np.asarray(x, np.int32), (0, size - len(x)), constant_values=pad_id)
+    def padded(x, size):
+        out = np.full(size, pad_id, np.int32)
+        out[:len(x)] = x
+        return out
+
     target_ids = padded(targets, max_target_length)
     return {"input_ids": padded(inputs, max_seq_length),
             "input_mask": (np.arange(max_seq_length) < len(inputs)).astype(np.int32),
@@ -26,7 +30,7 @@ def seq2seq_arrays(inputs: np.ndarray, targets: np.ndarray, *, max_seq_length: i
 def random_segmentation(num_items: int, num_segments: int, rng: np.random.Generator) -> np.ndarray:
     """T5's `_random_segmentation`: lengths of a uniformly random split of num_items into
     num_segments non-empty segments."""
-    first_in_segment = np.r_[0, rng.permutation(np.arange(num_items - 1) < num_segments - 1)]
+    first_in_segment = np.concatenate([[0], rng.permutation(np.arange(num_items - 1) < num_segments - 1)])
     return np.bincount(np.cumsum(first_in_segment), minlength=num_segments)
 
 
@@ -69,7 +73,8 @@ def t5_input_target_lengths(inputs_length: int, noise_density: float = 0.15,
 
 def _replace_spans(tokens: np.ndarray, mask: np.ndarray, sentinel_ids: Sequence[int]) -> np.ndarray:
     """T5's `noise_span_to_unique_sentinel`: each masked span becomes its sentinel."""
-    first = mask & ~np.r_[False, mask[:-1]]
+    first = mask.copy()
+    first[1:] &= ~mask[:-1]
     if first.sum() > len(sentinel_ids):
         raise ValueError(f"{int(first.sum())} noise spans but only {len(sentinel_ids)} sentinel ids")
     out = tokens.copy()
@@ -86,8 +91,8 @@ def t5_span_corruption(tokens: np.ndarray, rng: np.random.Generator, *, sentinel
     ones of `t5_input_target_lengths` for len(tokens)."""
     tokens = np.asarray(tokens, np.int32)
     mask = random_spans_noise_mask(len(tokens), rng, noise_density, mean_span_length)
-    inputs = np.r_[_replace_spans(tokens, mask, sentinel_ids), eos_id]
-    targets = np.r_[_replace_spans(tokens, ~mask, sentinel_ids), eos_id]
+    inputs = np.append(_replace_spans(tokens, mask, sentinel_ids), eos_id)
+    targets = np.append(_replace_spans(tokens, ~mask, sentinel_ids), eos_id)
     return seq2seq_arrays(inputs, targets, max_seq_length=max_seq_length or len(inputs),
                           max_target_length=max_target_length or len(targets), pad_id=pad_id,
                           decoder_start_id=decoder_start_id)
@@ -122,24 +127,26 @@ def sample_infill_spans(length: int, rng: np.random.Generator, *, mask_ratio: fl
     is_span = np.zeros(length - budget + count, bool)
     is_span[np.sort(rng.choice(len(is_span), size=count, replace=False))] = True
     span_slots = np.flatnonzero(is_span)
-    starts = span_slots - np.arange(count) + np.r_[0, np.cumsum(lengths)[:-1]]
+    starts = span_slots - np.arange(count) + np.cumsum(lengths) - lengths
     return Infill(starts.astype(np.int64), lengths, drawn_arr)
 
 
 def infill(tokens: np.ndarray, rng: np.random.Generator, *, mask_id: int, mask_ratio: float = 0.3,
            poisson_lambda: float = 3.0) -> np.ndarray:
-    """BART's text infilling of `tokens`: each span of `sample_infill_spans` becomes one mask token."""
+    """BART's text infilling of `tokens`: each span of `sample_infill_spans` becomes one mask token
+    (placed before the first kept token at or after the span's start)."""
     tokens = np.asarray(tokens, np.int32)
-    spans = sample_infill_spans(len(tokens), rng, mask_ratio=mask_ratio, poisson_lambda=poisson_lambda)
-    masked = np.zeros(len(tokens), bool)
-    for s, n in zip(spans.starts, spans.lengths):
-        masked[s:s + n] = True
-    keep = np.flatnonzero(~masked)
-    # a mask token goes before the first kept token at or after its span's start
-    at = np.searchsorted(keep, spans.starts)
-    pieces = np.split(tokens[keep], at)
-    return np.concatenate([np.r_[piece, mask_id] if i < len(at) else piece
-                           for i, piece in enumerate(pieces)]).astype(np.int32)
+    n = len(tokens)
+    spans = sample_infill_spans(n, rng, mask_ratio=mask_ratio, poisson_lambda=poisson_lambda)
+    cover = np.zeros(n + 1, np.int32)
+    np.add.at(cover, spans.starts, 1)
+    np.add.at(cover, spans.starts + spans.lengths, -1)
+    keep = np.cumsum(cover[:n]) == 0
+    masks_before = np.bincount(spans.starts, minlength=n + 1)
+    emitted = masks_before + np.append(keep, False)  # what each position writes: its masks, then itself
+    out = np.full(int(emitted.sum()), mask_id, np.int32)
+    out[(np.cumsum(emitted) - 1)[:n][keep]] = tokens[keep]
+    return out
 
 
 def permute_sentences(sentences: Sequence[Sequence[int]], rng: np.random.Generator) -> np.ndarray:

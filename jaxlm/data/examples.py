@@ -102,11 +102,11 @@ def make_transform(family: str, manifest: dict, word_start_table: np.ndarray | N
         def transform(row, rng):
             inner = row.tokens[1:-1]
             if o.permute_sentences:
-                bounds = np.r_[row.sentence_starts - 1, len(inner)]
+                bounds = np.append(row.sentence_starts - 1, len(inner))
                 inner = permute_sentences([inner[s:e] for s, e in zip(bounds[:-1], bounds[1:])], rng)
             inputs = infill(inner, rng, mask_id=special["mask"], mask_ratio=o.mask_ratio,
                             poisson_lambda=o.poisson_lambda)
-            return seq2seq_arrays(np.r_[row.tokens[0], inputs, row.tokens[-1]], row.tokens, max_seq_length=seq,
+            return seq2seq_arrays(np.concatenate([row.tokens[:1], inputs, row.tokens[-1:]]), row.tokens, max_seq_length=seq,
                                   max_target_length=target, pad_id=pad, decoder_start_id=special["eos"])
     else:
         raise ValueError(f"no transform for model.family={family!r}")

@@ -88,12 +88,16 @@ def causal_example(row: np.ndarray, max_seq_length: int, eos_id: int) -> dict[st
     tokens = row[:max_seq_length]
     n = len(tokens)
     is_eos = tokens == eos_id
-    next_tokens = np.r_[row[1:], 0][:n]
-    pad = lambda x, dtype: np.pad(x, (0, max_seq_length - n)).astype(dtype)
-    return {"input_ids": pad(tokens, np.int32),
-            "segment_ids": pad(1 + np.r_[0, np.cumsum(is_eos)[:-1]], np.int32),
-            "targets": pad(np.where(is_eos, 0, next_tokens), np.int32),
-            "target_weights": pad(~is_eos, np.float32)}
+    next_tokens = np.append(row[1:], 0)[:n]
+    segments = np.cumsum(is_eos) - is_eos + 1
+
+    def pad(x, dtype):
+        out = np.zeros(max_seq_length, dtype)
+        out[:n] = x
+        return out
+
+    return {"input_ids": pad(tokens, np.int32), "segment_ids": pad(segments, np.int32),
+            "targets": pad(np.where(is_eos, 0, next_tokens), np.int32), "target_weights": pad(~is_eos, np.float32)}
 
 
 def pack_documents(docs: Sequence[Sequence[int]], max_seq_length: int, eos_id: int, *,

@@ -16,11 +16,13 @@ def candidate_mask(tokens: np.ndarray, special_ids: Iterable[int]) -> np.ndarray
 def word_bounds(word_starts: np.ndarray, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(starts, ends) of every candidate word: a start token plus its continuations, never
     spanning a special token (a continuation right after a special starts its own word)."""
-    starts_mask = candidates & (np.asarray(word_starts, bool) | ~np.r_[False, candidates[:-1]])
+    after_special = np.ones_like(candidates)
+    after_special[1:] = ~candidates[:-1]
+    starts_mask = candidates & (np.asarray(word_starts, bool) | after_special)
     starts = np.flatnonzero(starts_mask)
     # a word ends at the next word start or at the next special token, whichever comes first
     boundaries = np.flatnonzero(starts_mask | ~candidates)
-    ends = np.r_[boundaries, len(candidates)][np.searchsorted(boundaries, starts, side="right")]
+    ends = np.append(boundaries, len(candidates))[np.searchsorted(boundaries, starts, side="right")]
     return starts, ends
 
 
@@ -120,11 +122,15 @@ def sample_spans(word_starts: np.ndarray, candidates: np.ndarray, rng: np.random
     masked = np.zeros(n + 1, bool)  # masked[n] stays False: the right edge is checked separately
     spans: list[tuple[int, int, int]] = []
     left = budget
+    cdf = np.cumsum(pmf)
+    cdf /= cdf[-1]
     while left > 0 and num_words:
-        length = int(rng.choice(len(pmf), p=pmf)) + 1
+        length = int(cdf.searchsorted(rng.random(), side="right")) + 1  # = rng.choice(len(pmf), p=pmf)
         usable = ~masked[starts] & (starts > 0) & ~masked[np.maximum(starts - 1, 0)]
         # run[w]: how many consecutive usable words start at word w
-        chained = usable & np.r_[(ends[:-1] == starts[1:]) & usable[1:], False]
+        chained = usable.copy()
+        chained[:-1] &= (ends[:-1] == starts[1:]) & usable[1:]
+        chained[-1] = False
         breaks = np.flatnonzero(~chained)
         index = np.arange(num_words)
         run = np.where(usable, breaks[np.searchsorted(breaks, index)] - index + 1, 0)

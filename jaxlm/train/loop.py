@@ -175,6 +175,8 @@ def train(config: RunConfig) -> dict:
     tokens_per_step = tcfg.global_batch * config.data.max_seq_length
     flops_per_token = setup.objective.flops_per_token()
 
+    if start == 0:  # where held-out metrics start, for the curves and to judge what training bought
+        writer.write(0, evaluate(setup, compiled_eval, state.params, valid), split="eval")
     step, stop_at = start, tcfg.steps
     deadline = time.time() + tcfg.time_limit_minutes * 60 if tcfg.time_limit_minutes > 0 else None
     batches = train_data.iterate(start, tcfg.global_batch, jax.process_index(), jax.process_count())

@@ -19,6 +19,10 @@ def _lookup(lookup, *names: str) -> int | None:
     return None
 
 
+def _first(*ids: int | None) -> int | None:
+    return next((i for i in ids if i is not None), None)
+
+
 def special_ids(tokenizer) -> dict[str, int | None]:
     """Role -> id (None where the tokenizer has no such token); `sentinels` lists T5's sentinel ids."""
     if isinstance(tokenizer, WordPieceTokenizer):
@@ -38,8 +42,10 @@ def special_ids(tokenizer) -> dict[str, int | None]:
         piece = lambda name: sp.piece_to_id(name) if sp.piece_to_id(name) != sp.unk_id() else None
         own = lambda i: i if i >= 0 else None
         bos, eos = own(sp.bos_id()), own(sp.eos_id())
-        roles = {"pad": own(sp.pad_id()), "cls": bos, "sep": eos, "bos": bos, "eos": eos,
-                 "mask": _lookup(piece, "<mask>", "[MASK]"), "unk": own(sp.unk_id())}
+        # ALBERT's model holds [CLS] [SEP] [MASK] <pad> as pieces; T5's has pad/eos ids and no BOS
+        roles = {"pad": own(sp.pad_id()) if sp.pad_id() >= 0 else _lookup(piece, "<pad>"),
+                 "cls": _first(_lookup(piece, "[CLS]"), bos), "sep": _first(_lookup(piece, "[SEP]"), eos), "bos": bos,
+                 "eos": eos, "mask": _lookup(piece, "<mask>", "[MASK]"), "unk": own(sp.unk_id())}
         return roles | {"sentinels": [tokenizer.sentinel_id(i) for i in range(tokenizer.sentinels)]}
     raise TypeError(f"no special-token roles known for {type(tokenizer).__name__}")
 

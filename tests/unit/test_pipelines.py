@@ -1,0 +1,548 @@
+"""Every objective's pipeline end to end on real text (Jane Austen): `prepare` -> `PretrainingData`
+-> batches, checked against the objective's declared batch and each corruption's definition."""
+import dataclasses
+import json
+import math
+import pathlib
+
+import numpy as np
+import pytest
+
+from jaxlm import config as jaxlm_config
+from jaxlm.data.assets import fetch_austen
+from jaxlm.data.examples import options_from_config
+from jaxlm.data.layouts import LayoutSettings, t5_raw_length
+from jaxlm.data.pipeline import PretrainingData
+from jaxlm.data.prepare import config_settings, partial_dir, prepare
+from jaxlm.data.sources import model_tokenizer, text_documents
+from jaxlm.objectives import make_objective
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+FAMILIES = ("bert", "roberta", "albert", "spanbert", "gpt2", "t5", "bart")
+CHAPTERS = 80
+SHARD_SIZE = 500
+BATCH = 16
+SEED = 7
+
+
+# ------------------------------------------------------------------------------------ fixtures
+
+@dataclasses.dataclass
+class Prepared:
+    family: str
+    config: object
+    tokenizer: object
+    path: pathlib.Path
+    manifest: dict
+    options: dict
+
+    def open(self, split="train", seed=SEED, **options):
+        return PretrainingData(self.path, split, seed=seed, family=self.family,
+                               tokenizer_fingerprint=self.tokenizer.fingerprint(),
+                               vocab_size=self.tokenizer.vocab_size,
+                               max_seq_length=self.config.data.max_seq_length, **(self.options | options))
+
+    @property
+    def special(self):
+        return self.manifest["special_ids"]
+
+
+def load_config(family):
+    return jaxlm_config.load(ROOT / "configs" / f"{family}-tiny.yaml",
+                             ["data.valid_fraction=0.1", f"data.shard_size={SHARD_SIZE}", "data.seed=3"])
+
+
+@pytest.fixture(scope="module")
+def austen_chapters():
+    """The first CHAPTERS chapters of Austen, as the lines of each (one sentence a line)."""
+    blocks = fetch_austen().read_text(encoding="utf-8").strip("\n").split("\n\n")
+    return [block.split("\n") for block in blocks[:CHAPTERS]]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, austen_chapters):
+    path = tmp_path_factory.mktemp("corpus") / "austen80.txt"
+    path.write_text("\n\n".join("\n".join(c) for c in austen_chapters) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory, corpus):
+    """build(family, **prepare overrides) -> Prepared, each prepared once per module."""
+    cache = {}
+    root = tmp_path_factory.mktemp("prepared")
+
+    def get(family, **overrides):
+        key = (family, tuple(sorted(overrides.items())))
+        if key not in cache:
+            config = load_config(family)
+            tokenizer = model_tokenizer(config)
+            path = root / f"{family}-{len(cache)}"
+            settings = config_settings(config.data, family) | overrides
+            manifest = prepare([corpus], path, tokenizer, progress=False, **settings)
+            cache[key] = Prepared(family, config, tokenizer, path, manifest,
+                                  options_from_config(config.data, config.model))
+        return cache[key]
+
+    return get
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def prepared(request, build):
+    return build(request.param)
+
+
+def stored_rows(data):
+    return [data.raw(i) for i in range(len(data))]
+
+
+def unmasked(ex):
+    """The example's input with every masked target put back."""
+    ids = ex["input_ids"].copy()
+    chosen = ex["masked_weights"] > 0
+    ids[ex["masked_positions"][chosen]] = ex["masked_labels"][chosen]
+    return ids[:int(ex["input_mask"].sum())]
+
+
+# -------------------------------------------------------------------- every family: the batches
+
+def test_batches_match_the_declared_fields(prepared):
+    objective = make_objective(prepared.config.model, prepared.config.data)
+    shapes = objective.batch_shapes(BATCH)
+    assert len(prepared.manifest["splits"]["train"]["shards"]) > 1  # batches gather across shards
+    for split in ("train", "valid"):
+        data = prepared.open(split)
+        per_epoch = data.steps_per_epoch(BATCH)
+        # train: the first batch of epochs 0 and 1; valid: every batch of epoch 0 (every row)
+        for step in ((0, per_epoch) if split == "train" else range(per_epoch)):
+            batch = data.local_batch(step, BATCH)
+            assert sorted(batch) == sorted(shapes), (prepared.family, split)
+            for name, spec in shapes.items():
+                assert batch[name].shape == spec.shape, (prepared.family, name)
+                assert batch[name].dtype == np.dtype(spec.dtype), (prepared.family, name, batch[name].dtype)
+
+
+def _long_rows(data, minimum, count=6):
+    """Indices of rows long enough that two epochs' corruptions cannot plausibly coincide."""
+    found = [i for i in range(len(data)) if len(data.raw(i).tokens) >= minimum][:count]
+    assert len(found) == count
+    return found
+
+
+def _equal(a, b):
+    return sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_examples_are_deterministic(prepared):
+    first, second = prepared.open(), prepared.open()
+    indices = _long_rows(first, prepared.config.data.max_seq_length // 2)
+    for index in indices:
+        for epoch in (0, 1, 5):
+            assert _equal(first.example(index, epoch), second.example(index, epoch)), (index, epoch)
+        same = _equal(first.example(index, 0), first.example(index, 1))
+        if prepared.family == "gpt2":
+            assert same, "causal LM examples have no randomness"
+        else:
+            assert not same, (prepared.family, index, "epoch 1 repeats epoch 0's corruption")
+    other = prepared.open(seed=SEED + 1)
+    for step in (0, 1, first.steps_per_epoch(BATCH)):
+        epoch, a = first.batch_indices(step, BATCH)
+        again = second.batch_indices(step, BATCH)
+        assert again[0] == epoch and np.array_equal(again[1], a)
+        assert not np.array_equal(other.batch_indices(step, BATCH)[1], a)
+    assert not np.array_equal(first.permutation(0), first.permutation(1))
+    assert sorted(first.permutation(0)) == list(range(len(first)))
+
+
+def test_process_slices_make_the_global_batch(prepared):
+    data = prepared.open()
+    for step in (1, data.steps_per_epoch(BATCH) + 2):
+        whole = data.local_batch(step, BATCH, 0, 1)
+        parts = [data.local_batch(step, BATCH, p, 2) for p in (0, 1)]
+        for name in whole:
+            assert parts[0][name].shape[0] == BATCH // 2
+            assert np.array_equal(np.concatenate([p[name] for p in parts]), whole[name]), name
+
+
+def test_iterate_resumes_at_any_step(prepared):
+    data = prepared.open()
+    start = data.steps_per_epoch(BATCH) - 2  # crosses into epoch 1
+    for process in (0, 1):
+        stream = data.iterate(start, BATCH, process, 2)
+        try:
+            for k in range(4):
+                got = next(stream)
+                expected = data.local_batch(start + k, BATCH, process, 2)
+                assert _equal(got, expected), (process, k)
+        finally:
+            stream.close()
+
+
+# ------------------------------------------------------------------------------ causal (gpt2)
+
+def _split_documents(prepared, corpus, split):
+    """The split's documents tokenized here, in prepare's order, each a flat token list."""
+    documents = text_documents(corpus)
+    chosen = json.loads((prepared.path / "documents.json").read_text())[split]
+    assert all(source == 0 for source, _ in chosen)
+    out = []
+    for _, d in chosen:
+        tokens = [t for s in prepared.tokenizer.encode_batch(documents[d]) for t in s]
+        if tokens:
+            out.append(tokens)
+    return out
+
+
+def test_causal_packed_rows(build, corpus):
+    prepared = build("gpt2")
+    seq, eos = prepared.config.data.max_seq_length, prepared.special["eos"]
+    for split in ("train", "valid"):
+        data = prepared.open(split)
+        rows = stored_rows(data)
+        for index, row in enumerate(rows):
+            tokens = row.tokens
+            assert len(tokens) <= seq + 1
+            ex = data.example(index, 0)
+            n = min(len(tokens), seq)
+            inputs = tokens[:n]
+            assert np.array_equal(ex["input_ids"][:n], inputs)
+            is_eos = inputs == eos
+            weights = ex["target_weights"]
+            assert np.array_equal(weights[:n] == 0, is_eos) and not weights[n:].any()
+            predicted = np.flatnonzero(~is_eos)
+            assert (predicted + 1 < len(tokens)).all(), "a weighted position has its next token in the row"
+            assert np.array_equal(ex["targets"][predicted], tokens[predicted + 1])
+            segments = ex["segment_ids"]
+            assert segments[0] == 1 and not segments[n:].any()
+            steps = np.diff(segments[:n])
+            assert np.array_equal(steps, is_eos[:-1].astype(steps.dtype)), "segments change exactly after EOS"
+        # the rows, minus the lookahead token, are the split's stream cut in max_seq_length pieces
+        documents = _split_documents(prepared, corpus, split)
+        stream = np.concatenate([np.r_[d, eos] for d in documents]).astype(np.int32)
+        assert sum(min(len(r.tokens), seq) for r in rows) == len(stream)
+        expected = sorted(stream[i:i + seq + 1].tobytes() for i in range(0, len(stream), seq))
+        assert sorted(r.tokens.astype(np.int32).tobytes() for r in rows) == expected
+
+
+def test_causal_unpacked_rows_hold_one_document(build, corpus):
+    prepared = build("gpt2", packed=False)
+    assert prepared.manifest["packed"] is False
+    seq, eos = prepared.config.data.max_seq_length, prepared.special["eos"]
+    data = prepared.open("train")
+    documents = _split_documents(prepared, corpus, "train")
+    rows = stored_rows(data)
+    assert len(rows) == len(documents)
+    expected = sorted(np.r_[d, eos].astype(np.int32)[:seq + 1].tobytes() for d in documents)
+    assert sorted(r.tokens.astype(np.int32).tobytes() for r in rows) == expected
+    for index in range(len(data)):
+        ex = data.example(index, 0)
+        assert set(np.unique(ex["segment_ids"])) <= {0, 1}
+
+
+# ------------------------------------------------------------------------------------------ t5
+
+def test_t5_span_corruption(build):
+    prepared = build("t5")
+    seq = prepared.config.data.max_seq_length
+    target_length = prepared.options["target_length"]
+    eos = prepared.special["eos"]
+    sentinels = prepared.special["sentinels"]
+    sentinel_set = set(sentinels)
+    raw = t5_raw_length(LayoutSettings(seq, noise_density=prepared.config.data.noise_density,
+                                       mean_span_length=prepared.config.data.mean_span_length))
+    data = prepared.open()
+    noise = total = spans = full = 0
+    for epoch in (0, 1):
+        for index in range(len(data)):
+            row = data.raw(index).tokens
+            assert not sentinel_set & set(row.tolist())
+            ex = data.example(index, epoch)
+            inputs = ex["input_ids"][ex["input_mask"] > 0]
+            targets = ex["targets"][ex["target_weights"] > 0]
+            assert len(targets) <= target_length
+            assert np.array_equal(ex["decoder_input_ids"][1:], ex["targets"][:-1])
+            assert ex["decoder_input_ids"][0] == prepared.config.model.decoder_start_token_id
+            if len(row) == raw:
+                full += 1
+                assert ex["input_mask"].sum() == seq == len(ex["input_ids"]), "a full chunk fills the input"
+            assert inputs[-1] == eos and targets[-1] == eos
+            # targets: sentinel_i span_i ... EOS; inputs: kept tokens with sentinel_i for span_i, EOS
+            bounds = [j for j, t in enumerate(targets) if t in sentinel_set] + [len(targets) - 1]
+            fill = {int(targets[a]): targets[a + 1:b].tolist() for a, b in zip(bounds[:-1], bounds[1:])}
+            assert list(fill) == sentinels[:len(fill)] and all(fill.values())
+            rebuilt = [t for x in inputs[:-1].tolist() for t in (fill.pop(x) if x in sentinel_set else [x])]
+            assert not fill, "every sentinel of the targets appears in the inputs"
+            assert rebuilt == row.tolist()
+            noise += len(targets) - (len(bounds) - 1) - 1
+            spans += len(bounds) - 1
+            total += len(row)
+    density, mean_span = noise / total, noise / spans
+    print(f"\nt5: {full} full chunks of {raw} tokens, noise fraction {density:.4f}, mean span {mean_span:.3f}")
+    assert full > 5000
+    assert abs(density - 0.15) < 0.01
+    assert abs(mean_span - 3.0) < 0.2
+
+
+# ---------------------------------------------------------------------------------------- bart
+
+def _sentences(row):
+    bounds = np.r_[row.sentence_starts, len(row.tokens) - 1]
+    return [row.tokens[a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _as_permutation(tokens, sentences):
+    """An order of `sentences` whose concatenation is `tokens`, or None."""
+    def search(position, left):
+        if position == len(tokens):
+            return [] if not left else None
+        for i in sorted(left):
+            s = sentences[i]
+            if tokens[position:position + len(s)] == s:
+                rest = search(position + len(s), left - {i})
+                if rest is not None:
+                    return [i, *rest]
+        return None
+    return search(0, frozenset(range(len(sentences))))
+
+
+def _glob_removed(inputs, original, mask_id):
+    """Tokens of `original` that `inputs` replaced by masks, when every run of non-mask input tokens
+    is an unchanged piece of `original` in order and every gap between them sits at a mask; else None."""
+    pieces, current = [], []
+    for t in inputs:
+        if t == mask_id:
+            pieces.append(current)
+            current = []
+        else:
+            current.append(t)
+    pieces.append(current)
+    if len(pieces) == 1:
+        return 0 if pieces[0] == original else None
+    first, *middle, last = pieces
+    if original[:len(first)] != first or len(first) + len(last) > len(original):
+        return None
+    if last and original[len(original) - len(last):] != last:
+        return None
+    position, end = len(first), len(original) - len(last)
+    for piece in middle:  # leftmost match of each middle piece (glob matching with '*')
+        found = next((p for p in range(position, end - len(piece) + 1) if original[p:p + len(piece)] == piece), None)
+        if found is None:
+            return None
+        position = found + len(piece)
+    return len(original) - sum(map(len, pieces))
+
+
+def test_bart_targets_are_the_stored_row(build):
+    prepared = build("bart")
+    data = prepared.open()
+    for index in range(len(data)):
+        row, ex = data.raw(index), data.example(index, 0)
+        assert np.array_equal(ex["targets"][ex["target_weights"] > 0], row.tokens)
+        assert np.array_equal(ex["decoder_input_ids"][1:], ex["targets"][:-1])
+        assert ex["decoder_input_ids"][0] == prepared.config.model.decoder_start_token_id
+
+
+def test_bart_sentence_permutation(build):
+    prepared = build("bart")
+    bos, eos = prepared.special["bos"], prepared.special["eos"]
+    data = prepared.open(mask_ratio=0.0)
+    reordered = multi = 0
+    expected = variance = 0.0
+    for index in range(len(data)):
+        row, ex = data.raw(index), data.example(index, 0)
+        inputs = ex["input_ids"][ex["input_mask"] > 0]
+        assert len(inputs) == len(row.tokens) and inputs[0] == bos and inputs[-1] == eos
+        sentences = _sentences(row)
+        order = _as_permutation(inputs[1:-1].tolist(), sentences)
+        assert order is not None, index
+        if len(sentences) > 1:
+            multi += 1
+            reordered += order != list(range(len(sentences)))
+            p = 1 - 1 / math.factorial(len(sentences))  # a uniform permutation moves something
+            expected += p
+            variance += p * (1 - p)
+    print(f"\nbart: {reordered} of {multi} multi-sentence rows reordered ({reordered / multi:.3f}; "
+          f"a uniform permutation: {expected / multi:.3f})")
+    # repeated sentences can hide a move, so a little below a uniform permutation's rate is fine
+    assert multi > 1000
+    assert expected - 4 * math.sqrt(variance) - 0.01 * multi < reordered < expected + 4 * math.sqrt(variance)
+
+
+def test_bart_text_infilling(build):
+    prepared = build("bart")
+    mask = prepared.special["mask"]
+    data = prepared.open(permute_sentences=False)
+    removed = inner = masks = 0
+    for epoch in (0, 1):
+        for index in range(len(data)):
+            row, ex = data.raw(index), data.example(index, epoch)
+            original = row.tokens[1:-1].tolist()
+            assert mask not in original
+            inputs = ex["input_ids"][ex["input_mask"] > 0]
+            assert inputs[0] == row.tokens[0] and inputs[-1] == row.tokens[-1]
+            gone = _glob_removed(inputs[1:-1].tolist(), original, mask)
+            assert gone is not None, (index, "kept tokens changed or a removed span has no [MASK]")
+            assert gone == round(0.3 * len(original)), index
+            removed += gone
+            inner += len(original)
+            masks += int((inputs == mask).sum())
+    ratio, per_token = removed / inner, masks / inner
+    print(f"\nbart: removed {ratio:.4f} of the inner tokens, {per_token:.4f} [MASK] per inner token "
+          f"({removed / masks:.3f} removed tokens per [MASK])")
+    assert abs(ratio - 0.3) < 0.01
+    # one [MASK] per Poisson(3) span: about 0.3 / 3 per token, plus the last (cut) span of each row
+    assert 0.095 < per_token < 0.115
+
+
+# -------------------------------------------------------------------------------------- albert
+
+def test_albert_sentence_order(build):
+    prepared = build("albert")
+    cls, sep = prepared.special["cls"], prepared.special["sep"]
+    data = prepared.open()
+    swapped = count = 0
+    for epoch in range(1):
+        for index in range(len(data)):
+            row, ex = data.raw(index), data.example(index, epoch)
+            a, b = row.tokens[1:row.len_a - 1].tolist(), row.tokens[row.len_a:-1].tolist()
+            tokens = unmasked(ex).tolist()
+            label = int(ex["nsp_label"])
+            first, second = (b, a) if label else (a, b)
+            assert tokens == [cls, *first, sep, *second, sep], (index, epoch, label)
+            n = len(tokens)
+            assert ex["segment_ids"][:n].tolist() == [0] * (len(first) + 2) + [1] * (len(second) + 1)
+            swapped += label
+            count += 1
+    rate = swapped / count
+    print(f"\nalbert: {swapped} of {count} examples swapped ({rate:.4f})")
+    assert count > 5000 and abs(rate - 0.5) < 0.02
+
+
+# ------------------------------------------------------------------------------------ spanbert
+
+def test_spanbert_spans(build):
+    prepared = build("spanbert")
+    specials = [prepared.special[k] for k in ("pad", "cls", "sep", "mask")]
+    data = prepared.open()
+    chosen = candidates = spans = 0
+    for epoch in (0,):
+        for index in range(len(data)):
+            row, ex = data.raw(index), data.example(index, epoch)
+            n = len(row.tokens)
+            assert np.array_equal(unmasked(ex), row.tokens)
+            live = ex["masked_weights"] > 0
+            positions = ex["masked_positions"][live]
+            pairs, offsets = ex["pair_positions"][live], ex["span_offsets"][live]
+            masked = set(positions.tolist())
+            assert len(masked) == len(positions) and np.all(np.diff(positions) > 0)
+            assert not np.isin(row.tokens[positions], specials).any()
+            for (left, right), position, offset in zip(pairs, positions, offsets):
+                assert 0 <= left < position < right < n
+                assert left not in masked and right not in masked
+                assert set(range(left + 1, right)) <= masked
+                assert offset == position - left - 1
+            spans += len({tuple(p) for p in pairs.tolist()})
+            chosen += len(positions)
+            candidates += int((~np.isin(row.tokens, specials)).sum())
+    rate = chosen / candidates
+    print(f"\nspanbert: {rate:.4f} of the non-special tokens chosen, {chosen / spans:.3f} tokens per span")
+    assert abs(rate - 0.15) < 0.01
+
+
+# ------------------------------------------------------------------------------------- roberta
+
+def _split_words(ex, row, continuation, specials):
+    """How many chosen positions break a word: a continuation piece chosen without the piece before
+    it, or a piece chosen without the continuation after it."""
+    tokens = row.tokens
+    chosen = np.zeros(len(tokens) + 1, bool)
+    chosen[ex["masked_positions"][ex["masked_weights"] > 0]] = True
+    cont = continuation[tokens] & ~np.isin(np.r_[-1, tokens[:-1]], specials)
+    cont = np.r_[cont, False]
+    broken = (chosen[1:] != chosen[:-1]) & cont[1:]  # a word boundary runs between i and i + 1
+    return int(broken.sum())
+
+
+def test_roberta_whole_word_masking(build):
+    prepared = build("roberta")
+    specials = [prepared.special[k] for k in ("pad", "cls", "sep", "mask")]
+    pieces = prepared.tokenizer.convert_ids_to_tokens(range(prepared.tokenizer.vocab_size))
+    continuation = np.array([p.startswith("##") for p in pieces])
+    whole, plain = prepared.open(whole_word_masking=True), prepared.open()
+    chosen = candidates = broken_plain = 0
+    for index in range(len(whole)):
+        row = whole.raw(index)
+        ex = whole.example(index, 0)
+        assert "segment_ids" not in ex
+        assert np.array_equal(unmasked(ex), row.tokens)
+        assert _split_words(ex, row, continuation, specials) == 0, index
+        broken_plain += _split_words(plain.example(index, 0), row, continuation, specials)
+        chosen += int(ex["masked_weights"].sum())
+        candidates += int((~np.isin(row.tokens, specials)).sum())
+    print(f"\nroberta: whole-word masking chose {chosen / candidates:.4f} of the tokens; token masking "
+          f"split {broken_plain} words over the same rows")
+    assert broken_plain > 100  # the check sees split words
+    assert abs(chosen / candidates - 0.15) < 0.01
+
+
+# -------------------------------------------------------------------------------------- errors
+
+def test_data_of_another_layout_is_refused(build):
+    prepared = build("gpt2")
+    with pytest.raises(ValueError, match=r"prepared for model\.family=gpt2 \(causal rows\).*"
+                                         r"model\.family=bert.*re-run `jaxlm prepare"):
+        PretrainingData(prepared.path, "train", seed=0, family="bert")
+
+
+def test_tokenizer_without_the_roles_is_refused(tmp_path, corpus):
+    from jaxlm.data.tokenizers.tokenize_cli import load_tokenizer
+
+    out = tmp_path / "bert-with-gpt2"
+    with pytest.raises(ValueError, match=r"model\.family=bert needs a tokenizer with cls, sep, mask token"):
+        prepare([corpus], out, load_tokenizer("gpt2"), family="bert", progress=False)
+    assert not out.exists() and not partial_dir(out).exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------------- sources
+
+def test_jsonl_source(tmp_path, austen_chapters):
+    path = tmp_path / "austen.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        for i, chapter in enumerate(austen_chapters):
+            f.write(json.dumps({"id": i, "body": " ".join(chapter)}) + "\n")
+    config = load_config("roberta")
+    tokenizer = model_tokenizer(config)
+    settings = config_settings(config.data, "roberta") | {"text_field": "body"}
+    manifest = prepare([path], tmp_path / "out", tokenizer, progress=False, **settings)
+    assert manifest["sources"][0]["documents"] == len(austen_chapters)
+    assert sum(s["documents"] for s in manifest["splits"].values()) == len(austen_chapters)
+    assert manifest["text_field"] == "body"
+
+    bad = tmp_path / "bad.jsonl"
+    lines = path.read_text(encoding="utf-8").splitlines()
+    lines[2] = json.dumps({"id": 2, "text": "No body here."})
+    bad.write_text("\n".join(lines[:5]) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad\.jsonl:3 has no 'body' field.*data\.text_field"):
+        prepare([bad], tmp_path / "bad-out", tokenizer, progress=False, **settings)
+    assert not (tmp_path / "bad-out").exists()
+
+
+def test_tfds_source_gives_the_rows_of_the_text_file(tmp_path):
+    pytest.importorskip("tensorflow_datasets")
+    config = load_config("bert")
+    tokenizer = model_tokenizer(config)
+    settings = config_settings(config.data, "bert") | {"dupe_factor": 1, "shard_size": 3000}
+    tfds = prepare(["tfds:jaxlm_demo_corpus/austen"], tmp_path / "tfds-out", tokenizer, progress=False,
+                   tfds_data_dir=str(tmp_path / "tfds"), **settings)
+    text = prepare([fetch_austen()], tmp_path / "text-out", tokenizer, progress=False, **settings)
+    assert tfds["splits"] == text["splits"]
+    assert tfds["sources"][0]["documents"] == text["sources"][0]["documents"]
+    assert (tmp_path / "tfds-out/documents.json").read_text() == (tmp_path / "text-out/documents.json").read_text()
+    for split in ("train", "valid"):
+        a = PretrainingData(tmp_path / "tfds-out", split, seed=0)
+        b = PretrainingData(tmp_path / "text-out", split, seed=0)
+        assert len(a) == len(b) > 0
+        for i in range(len(a)):
+            x, y = a.raw(i), b.raw(i)
+            assert np.array_equal(x.tokens, y.tokens) and x.len_a == y.len_a and x.label == y.label, (split, i)
