@@ -9,7 +9,7 @@ import numpy as np
 
 from jaxlm.data.denoising import infill, permute_sentences, seq2seq_arrays, t5_span_corruption
 from jaxlm.data.layouts import LAYOUTS, Row
-from jaxlm.data.masking import mask_example
+from jaxlm.data.masking import TokenMasker
 from jaxlm.data.packing import causal_example, sentence_order_pair
 from jaxlm.data.spans import mask_words, span_mask
 
@@ -58,10 +58,12 @@ def make_transform(family: str, manifest: dict, word_start_table: np.ndarray | N
     mlm = dict(vocab_size=vocab_size, mask_id=special["mask"], special_ids=specials, max_seq_length=seq,
                max_predictions=o.max_predictions, mask_prob=o.mask_prob, pad_id=special["pad"])
 
+    masker = TokenMasker(**mlm) if layout in ("nsp_pairs", "sop_pairs", "sentence_rows") else None
+
     def masked(tokens: np.ndarray, len_a: int | None, starts, rng) -> dict:
         if o.whole_word_masking:
             return mask_words(tokens, starts, rng, len_a=len_a, **mlm)
-        return mask_example(tokens, len(tokens) if len_a is None else len_a, rng, **mlm)
+        return masker(tokens, len(tokens) if len_a is None else len_a, rng)
 
     if layout == "nsp_pairs":
         def transform(row, rng):
