@@ -5,7 +5,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 peers=${1:-../shared/bench/peers_torch.py}
-jaxlm() { ${JAXLM:-python3 -m jaxlm.cli} "$@"; }
+jaxlm() { command ${JAXLM:-python3 -m jaxlm.cli} "$@"; }
 for kernel in cudnn xla; do
   jaxlm bench configs/bert-base.yaml model.attention_kernel=$kernel train.global_batch=256 \
     data.max_seq_length=128 data.max_predictions=20 --json

@@ -13,7 +13,17 @@ from jaxlm.data.masking import TokenMasker
 from jaxlm.data.packing import causal_example, sentence_order_pair
 from jaxlm.data.spans import mask_words, span_mask
 
-Transform = Callable[[Row, np.random.Generator], dict]
+# rows and one generator per row -> the batch fields, stacked; row i depends on rows[i] and rngs[i] only
+Transform = Callable[[list[Row], list[np.random.Generator]], dict]
+
+
+def stack(examples: list[dict]) -> dict[str, np.ndarray]:
+    return {k: np.stack([e[k] for e in examples]) for k in examples[0]}
+
+
+def per_row(fn: Callable[[Row, np.random.Generator], dict]) -> Transform:
+    """A transform of one row, applied row by row."""
+    return lambda rows, rngs: stack([fn(row, rng) for row, rng in zip(rows, rngs)])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,40 +68,44 @@ def make_transform(family: str, manifest: dict, word_start_table: np.ndarray | N
     mlm = dict(vocab_size=vocab_size, mask_id=special["mask"], special_ids=specials, max_seq_length=seq,
                max_predictions=o.max_predictions, mask_prob=o.mask_prob, pad_id=special["pad"])
 
-    masker = TokenMasker(**mlm) if layout in ("nsp_pairs", "sop_pairs", "sentence_rows") else None
+    masker = TokenMasker(**mlm)
 
-    def masked(tokens: np.ndarray, len_a: int | None, starts, rng) -> dict:
-        if o.whole_word_masking:
-            return mask_words(tokens, starts, rng, len_a=len_a, **mlm)
-        return masker(tokens, len(tokens) if len_a is None else len_a, rng)
+    def masked(tokens: list, len_a: list, rows: list[Row], rngs) -> dict:
+        """Whole-word masking per row, or BERT's token masking vectorised over the batch."""
+        if not o.whole_word_masking:
+            return masker.batch(tokens, len_a, rngs)
+        return stack([mask_words(t, word_starts(r._replace(tokens=t), word_start_table), rng, len_a=a, **mlm)
+                      for t, a, r, rng in zip(tokens, len_a, rows, rngs)])
 
     if layout == "nsp_pairs":
-        def transform(row, rng):
-            starts = word_starts(row, word_start_table) if o.whole_word_masking else None
-            return masked(row.tokens, row.len_a, starts, rng) | {"nsp_label": np.int32(row.label)}
+        def transform(rows, rngs):
+            out = masked([r.tokens for r in rows], [r.len_a for r in rows], rows, rngs)
+            return out | {"nsp_label": np.array([r.label for r in rows], np.int32)}
     elif layout == "sop_pairs":
-        def transform(row, rng):
-            a, b = row.tokens[1:row.len_a - 1], row.tokens[row.len_a:-1]
-            tokens, len_a, label = sentence_order_pair(a, b, rng, cls_id=special["cls"], sep_id=special["sep"])
-            starts = word_start_table[tokens] if o.whole_word_masking else None
-            return masked(tokens, len_a, starts, rng) | {"nsp_label": np.int32(label)}
+        def transform(rows, rngs):
+            pairs = [sentence_order_pair(r.tokens[1:r.len_a - 1], r.tokens[r.len_a:-1], rng, cls_id=special["cls"],
+                                         sep_id=special["sep"]) for r, rng in zip(rows, rngs)]
+            out = masked([p[0] for p in pairs], [p[1] for p in pairs], rows, rngs)
+            return out | {"nsp_label": np.array([p[2] for p in pairs], np.int32)}
     elif family == "spanbert":
+        @per_row
         def transform(row, rng):
             return span_mask(row.tokens, word_starts(row, word_start_table), rng, p=o.span_p,
                              max_span=o.max_span, **mlm)
     elif layout == "sentence_rows":
-        def transform(row, rng):
-            starts = word_starts(row, word_start_table) if o.whole_word_masking else None
-            out = masked(row.tokens, None, starts, rng)
+        def transform(rows, rngs):
+            out = masked([r.tokens for r in rows], [len(r.tokens) for r in rows], rows, rngs)
             del out["segment_ids"]  # one segment: RoBERTa and DistilBERT take no token types
             return out
     elif layout == "causal":
+        @per_row
         def transform(row, rng):
             return causal_example(row.tokens, seq, special["eos"])
     elif layout == "t5_chunks":
         pad = special["pad"] if special["pad"] is not None else 0
         target = o.target_length or seq
 
+        @per_row
         def transform(row, rng):
             return t5_span_corruption(row.tokens, rng, sentinel_ids=special["sentinels"], eos_id=special["eos"],
                                       noise_density=o.noise_density, mean_span_length=o.mean_span_length,
@@ -101,6 +115,7 @@ def make_transform(family: str, manifest: dict, word_start_table: np.ndarray | N
         pad = special["pad"] if special["pad"] is not None else 0
         target = o.target_length or seq
 
+        @per_row
         def transform(row, rng):
             inner = row.tokens[1:-1]
             if o.permute_sentences:

@@ -39,34 +39,43 @@ class TokenMasker:
         object.__setattr__(self, "_draw_range", self.vocab_size - len(specials))
 
     def __call__(self, tokens: np.ndarray, len_a: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        tokens = np.asarray(tokens, dtype=np.int32)
-        n, seq, preds = len(tokens), self.max_seq_length, self.max_predictions
-        if n > seq:
-            raise ValueError(f"example has {n} tokens, more than max_seq_length={seq}")
-        candidates = np.flatnonzero(~self._is_special[tokens])
-        num = min(preds, max(1, int(round(len(candidates) * self.mask_prob))), len(candidates))
-        positions = np.sort(rng.choice(candidates, size=num, replace=False)) if num else candidates[:0]
+        return {k: v[0] for k, v in self.batch([tokens], [len_a], [rng]).items()}
 
-        input_ids = np.full(seq, self.pad_id, np.int32)
-        input_ids[:n] = tokens
-        action = rng.random(num)
-        input_ids[positions[action < 0.8]] = self.mask_id
-        randomized = positions[(action >= 0.8) & (action < 0.9)]
-        if len(randomized):
-            input_ids[randomized] = _skip_specials(rng.integers(self._draw_range, size=len(randomized)), self._shifted)
-        segment_ids = np.zeros(seq, np.int32)
-        segment_ids[len_a:n] = 1
-        input_mask = np.zeros(seq, np.int32)
-        input_mask[:n] = 1
-        masked_positions = np.zeros(preds, np.int32)
-        masked_positions[:num] = positions
-        masked_labels = np.zeros(preds, np.int32)
-        masked_labels[:num] = tokens[positions]
-        masked_weights = np.zeros(preds, np.float32)
-        masked_weights[:num] = 1.0
-        return {"input_ids": input_ids, "segment_ids": segment_ids, "input_mask": input_mask,
-                "masked_positions": masked_positions, "masked_labels": masked_labels,
-                "masked_weights": masked_weights}
+    def batch(self, rows: list[np.ndarray], len_a: list[int], rngs: list[np.random.Generator]) -> dict[str, np.ndarray]:
+        """Masks rows[i] with rngs[i] alone (one draw of uniforms each, the same whatever the batch),
+        then everything else vectorised over the batch: the chosen positions are the `num` candidates
+        with the smallest uniform keys, sorted; one uniform each picks [MASK]/random/keep, another
+        the random id."""
+        seq, preds, b = self.max_seq_length, self.max_predictions, len(rows)
+        lengths = np.array([len(r) for r in rows])
+        if lengths.max(initial=0) > seq:
+            raise ValueError(f"example has {lengths.max()} tokens, more than max_seq_length={seq}")
+        tokens = np.full((b, seq), self.pad_id, np.int32)
+        uniforms = np.empty((b, seq + 2 * preds))
+        for i, (row, rng) in enumerate(zip(rows, rngs)):
+            tokens[i, :len(row)] = row
+            rng.random(out=uniforms[i])
+        column = np.arange(seq)
+        real = column < lengths[:, None]
+        candidates = real & ~self._is_special[tokens]
+        count = candidates.sum(1)
+        num = np.minimum(np.minimum(preds, np.maximum(1, np.round(count * self.mask_prob).astype(int))), count)
+        keys = np.where(candidates, uniforms[:, :seq], 2.0)
+        chosen = np.arange(preds) < num[:, None]
+        positions = np.sort(np.where(chosen, np.argsort(keys, axis=1, kind="stable")[:, :preds], seq), axis=1)
+        positions = np.where(chosen, positions, 0).astype(np.int32)
+        labels = np.where(chosen, np.take_along_axis(tokens, positions, 1), 0).astype(np.int32)
+
+        action = uniforms[:, seq:seq + preds]
+        random_ids = _skip_specials((uniforms[:, seq + preds:] * self._draw_range).astype(np.int64), self._shifted)
+        replacement = np.where(action < 0.8, self.mask_id, np.where(action < 0.9, random_ids, labels))
+        input_ids = tokens.copy()
+        r, c = np.nonzero(chosen)
+        input_ids[r, positions[r, c]] = replacement[r, c]
+        return {"input_ids": input_ids,
+                "segment_ids": (real & (column >= np.asarray(len_a)[:, None])).astype(np.int32),
+                "input_mask": real.astype(np.int32), "masked_positions": positions, "masked_labels": labels,
+                "masked_weights": chosen.astype(np.float32)}
 
 
 def mask_example(tokens: np.ndarray, len_a: int, rng: np.random.Generator, *, vocab_size: int,

@@ -79,8 +79,10 @@ class PretrainingData:
     def _permutation(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(self._len)
 
-    def _make(self, record: bytes, index: int, epoch: int) -> dict[str, np.ndarray]:
-        return self._transform(decode_row(record), np.random.default_rng([self.seed, epoch, int(index)]))
+    def _make(self, records: list[bytes], indices, epoch: int) -> dict[str, np.ndarray]:
+        """The examples of `records` (stacked); each one's randomness comes from (seed, epoch, its index) alone."""
+        return self._transform([decode_row(r) for r in records],
+                               [np.random.default_rng([self.seed, epoch, int(i)]) for i in indices])
 
     def raw(self, index: int) -> Row:
         """The stored row of example `index`, before this epoch's masking or corruption."""
@@ -88,7 +90,7 @@ class PretrainingData:
 
     def example(self, index: int, epoch: int) -> dict[str, np.ndarray]:
         """Example `index` as transformed in `epoch` (for BERT, nsp_label 1 means B is a random sentence)."""
-        return self._make(self._source[int(index)], index, epoch)
+        return {k: v[0] for k, v in self._make([self._source[int(index)]], [index], epoch).items()}
 
     def steps_per_epoch(self, global_batch: int) -> int:
         if global_batch > self._len:
@@ -113,8 +115,7 @@ class PretrainingData:
         per = global_batch // process_count
         indices = indices[process_index * per:(process_index + 1) * per]
         records = self._source.__getitems__(indices.tolist())
-        examples = [self._make(r, i, epoch) for r, i in zip(records, indices)]
-        return {k: np.stack([e[k] for e in examples]) for k in examples[0]}
+        return self._make(records, indices, epoch)
 
     def iterate(self, start_step: int, global_batch: int, process_index: int = 0,
                 process_count: int = 1, prefetch: int = 2) -> Iterator[dict[str, np.ndarray]]:

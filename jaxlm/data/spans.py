@@ -109,43 +109,77 @@ class Spans(NamedTuple):
     drawn: np.ndarray  # span length in words as drawn; only the last span may be shorter
 
 
+def _most_words(starts: np.ndarray, ends: np.ndarray, masked: np.ndarray, left: int) -> np.ndarray:
+    """For every word w, the most words a span starting at w may take (0: none)."""
+    n, num_words = len(masked) - 1, len(starts)
+    index = np.arange(num_words)
+    usable = ~masked[starts] & (starts > 0) & ~masked[np.maximum(starts - 1, 0)]
+    # run[w]: how many consecutive usable words start at word w
+    chained = usable.copy()
+    chained[:-1] &= (ends[:-1] == starts[1:]) & usable[1:]
+    chained[-1] = False
+    breaks = np.flatnonzero(~chained)
+    run = np.where(usable, breaks[np.searchsorted(breaks, index)] - index + 1, 0)
+    # all of its run when the token after the run is free (inside a run the next word's start
+    # always is), and no more tokens than the budget left
+    run_end = ends[np.minimum(index + run - 1, num_words - 1)]
+    edge_free = (run_end < n) & ~masked[np.minimum(run_end, n)]
+    most = np.minimum(run - ~edge_free, np.searchsorted(ends, starts + left, side="right") - index)
+    return np.where(usable, most, 0)
+
+
+def _fits(w: int, k: int, starts: list[int], ends: list[int], masked: bytearray, left: int) -> bool:
+    """Whether k words from word w make a span (scalar twin of `_most_words(...)[w] >= k`)."""
+    if w + k > len(starts):
+        return False
+    s = starts[w]
+    if s == 0 or masked[s] or masked[s - 1]:
+        return False
+    for j in range(w + 1, w + k):
+        if ends[j - 1] != starts[j] or masked[starts[j]] or masked[starts[j] - 1]:
+            return False
+    e = ends[w + k - 1]
+    return e < len(masked) - 1 and not masked[e] and e - s <= left
+
+
 def sample_spans(word_starts: np.ndarray, candidates: np.ndarray, rng: np.random.Generator, *,
-                 budget: int, pmf: np.ndarray) -> Spans:
+                 budget: int, pmf: np.ndarray, tries: int = 16) -> Spans:
     """Disjoint spans of whole words, lengths drawn i.i.d. from `pmf` (index 0 = one word).
 
     Each span starts at a word chosen uniformly among those where the drawn number of words fits:
     inside the sequence, adjacent words only, no special token, an unmasked token on either side
     (SBO's boundary pair) and no more tokens than the budget left. When it fits nowhere, the span
-    takes the most words that fit somewhere and sampling stops, so the budget is never exceeded."""
+    takes the most words that fit somewhere and sampling stops, so the budget is never exceeded.
+
+    The start is found by rejection (uniform words until one fits: uniform over those that fit),
+    and after `tries` misses from the exact set of fitting words, which also settles "nowhere"."""
     starts, ends = word_bounds(word_starts, candidates)
     n, num_words = len(candidates), len(starts)
+    starts_list, ends_list = starts.tolist(), ends.tolist()
     masked = np.zeros(n + 1, bool)  # masked[n] stays False: the right edge is checked separately
+    flags = bytearray(n + 1)
     spans: list[tuple[int, int, int]] = []
     left = budget
     cdf = np.cumsum(pmf)
     cdf /= cdf[-1]
     while left > 0 and num_words:
         length = int(cdf.searchsorted(rng.random(), side="right")) + 1  # = rng.choice(len(pmf), p=pmf)
-        usable = ~masked[starts] & (starts > 0) & ~masked[np.maximum(starts - 1, 0)]
-        # run[w]: how many consecutive usable words start at word w
-        chained = usable.copy()
-        chained[:-1] &= (ends[:-1] == starts[1:]) & usable[1:]
-        chained[-1] = False
-        breaks = np.flatnonzero(~chained)
-        index = np.arange(num_words)
-        run = np.where(usable, breaks[np.searchsorted(breaks, index)] - index + 1, 0)
-        best, fits = 0, None
-        for k in range(length, 0, -1):
-            span_end = ends[np.minimum(index + k - 1, num_words - 1)]
-            valid = (run >= k) & (span_end < n) & ~masked[span_end] & (span_end - starts <= left)
-            if valid.any():
-                best, fits = k, np.flatnonzero(valid)
+        best, w = length, None
+        for _ in range(tries if length <= left else 0):
+            candidate = min(int(rng.random() * num_words), num_words - 1)
+            if _fits(candidate, length, starts_list, ends_list, flags, left):
+                w = candidate
                 break
-        if not best:
-            break
-        w = int(fits[rng.integers(len(fits))])
-        s, e = int(starts[w]), int(ends[w + best - 1])
+        if w is None:
+            most = _most_words(starts, ends, masked, left)
+            best = min(length, int(most.max()))
+            if best <= 0:
+                break
+            fits = np.flatnonzero(most >= best)
+            w = int(fits[min(int(rng.random() * len(fits)), len(fits) - 1)])
+        s, e = starts_list[w], ends_list[w + best - 1]
         masked[s:e] = True
+        flags[s:e] = b"\x01" * (e - s)
         spans.append((s, e, length))
         left -= e - s
         if best < length:

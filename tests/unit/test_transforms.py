@@ -293,3 +293,28 @@ def test_bart_sentence_permutation(documents):
     np.testing.assert_array_equal(np.sort(ex["input_ids"][:n]), np.sort(np.concatenate(doc)))
     assert not np.array_equal(ex["input_ids"][:n], ex["targets"][:n])
     assert ex["decoder_input_ids"][0] == 2 and ex["target_weights"].sum() == n
+
+
+def test_span_fit_check_agrees_with_the_exact_set(documents, tok):
+    """The rejection sampler's scalar check accepts exactly the (word, length) pairs that the
+    exact vectorised set allows, on real rows with random spans already masked."""
+    from jaxlm.data.spans import _fits, _most_words, word_bounds
+
+    table = np.array([not p.startswith("##") for p in tok.convert_ids_to_tokens(range(tok.vocab_size))])
+    rows = [np.concatenate([[tok.cls_id], *doc[:6], [tok.sep_id]]) for doc in documents[:40] if len(doc) >= 6]
+    checked = 0
+    for i, row in enumerate(rows):
+        candidates = ~np.isin(row, [tok.cls_id, tok.sep_id])
+        starts, ends = word_bounds(table[row], candidates)
+        masked = np.zeros(len(row) + 1, bool)
+        for s in rng(9, i).choice(len(row), size=len(row) // 6, replace=False):
+            masked[s:s + 2] = True
+        masked[-1] = False
+        flags = bytearray(masked.astype(np.uint8).tobytes())
+        for left in (3, 20, len(row)):
+            most = _most_words(starts, ends, masked, left)
+            for w in range(len(starts)):
+                for k in range(1, 12):
+                    assert _fits(w, k, starts.tolist(), ends.tolist(), flags, left) == (most[w] >= k), (i, w, k, left)
+                    checked += 1
+    assert checked > 50_000
