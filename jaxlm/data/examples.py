@@ -1,4 +1,4 @@
-"""Each objective's per-example transform: a stored row and a generator seeded by (seed, epoch,
+"""Each objective's transform: stored rows, each with its own generator seeded by (seed, epoch,
 index) -> the batch fields its objective declares (dynamic masks, swaps and corruptions)."""
 from __future__ import annotations
 

@@ -128,9 +128,18 @@ def load_tokenizer(config: DataConfig):
 
 
 def model_tokenizer(config: RunConfig):
-    """The run's tokenizer, after checking that its vocabulary fits the model's."""
+    """The run's tokenizer, after checking that its vocabulary (and, where the model numbers
+    positions after it, its pad id) fits the model's."""
+    from jaxlm.data.tokenizers.roles import special_ids
+
     tokenizer = load_tokenizer(config.data)
-    if tokenizer.vocab_size != config.model.vocab_size:
+    model = config.model
+    if tokenizer.vocab_size != model.vocab_size:
         raise ConfigError(f"the vocabulary has {tokenizer.vocab_size} tokens but model.vocab_size="
-                          f"{config.model.vocab_size}; set model.vocab_size={tokenizer.vocab_size}")
+                          f"{model.vocab_size}; set model.vocab_size={tokenizer.vocab_size}")
+    pad = special_ids(tokenizer)["pad"]
+    if model.family == "roberta" and pad is not None and model.pad_token_id != pad:
+        raise ConfigError(f"model.pad_token_id={model.pad_token_id} but the tokenizer's pad id is {pad}; RoBERTa "
+                          f"numbers positions after the pad id: set model.pad_token_id={pad} and "
+                          f"model.position_offset={pad + 1}")
     return tokenizer

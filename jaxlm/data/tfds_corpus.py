@@ -76,6 +76,8 @@ def _licence(corpus: str) -> str:
 def demo_builder_class():
     """The ``JaxlmDemoCorpus`` TFDS builder class (defined, and registered as
     ``jaxlm_demo_corpus``, on the first call)."""
+    from jaxlm.data.sources import text_documents
+
     tfds = _tfds()
 
     class JaxlmDemoCorpus(tfds.core.GeneratorBasedBuilder):
@@ -117,7 +119,7 @@ def demo_builder_class():
             return {"train": self._generate_examples(_fetch_demo(self.builder_config.name))}
 
         def _generate_examples(self, path):
-            for index, sentences in enumerate(_read_bert_text(path)):
+            for index, sentences in enumerate(text_documents(path)):
                 yield index, {"text": "\n".join(sentences), "id": index}
 
     return JaxlmDemoCorpus
@@ -144,22 +146,6 @@ def _available_demos() -> list[str]:
     from jaxlm.data import assets
 
     return [c for c, fn in DEMO_CORPORA.items() if hasattr(assets, fn)]
-
-
-def _read_bert_text(path) -> list[list[str]]:
-    """Documents of a BERT text file (one sentence per line, blank line between documents)."""
-    documents, current = [], []
-    with open(path, encoding="utf-8", newline="\n") as f:
-        for line in f:
-            line = line.rstrip("\n")
-            if line.strip():
-                current.append(line)
-            elif current:
-                documents.append(current)
-                current = []
-    if current:
-        documents.append(current)
-    return documents
 
 
 def _check_demo_corpus(corpus: str) -> str:

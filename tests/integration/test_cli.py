@@ -12,7 +12,7 @@ def test_data_show_prints_model_inputs(tiny_config):
     vocab = bert_vocab_path().read_text().splitlines()
     chosen_total = masked_total = 0
     for record in records:
-        ids, tokens = record["input_ids"], record["tokens"]
+        ids, tokens = record["input_ids"], record["input_tokens"]
         assert [vocab[i] for i in ids] == tokens
         assert tokens[0] == "[CLS]" and tokens.count("[SEP]") == 2
         assert len(ids) == len(record["segment_ids"]) == 64

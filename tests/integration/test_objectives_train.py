@@ -3,7 +3,9 @@ train` with its configs/<family>-tiny.yaml on real text, and the held-out loss f
 value at step 0 (the trainer evaluates before the first step).
 
 To keep 7 runs cheap the WordPiece families use a 2,000-piece vocabulary that `jaxlm tokenizer
-train` learns from the same novels first; T5 keeps its config's real SentencePiece model."""
+train` learns from the same novels first; T5 keeps its config's real SentencePiece model. BERT
+reads the novels through our TFDS builder (`tfds:jaxlm_demo_corpus/austen`), the others from the
+text file."""
 from __future__ import annotations
 
 import json
@@ -37,13 +39,15 @@ def eval_losses(run_dir) -> dict[int, float]:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_objective_trains_from_its_config(family, vocab, tmp_path, capsys):
     config = f"configs/{family}-tiny.yaml"
+    corpus = ["data.corpus=[tfds:jaxlm_demo_corpus/austen]", f"data.tfds_data_dir={tmp_path / 'tfds'}"]
     overrides = COMMON + [f"data.prepared_dir={tmp_path / 'data'}", f"train.run_dir={tmp_path / 'run'}",
-                          "data.corpus=[demo:austen]"]
+                          *(corpus if family == "bert" else ["data.corpus=[demo:austen]"])]
     if family != "t5":
         overrides += [f"data.vocab={vocab}", f"model.vocab_size={VOCAB}"]
     assert main(["prepare", config, *overrides]) == 0
     manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
     assert manifest["family"] == family and manifest["splits"]["valid"]["examples"] >= 8 * 16
+    assert manifest["inputs"] == (["tfds:jaxlm_demo_corpus/austen"] if family == "bert" else [str(assets.fetch_austen().resolve())])
     assert main(["train", config, *overrides]) == 0
     assert "held-out loss" in capsys.readouterr().out
     losses = eval_losses(tmp_path / "run")

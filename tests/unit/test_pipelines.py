@@ -546,3 +546,11 @@ def test_tfds_source_gives_the_rows_of_the_text_file(tmp_path):
         for i in range(len(a)):
             x, y = a.raw(i), b.raw(i)
             assert np.array_equal(x.tokens, y.tokens) and x.len_a == y.len_a and x.label == y.label, (split, i)
+
+
+def test_roberta_pad_id_must_match_the_tokenizer():
+    from jaxlm.config import ConfigError
+
+    config = jaxlm_config.load(ROOT / "configs" / "roberta-tiny.yaml", ["model.pad_token_id=1", "model.position_offset=2"])
+    with pytest.raises(ConfigError, match="pad_token_id=1 but the tokenizer's pad id is 0.*pad_token_id=0"):
+        model_tokenizer(config)
