@@ -2,9 +2,12 @@
 interrupted run continues) -> the objective's rows in ArrayRecord shards + a manifest."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
+import threading
 from pathlib import Path
 from typing import Sequence
 
@@ -32,7 +35,28 @@ def split_documents(n: int, valid_fraction: float, seed: int) -> tuple[np.ndarra
     return np.sort(order[n_valid:]), np.sort(order[:n_valid])
 
 
-def tokenize_chunk(documents: Sequence[Sequence[str]], tokenizer, bar) -> dict[str, np.ndarray]:
+@contextlib.contextmanager
+def deferred_interrupts():
+    """Ctrl-C inside the block raises KeyboardInterrupt at the next call of the yielded check, not
+    wherever Python happens to be: raised inside JAX's garbage-collection hook it would be ignored."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        yield lambda: None
+        return
+    pressed = []
+    previous = signal.signal(signal.SIGINT, lambda *_: pressed.append(True))
+
+    def check():
+        if pressed:
+            raise KeyboardInterrupt
+
+    try:
+        yield check
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    check()
+
+
+def tokenize_chunk(documents: Sequence[Sequence[str]], tokenizer, bar, check=lambda: None) -> dict[str, np.ndarray]:
     """Documents of sentences as flat ids + sentence lengths + sentences per document."""
     sentences = [s for doc in documents for s in doc]
     ids: list[list[int]] = []
@@ -40,6 +64,7 @@ def tokenize_chunk(documents: Sequence[Sequence[str]], tokenizer, bar) -> dict[s
         batch = sentences[start:start + _TOKENIZE_BATCH]
         ids.extend(tokenizer.encode_batch(batch))
         bar.update(len(batch))
+        check()
     flat = np.fromiter((t for s in ids for t in s), np.int32, sum(map(len, ids)))
     return {"ids": flat, "sentence_lengths": np.array([len(s) for s in ids], np.int32),
             "doc_sentences": np.array([len(d) for d in documents], np.int32)}
@@ -119,7 +144,7 @@ def _open_work(work: Path, settings: dict, progress: bool) -> None:
 
 
 def _tokenized_sources(sources: list[tuple[list[list[str]], dict]], tokenizer, work: Path,
-                       progress: bool) -> list[list[list[int]]]:
+                       progress: bool, check) -> list[list[list[int]]]:
     """Every source's documents tokenized, chunk by chunk; chunks already in `work` are read back."""
     plan = [(s, c, docs[c:c + CHUNK_DOCUMENTS]) for s, (docs, _) in enumerate(sources)
             for c in range(0, len(docs), CHUNK_DOCUMENTS)]
@@ -131,7 +156,7 @@ def _tokenized_sources(sources: list[tuple[list[list[str]], dict]], tokenizer, w
             target = path(s, c)
             if not target.is_file():
                 tmp = target.with_name(target.stem + ".tmp.npz")
-                np.savez(tmp, **tokenize_chunk(docs, tokenizer, bar))
+                np.savez(tmp, **tokenize_chunk(docs, tokenizer, bar, check))
                 os.replace(tmp, target)
             with np.load(target) as chunk:
                 out.extend(chunk_documents(dict(chunk)))
@@ -218,22 +243,24 @@ def prepare(input_files: Sequence[str | os.PathLike], output_dir: str | os.PathL
     work = partial_dir(output_dir)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     _open_work(work, settings | {"input_stats": [_input_stat(p) for p in input_files]}, progress)
-    tokenized = _tokenized_sources(sources, tokenizer, work, progress)
-    tmp = work / "out"
-    tmp.mkdir()
-    tmp.chmod(0o755)
-    for k, (split, ids) in enumerate(split_ids.items()):
-        if len(ids) == 0:
-            continue
-        rows = build_rows(layout, [tokenized[i] for i in ids], np.random.default_rng([seed, 1, k]),
-                          layout_settings, special)
-        order = np.random.default_rng([seed, 2, k]).permutation(len(rows))
-        rows = [rows[i] for i in order]
-        manifest["splits"][split] = {
-            "documents": len(ids), "examples": len(rows), "tokens": int(sum(len(r.tokens) for r in rows)),
-            **({"random_next": int(sum(r.label for r in rows))} if layout == "nsp_pairs" else {}),
-            "shards": write_shards(rows, tmp, split, shard_size, progress),
-        }
+    with deferred_interrupts() as check:
+        tokenized = _tokenized_sources(sources, tokenizer, work, progress, check)
+        tmp = work / "out"
+        tmp.mkdir()
+        tmp.chmod(0o755)
+        for k, (split, ids) in enumerate(split_ids.items()):
+            if len(ids) == 0:
+                continue
+            rows = build_rows(layout, [tokenized[i] for i in ids], np.random.default_rng([seed, 1, k]),
+                              layout_settings, special)
+            check()
+            order = np.random.default_rng([seed, 2, k]).permutation(len(rows))
+            rows = [rows[i] for i in order]
+            manifest["splits"][split] = {
+                "documents": len(ids), "examples": len(rows), "tokens": int(sum(len(r.tokens) for r in rows)),
+                **({"random_next": int(sum(r.label for r in rows))} if layout == "nsp_pairs" else {}),
+                "shards": write_shards(rows, tmp, split, shard_size, progress),
+            }
     np.save(tmp / WORD_STARTS, word_start_table(tokenizer))
     recorded = {split: [list(origin[i]) for i in ids] for split, ids in split_ids.items()}
     (tmp / DOCUMENTS).write_text(json.dumps(recorded))

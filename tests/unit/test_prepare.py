@@ -237,3 +237,35 @@ def test_show_is_json_friendly(train, tokenizer):
     line = json.dumps(rows[0])
     assert json.loads(line)["input_tokens"][0] == "[CLS]"
     assert rows[0]["input_ids"] == train.local_batch(0, 2)["input_ids"][0].tolist()
+
+
+def test_ctrl_c_stops_prepare_between_batches(tmp_path, austen, monkeypatch):
+    """A real SIGINT while tokenizing stops prepare at the next batch even when Python handles it
+    inside a garbage-collection hook (where JAX ignores exceptions); the finished chunks stay."""
+    import gc
+    import os
+    import signal
+
+    monkeypatch.setattr(prep, "CHUNK_DOCUMENTS", 40)
+    monkeypatch.setattr(prep, "_TOKENIZE_BATCH", 256)
+
+    def interrupt_in_gc_hook(*_):
+        gc.callbacks.remove(interrupt_in_gc_hook)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    class Interrupting(WordPieceTokenizer):
+        calls = 0
+
+        def encode_batch(self, batch):
+            self.calls += 1
+            if self.calls == 30:
+                gc.callbacks.append(interrupt_in_gc_hook)
+                gc.collect()
+            return super().encode_batch(batch)
+
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        prepare(austen, out, Interrupting(bert_vocab_path()), progress=False)
+    kept = len(list(partial_dir(out).glob("tokens-*.npz")))
+    assert not out.exists() and 0 < kept < -(-269 // 40)
+    assert prepare(austen, out, WordPieceTokenizer(bert_vocab_path()), progress=False)["splits"]["train"]["examples"] > 0
