@@ -68,7 +68,7 @@ def make_transform(family: str, manifest: dict, word_start_table: np.ndarray | N
     mlm = dict(vocab_size=vocab_size, mask_id=special["mask"], special_ids=specials, max_seq_length=seq,
                max_predictions=o.max_predictions, mask_prob=o.mask_prob, pad_id=special["pad"])
 
-    masker = TokenMasker(**mlm)
+    masker = TokenMasker(**mlm) if special["mask"] is not None else None
 
     def masked(tokens: list, len_a: list, rows: list[Row], rngs) -> dict:
         """Whole-word masking per row, or BERT's token masking vectorised over the batch."""

@@ -1,4 +1,4 @@
-"""BERT dynamic masked-LM masking of one [CLS] A [SEP] B [SEP] example into padded model inputs."""
+"""BERT dynamic masked-LM masking of [CLS] A [SEP] B [SEP] rows (one, or a batch at once) into padded model inputs."""
 from __future__ import annotations
 
 import dataclasses
