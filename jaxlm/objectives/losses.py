@@ -18,3 +18,15 @@ def weighted_cross_entropy(logits: jax.Array, labels: jax.Array, weights: jax.Ar
 
 def ratio(numerator: jax.Array, denominator: jax.Array) -> jax.Array:
     return numerator / jnp.maximum(denominator, 1e-9)
+
+
+def prediction_stats(name: str, logits: jax.Array, labels: jax.Array, weights: jax.Array | None = None) -> dict:
+    """`weighted_cross_entropy`'s sums as {name}_loss_sum, {name}_correct, {name}_count."""
+    loss, correct, count = weighted_cross_entropy(logits, labels, weights)
+    return {f"{name}_loss_sum": loss, f"{name}_correct": correct, f"{name}_count": count}
+
+
+def prediction_summary(name: str, stats: dict) -> tuple[jax.Array, jax.Array]:
+    """(mean loss, accuracy) of the `prediction_stats` called `name`."""
+    count = stats[f"{name}_count"]
+    return ratio(stats[f"{name}_loss_sum"], count), ratio(stats[f"{name}_correct"], count)

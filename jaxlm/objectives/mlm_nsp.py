@@ -7,7 +7,7 @@ import dataclasses
 import flax.linen as nn
 
 from jaxlm.objectives.base import FLOAT, INT, Field, Objective, layer_matmul_params
-from jaxlm.objectives.losses import ratio, weighted_cross_entropy
+from jaxlm.objectives.losses import prediction_stats, prediction_summary
 
 
 def masked_lm_fields(seq: int, preds: int, segments: bool = True) -> dict[str, Field]:
@@ -20,13 +20,12 @@ def masked_lm_fields(seq: int, preds: int, segments: bool = True) -> dict[str, F
 
 
 def mlm_stats(mlm_logits, batch) -> dict:
-    loss, correct, count = weighted_cross_entropy(mlm_logits, batch["masked_labels"], batch["masked_weights"])
-    return {"mlm_loss_sum": loss, "mlm_correct": correct, "mlm_count": count}
+    return prediction_stats("mlm", mlm_logits, batch["masked_labels"], batch["masked_weights"])
 
 
 def mlm_summary(stats: dict) -> dict:
-    return {"mlm_loss": ratio(stats["mlm_loss_sum"], stats["mlm_count"]),
-            "mlm_acc": ratio(stats["mlm_correct"], stats["mlm_count"])}
+    loss, accuracy = prediction_summary("mlm", stats)
+    return {"mlm_loss": loss, "mlm_acc": accuracy}
 
 
 def mlm_flops_per_token(config, seq: int, preds: int, extra_per_sequence: float = 0.0) -> float:
@@ -70,14 +69,13 @@ class MlmNsp(Objective):
     def stats(self, params, batch, rng, deterministic: bool = False) -> dict:
         """Sums over the batch: losses, correct predictions and counts, for exact aggregation."""
         mlm_logits, pair_logits = self.apply(params, batch, rng, deterministic)
-        loss, correct, count = weighted_cross_entropy(pair_logits, batch["nsp_label"])
-        return mlm_stats(mlm_logits, batch) | {"pair_loss_sum": loss, "pair_correct": correct, "pair_count": count}
+        return mlm_stats(mlm_logits, batch) | prediction_stats("pair", pair_logits, batch["nsp_label"])
 
     def summarize(self, stats: dict) -> dict:
         mlm = mlm_summary(stats)
-        pair_loss = ratio(stats["pair_loss_sum"], stats["pair_count"])
+        pair_loss, pair_acc = prediction_summary("pair", stats)
         return {"loss": mlm["mlm_loss"] + pair_loss, **mlm, f"{self.task}_loss": pair_loss,
-                f"{self.task}_acc": ratio(stats["pair_correct"], stats["pair_count"])}
+                f"{self.task}_acc": pair_acc}
 
     def flops_per_token(self) -> float:
         pooler_and_pair = self.config.hidden_size ** 2 + 2 * self.config.hidden_size

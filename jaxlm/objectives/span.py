@@ -7,7 +7,7 @@ import flax.linen as nn
 import numpy as np
 
 from jaxlm.objectives.base import INT, Field, Objective
-from jaxlm.objectives.losses import ratio, weighted_cross_entropy
+from jaxlm.objectives.losses import prediction_stats, prediction_summary
 from jaxlm.objectives.mlm_nsp import masked_lm_fields, mlm_flops_per_token, mlm_stats, mlm_summary
 
 
@@ -37,14 +37,13 @@ class SpanMlmSbo(Objective):
 
     def stats(self, params, batch, rng, deterministic: bool = False) -> dict:
         mlm_logits, sbo_logits = self.apply(params, batch, rng, deterministic)
-        loss, correct, count = weighted_cross_entropy(sbo_logits, batch["masked_labels"], batch["masked_weights"])
-        return mlm_stats(mlm_logits, batch) | {"sbo_loss_sum": loss, "sbo_correct": correct, "sbo_count": count}
+        return mlm_stats(mlm_logits, batch) | prediction_stats("sbo", sbo_logits, batch["masked_labels"],
+                                                                batch["masked_weights"])
 
     def summarize(self, stats: dict) -> dict:
         mlm = mlm_summary(stats)
-        sbo_loss = ratio(stats["sbo_loss_sum"], stats["sbo_count"])
-        return {"loss": mlm["mlm_loss"] + sbo_loss, **mlm, "sbo_loss": sbo_loss,
-                "sbo_acc": ratio(stats["sbo_correct"], stats["sbo_count"])}
+        sbo_loss, sbo_acc = prediction_summary("sbo", stats)
+        return {"loss": mlm["mlm_loss"] + sbo_loss, **mlm, "sbo_loss": sbo_loss, "sbo_acc": sbo_acc}
 
     def synthetic_batch(self, batch_size: int, seed: int = 0) -> dict:
         batch = super().synthetic_batch(batch_size, seed)
