@@ -1,38 +1,78 @@
 """Pure train and eval steps: (state, batch, rng) -> (state, metrics); built for any objective."""
 from __future__ import annotations
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
 from jaxlm.train.state import TrainState
 
+COUNT_SUFFIX = "_count"
 
-def _split_micro(batch: dict, grad_accum: int) -> dict:
-    return jax.tree.map(lambda x: x.reshape(grad_accum, x.shape[0] // grad_accum, *x.shape[1:]), batch)
+
+def micro_batches(batch: dict, grad_accum: int, batch_axes: dict) -> dict:
+    """[grad_accum, B / grad_accum, ...] per field, micro-batch i holding rows i, i + grad_accum, ...
+
+    Strided rather than contiguous: a device's contiguous block of the batch splits evenly across the
+    micro-batches, so each device keeps its own rows and no activation moves between devices."""
+    def split(x, axes):
+        x = x.reshape(x.shape[0] // grad_accum, grad_accum, *x.shape[1:]).swapaxes(0, 1)
+        return nn.with_logical_constraint(x, (None, *axes))
+
+    return {name: split(x, batch_axes[name]) for name, x in batch.items()}
+
+
+def batch_counts(objective, params, batch: dict, rng) -> dict:
+    """The weight sums (`*_count` stats) of the whole batch. They depend on the batch alone, so XLA
+    removes the forward pass that computing them through `objective.stats` traces."""
+    stats = objective.stats(params, batch, rng)
+    return {k: jax.lax.stop_gradient(v) for k, v in stats.items() if k.endswith(COUNT_SUFFIX)}
+
+
+def make_gradients(objective, grad_accum: int = 1):
+    """(params, batch, rng) -> (gradients of the batch's loss, summed stats). With `grad_accum`
+    micro-batches each one's summed losses are divided by the whole batch's weights, so the
+    accumulated gradient is the full batch's gradient."""
+    if grad_accum == 1:
+        def whole(params, batch, rng):
+            (_, stats), grads = jax.value_and_grad(objective.loss, has_aux=True)(params, batch, rng)
+            return grads, stats
+
+        return whole
+
+    def micro_loss(params, micro, rng, counts):
+        stats = objective.stats(params, micro, rng)
+        return objective.summarize(stats | counts)["loss"], stats
+
+    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+    def accumulated(params, batch, rng):
+        counts = batch_counts(objective, params, batch, rng)
+        micro = micro_batches(batch, grad_accum, objective.batch_axes)
+
+        def add(carry, inputs):
+            index, one = inputs
+            one = {k: nn.with_logical_constraint(v, objective.batch_axes[k]) for k, v in one.items()}
+            (_, stats), grads = grad_fn(params, one, jax.random.fold_in(rng, index), counts)
+            return jax.tree.map(jnp.add, carry, (grads, stats)), None
+
+        first = jax.tree.map(lambda x: x[0], micro)
+        (_, stats_shape), grads_shape = jax.eval_shape(grad_fn, params, first, rng, counts)
+        zeros = jax.tree.map(jnp.zeros_like, (grads_shape, stats_shape))
+        (grads, stats), _ = jax.lax.scan(add, zeros, (jnp.arange(grad_accum), micro))
+        return grads, stats
+
+    return accumulated
 
 
 def make_train_step(objective, optimizer: optax.GradientTransformation, schedule, grad_accum: int = 1):
-    """A pure step; gradients of `grad_accum` micro-batches are averaged before one update."""
-    grad_fn = jax.value_and_grad(objective.loss, has_aux=True)
+    """A pure step: the batch's gradient (over `grad_accum` micro-batches), one optimiser update."""
+    gradients = make_gradients(objective, grad_accum)
 
     def train_step(state: TrainState, batch: dict, rng: jax.Array):
         rng = jax.random.fold_in(rng, state.step)
-        if grad_accum == 1:
-            (_, stats), grads = grad_fn(state.params, batch, rng)
-        else:
-            def micro(carry, inputs):
-                grads_sum, stats_sum = carry
-                index, micro_batch = inputs
-                (_, stats), grads = grad_fn(state.params, micro_batch, jax.random.fold_in(rng, index))
-                return (jax.tree.map(jnp.add, grads_sum, grads), jax.tree.map(jnp.add, stats_sum, stats)), None
-
-            zeros = jax.tree.map(jnp.zeros_like, state.params)
-            first = jax.tree.map(lambda x: x[0], _split_micro(batch, grad_accum))
-            stats_zero = jax.tree.map(jnp.zeros_like, jax.eval_shape(lambda: objective.loss(state.params, first, rng)[1]))
-            (grads, stats), _ = jax.lax.scan(
-                micro, (zeros, stats_zero), (jnp.arange(grad_accum), _split_micro(batch, grad_accum)))
-            grads = jax.tree.map(lambda g: g / grad_accum, grads)
+        grads, stats = gradients(state.params, batch, rng)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = dict(objective.summarize(stats))

@@ -5,9 +5,12 @@ import optax
 
 from jaxlm import config as config_lib
 from jaxlm.config import OptimConfig
+import flax.linen as nn
+
 from jaxlm.train.loop import build, compile_steps, global_batch
 from jaxlm.train.optim import decay_mask, schedule
 from jaxlm.train.state import create_state
+from jaxlm.train.step import make_gradients
 
 SMALL = {"model": {"preset": "bert-tiny", "hidden_size": 32, "num_layers": 1, "num_heads": 2,
                    "intermediate_size": 64, "vocab_size": 2000, "dtype": "float32",
@@ -58,6 +61,56 @@ def test_gradient_accumulation_matches_the_full_batch():
     np.testing.assert_allclose(one_losses, four_losses, rtol=1e-5)
     for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(four.params)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-3, atol=5e-5)
+
+
+def _uneven_batch(objective, size: int, grad_accum: int) -> dict:
+    """Micro-batch 0 (rows 0, k, 2k, ... as the step splits them) holds one weighted prediction in
+    all; every other row holds five."""
+    batch = objective.synthetic_batch(size)
+    weights = np.zeros_like(batch["masked_weights"])
+    weights[:, :5] = 1.0
+    weights[::grad_accum] = 0.0
+    weights[0, 0] = 1.0
+    batch["masked_weights"] = weights
+    return batch
+
+
+def test_accumulated_gradient_equals_the_full_batch_gradient_with_uneven_weights():
+    setup = build(_config())
+    params = create_state(setup.objective.init, setup.optimizer, setup.shardings, setup.mesh, setup.rules,
+                          jax.random.key(0)).params
+    batch = global_batch(setup, _uneven_batch(setup.objective, 16, 4))
+    with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+        full, full_stats = jax.jit(make_gradients(setup.objective, 1))(params, batch, jax.random.key(1))
+        accumulated, stats = jax.jit(make_gradients(setup.objective, 4))(params, batch, jax.random.key(1))
+    for name in full_stats:
+        np.testing.assert_allclose(float(stats[name]), float(full_stats[name]), rtol=1e-5)
+    np.testing.assert_allclose(float(optax.tree.norm(accumulated)), float(optax.tree.norm(full)), rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(accumulated), jax.tree.leaves(full)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-7)
+    # averaging each micro-batch's mean loss (the old rule) gives another gradient on this batch
+    means = [jax.jit(make_gradients(setup.objective, 1))(params, jax.tree.map(lambda x: x[i::4], batch),
+                                                        jax.random.key(1))[0] for i in range(4)]
+    averaged = jax.tree.map(lambda *g: sum(g) / 4, *means)
+    assert abs(float(optax.tree.norm(averaged)) / float(optax.tree.norm(full)) - 1) > 0.05
+
+
+def _collectives(hlo: str) -> dict[str, int]:
+    return {op: hlo.count(f" {op}(") + hlo.count(f" {op}-start(") for op in
+            ("all-gather", "collective-permute", "all-to-all", "all-reduce", "reduce-scatter")}
+
+
+def test_accumulation_adds_no_collectives_under_dp():
+    counts = {}
+    for accum in (1, 4):
+        config = _config(mesh={"data": 8, "fsdp": 1, "tensor": 1, "rules": "dp"},
+                         train={"global_batch": 64}, optim={"grad_accum": accum})
+        compiled, _ = compile_steps(build(config), with_eval=False)
+        counts[accum] = _collectives(compiled.as_text())
+    for op in ("all-gather", "collective-permute", "all-to-all"):
+        assert counts[4][op] == 0, counts
+    assert counts[1]["all-gather"] == 0 and counts[1]["collective-permute"] == 0, counts
+    assert counts[4]["all-reduce"] >= 1, counts
 
 
 def test_adamw_and_lamb_fit_a_batch():
