@@ -15,20 +15,19 @@ def _load(args) -> config_lib.RunConfig:
 
 
 def cmd_prepare(args) -> None:
-    from jaxlm.data.prepare import already_prepared, config_settings, prepare, preparation_settings
+    from jaxlm.data.prepare import already_prepared, prepare, preparation_settings
     from jaxlm.data.sources import model_tokenizer, resolve_corpus
 
     config = _load(args)
-    data = config.data
+    data, family = config.data, config.model.family
     tokenizer = model_tokenizer(config)
     inputs = resolve_corpus(data.corpus)
-    settings = config_settings(data, config.model.family)
-    if not args.overwrite and already_prepared(data.prepared_dir, preparation_settings(inputs, tokenizer, **settings)):
+    if not args.overwrite and already_prepared(data.prepared_dir,
+                                               preparation_settings(inputs, tokenizer, family, data)):
         print(f"{data.prepared_dir} is already prepared for this config and tokenizer "
               "(pass --overwrite to rebuild it)")
         return
-    manifest = prepare(inputs, data.prepared_dir, tokenizer, tfds_data_dir=data.tfds_data_dir or None,
-                       overwrite=args.overwrite, **settings)
+    manifest = prepare(inputs, data.prepared_dir, tokenizer, family=family, data=data, overwrite=args.overwrite)
     counts = {split: {k: v for k, v in info.items() if k != "shards"} for split, info in manifest["splits"].items()}
     print(json.dumps({"prepared_dir": data.prepared_dir, "family": manifest["family"], "splits": counts}, indent=2))
 
@@ -45,7 +44,7 @@ def cmd_train(args) -> None:
 
 
 def cmd_data_show(args) -> None:
-    from jaxlm.train.loop import open_data
+    from jaxlm.data.pipeline import open_data
 
     config = _load(args)
     tokenizer, train_data, valid = open_data(config)
@@ -140,7 +139,7 @@ def cmd_convert_to_hf(args) -> None:
 
 
 def cmd_embed(args) -> None:
-    from jaxlm.embed import embed_file
+    from jaxlm.sentence_embedding import embed_file
 
     _quiet_orbax()
     vectors, output = embed_file(args.ckpt, args.input, args.output, pooling=args.pooling, normalize=args.normalize,

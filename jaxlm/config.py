@@ -7,45 +7,16 @@ from typing import Any
 
 import yaml
 
+from jaxlm import families
+from jaxlm.data.settings import DataConfig
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.presets import model_config
+from jaxlm.parallel.rules import PRESETS as RULES
+from jaxlm.train.optim import OPTIMIZERS
 
 
 class ConfigError(ValueError):
     """A configuration the user must fix; the message says how."""
-
-
-@dataclasses.dataclass(frozen=True)
-class DataConfig:
-    # demo:NAME, sentence-per-line .txt files, .jsonl files (data.text_field), tfds:NAME[:SPLIT]
-    corpus: tuple[str, ...] = ("demo:austen", "demo:wikipedia")
-    text_field: str = "text"
-    tfds_data_dir: str = ""  # "": the jaxlm cache
-    prepared_dir: str = "data/prepared"
-    # tokenizer: a WordPiece vocab (bert-base-uncased or a vocab.txt), gpt2 or an encoder.json +
-    # vocab.bpe directory, a SentencePiece .model (or botchan-unigram-1000) with `sentinels` extra ids
-    vocab: str = "bert-base-uncased"
-    lowercase: bool = True
-    sentinels: int = 0
-    max_seq_length: int = 128
-    max_predictions: int = 20
-    # encoder-decoders: decoder (target) length; 0: T5's exact length for span corruption, else max_seq_length
-    max_target_length: int = 0
-    mask_prob: float = 0.15
-    whole_word_masking: bool = False
-    short_seq_prob: float = 0.1
-    dupe_factor: int = 1
-    packed: bool = True  # causal LM: pack documents into rows (false: one document per row)
-    span_p: float = 0.2  # SpanBERT span lengths ~ Geometric(span_p) words, clipped at max_span
-    max_span: int = 10
-    noise_density: float = 0.15  # T5 span corruption
-    mean_span_length: float = 3.0
-    mask_ratio: float = 0.3  # BART text infilling, span lengths ~ Poisson(poisson_lambda)
-    poisson_lambda: float = 3.0
-    permute_sentences: bool = True
-    valid_fraction: float = 0.05
-    shard_size: int = 20000
-    seed: int = 12345
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,6 +167,7 @@ def from_dict(tree: dict) -> RunConfig:
     try:
         model = model_config(model_values.pop("preset", None), **model_values)
         model.validate()
+        families.get(model.family)
     except (ValueError, TypeError) as err:
         raise ConfigError(str(err)) from None
     sections = {name: _section(cls, tree.get(name) or {}, name) for name, cls in SECTION_TYPES.items()}
@@ -209,9 +181,19 @@ def load_tree(path: str | pathlib.Path) -> dict:
     path = pathlib.Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist; configs live in configs/ (e.g. configs/bert-tiny.yaml)")
-    tree = yaml.safe_load(path.read_text()) or {}
+    try:
+        tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = getattr(err, "problem", None) or "not YAML"
+        raise ConfigError(f"{where}: {problem}; a config is a YAML mapping of sections (model, data, train, ...)"
+                          ) from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not UTF-8 text; a config is a YAML mapping of sections") from None
     if not isinstance(tree, dict):
-        raise ConfigError(f"{path} must hold a mapping of sections, not {type(tree).__name__}")
+        raise ConfigError(f"{path}:1: holds a {type(tree).__name__}, not a mapping of sections "
+                          "(model, data, train, ...)")
     include = tree.pop("include", None)
     if include:
         tree = merge(load_tree(path.parent / include), tree)
@@ -242,12 +224,12 @@ def validate(config: RunConfig) -> None:
         raise ConfigError(f"data.max_predictions={data.max_predictions} exceeds data.max_seq_length={data.max_seq_length}")
     if not data.corpus:
         raise ConfigError("data.corpus is empty; name text files or demo corpora (demo:austen, demo:wikipedia, demo:news)")
-    if optim.name not in ("adamw", "lamb"):
-        raise ConfigError(f"optim.name={optim.name!r}; choose adamw or lamb")
+    if optim.name not in OPTIMIZERS:
+        raise ConfigError(f"optim.name={optim.name!r}; choose one of {', '.join(OPTIMIZERS)}")
     if train.global_batch % optim.grad_accum:
         raise ConfigError(f"train.global_batch={train.global_batch} is not divisible by optim.grad_accum={optim.grad_accum}")
-    if config.mesh.rules not in ("dp", "fsdp", "fsdp_tp"):
-        raise ConfigError(f"mesh.rules={config.mesh.rules!r}; choose dp, fsdp or fsdp_tp")
+    if config.mesh.rules not in RULES:
+        raise ConfigError(f"mesh.rules={config.mesh.rules!r}; choose one of {', '.join(RULES)}")
     sizes = [config.mesh.data, config.mesh.fsdp, config.mesh.tensor]
     if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
         raise ConfigError(f"mesh sizes data={sizes[0]} fsdp={sizes[1]} tensor={sizes[2]}: use positive sizes, at most one -1")

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-DECODERS = ("gpt2", "llama")
-SEQ2SEQ = ("t5", "bart")
+from jaxlm import families
+
 # Hugging Face's "never choose this" offset in beam search, kept identical so that beam choices match.
 NEG = -1.0e9
 
@@ -421,31 +421,27 @@ def generate_seq2seq(model, params, input_ids, input_mask=None, *, max_new_token
 
 def _not_generative(family: str) -> ValueError:
     return ValueError(f"a {family!r} checkpoint is an encoder and cannot generate text; generation needs a "
-                      f"decoder ({', '.join(DECODERS)}) or an encoder-decoder ({', '.join(SEQ2SEQ)})")
+                      f"decoder ({', '.join(families.names(generates='causal'))}) or an encoder-decoder "
+                      f"({', '.join(families.names(generates='seq2seq'))})")
+
+
+GENERATORS = {"causal": generate_causal, "seq2seq": generate_seq2seq}
 
 
 def generate(model, params, ids, mask=None, **kwargs) -> Generation:
-    """`generate_causal` or `generate_seq2seq`, by the model's family."""
-    family = model.config.family
-    if family in DECODERS:
-        return generate_causal(model, params, ids, mask, **kwargs)
-    if family in SEQ2SEQ:
-        return generate_seq2seq(model, params, ids, mask, **kwargs)
-    raise _not_generative(family)
+    """`generate_causal` or `generate_seq2seq`, by what the model's family generates."""
+    how = families.get(model.config.family).generates
+    if not how:
+        raise _not_generative(model.config.family)
+    return GENERATORS[how](model, params, ids, mask, **kwargs)
 
 
 def model_for(config):
-    """The generating network for a config: CausalLM, T5ForConditionalGeneration or BartForConditionalGeneration."""
-    if config.family in DECODERS:
-        from jaxlm.models.decoder import CausalLM
-        return CausalLM(config)
-    if config.family == "t5":
-        from jaxlm.models.t5 import T5ForConditionalGeneration
-        return T5ForConditionalGeneration(config)
-    if config.family == "bart":
-        from jaxlm.models.bart import BartForConditionalGeneration
-        return BartForConditionalGeneration(config)
-    raise _not_generative(config.family)
+    """The generating network of a config's family: CausalLM, T5ForConditionalGeneration, ..."""
+    family = families.get(config.family)
+    if not family.generates:
+        raise _not_generative(config.family)
+    return family.network(config)
 
 
 # ---------------------------------------------------------------- command line

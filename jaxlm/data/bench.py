@@ -5,13 +5,12 @@ import os
 import time
 
 from jaxlm.config import RunConfig
+from jaxlm.data.pipeline import open_data
 
 
 def bench_data(config: RunConfig, batches: int = 20, batch_size: int = 256) -> dict:
     """Times building `batches` local batches (read, decode, transform, stack) in this thread:
     one core's rate, as each input worker of a host would run."""
-    from jaxlm.train.loop import open_data
-
     _, train, _ = open_data(config)
     train.local_batch(0, batch_size)  # opens the shards, warms the caches
     started = time.process_time()

@@ -10,7 +10,7 @@ from jaxlm.models.bart import shift_tokens_right
 
 def seq2seq_arrays(inputs: np.ndarray, targets: np.ndarray, *, max_seq_length: int,
                    max_target_length: int, pad_id: int, decoder_start_id: int) -> dict[str, np.ndarray]:
-    """The padded fields of `Seq2Seq`; decoder inputs are the targets shifted right."""
+    """The padded fields of `Seq2SeqObjective`; decoder inputs are the targets shifted right."""
     if len(inputs) > max_seq_length or len(targets) > max_target_length:
         raise ValueError(f"corrupted example has {len(inputs)} input and {len(targets)} target tokens, "
                          f"more than max_seq_length={max_seq_length} / max_target_length={max_target_length}")
@@ -69,6 +69,18 @@ def t5_input_target_lengths(inputs_length: int, noise_density: float = 0.15,
     if noise_density == 0.5 and targets_length > inputs_length:
         tokens_length, targets_length = tokens_length - 1, targets_length - 1
     return tokens_length, targets_length
+
+
+def t5_lengths(data) -> tuple[int, int]:
+    """(raw tokens per stored row, decoder length) of T5 span corruption for a DataConfig; a set
+    data.max_target_length replaces the exact decoder length."""
+    raw, target = t5_input_target_lengths(data.max_seq_length, data.noise_density, data.mean_span_length)
+    return raw, data.max_target_length or target
+
+
+def bart_target_length(data) -> int:
+    """BART's decoder length for a DataConfig: data.max_target_length, else max_seq_length."""
+    return data.max_target_length or data.max_seq_length
 
 
 def _replace_spans(tokens: np.ndarray, mask: np.ndarray, sentinel_ids: Sequence[int]) -> np.ndarray:

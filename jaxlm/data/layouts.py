@@ -2,25 +2,18 @@
 their byte encoding; the randomness each epoch adds lives in `examples.py`."""
 from __future__ import annotations
 
-import dataclasses
 from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from jaxlm.data.denoising import t5_input_target_lengths
+from jaxlm.data.denoising import t5_lengths
 from jaxlm.data.packing import causal_rows, sentence_rows
 from jaxlm.data.pairs import create_instances
+from jaxlm.data.settings import DataConfig
 
 Document = Sequence[Sequence[int]]
-
-# family -> how its rows are laid out
-LAYOUTS = {"bert": "nsp_pairs", "albert": "sop_pairs", "roberta": "sentence_rows", "distilbert": "sentence_rows",
-           "spanbert": "sentence_rows", "gpt2": "causal", "llama": "causal", "t5": "t5_chunks",
-           "bart": "bart_rows"}
-# roles (see tokenizers/roles.py) each layout's rows and examples need
-REQUIRED_ROLES = {"nsp_pairs": ("cls", "sep", "mask", "pad"), "sop_pairs": ("cls", "sep", "mask", "pad"),
-                  "sentence_rows": ("cls", "sep", "mask", "pad"), "causal": ("eos",),
-                  "t5_chunks": ("eos",), "bart_rows": ("bos", "eos", "mask")}
+# how a family's rows are laid out (jaxlm.families names one per family)
+LAYOUTS = ("nsp_pairs", "sop_pairs", "sentence_rows", "causal", "t5_chunks", "bart_rows")
 
 
 class Row(NamedTuple):
@@ -42,30 +35,17 @@ def decode_row(record: bytes) -> Row:
     return Row(values[3:3 + n], int(values[1]), int(values[0]), values[3 + n:])
 
 
-@dataclasses.dataclass(frozen=True)
-class LayoutSettings:
-    max_seq_length: int = 128
-    short_seq_prob: float = 0.1
-    dupe_factor: int = 1
-    packed: bool = True  # causal rows: pack documents (False: one per row)
-    noise_density: float = 0.15  # T5: sets how many raw tokens a row holds
-    mean_span_length: float = 3.0
-
-
-def check_roles(layout: str, special: dict, family: str) -> None:
-    missing = [r for r in REQUIRED_ROLES[layout] if special.get(r) is None]
+def check_roles(roles: Sequence[str], special: dict, family: str) -> None:
+    """ValueError naming each of `roles` (see tokenizers/roles.py) the tokenizer has no token for."""
+    missing = [r for r in roles if r != "sentinels" and special.get(r) is None]
     if missing:
         raise ValueError(f"model.family={family} needs a tokenizer with {', '.join(missing)} token(s), and the "
                          f"configured one (data.vocab) has none; choose a tokenizer that has them")
-    if layout == "t5_chunks" and not special.get("sentinels"):
+    if "sentinels" in roles and not special.get("sentinels"):
         raise ValueError("T5 span corruption needs sentinel ids: use a SentencePiece data.vocab with data.sentinels > 0")
 
 
-def t5_raw_length(settings: LayoutSettings) -> int:
-    return t5_input_target_lengths(settings.max_seq_length, settings.noise_density, settings.mean_span_length)[0]
-
-
-def build_rows(layout: str, documents: Sequence[Document], rng: np.random.Generator, settings: LayoutSettings,
+def build_rows(layout: str, documents: Sequence[Document], rng: np.random.Generator, settings: DataConfig,
                special: dict) -> list[Row]:
     """The stored rows of one split, in creation order (the caller shuffles)."""
     seq = settings.max_seq_length
@@ -86,6 +66,6 @@ def build_rows(layout: str, documents: Sequence[Document], rng: np.random.Genera
     if layout == "t5_chunks":
         # T5 concatenates the corpus and cuts raw chunks that span-corrupt to exactly max_seq_length
         stream = np.concatenate(docs)
-        size = t5_raw_length(settings)
+        size = t5_lengths(settings)[0]
         return [Row(stream[i:i + size]) for i in range(0, len(stream), size) if len(stream[i:i + size]) >= 2]
-    raise ValueError(f"unknown layout {layout!r}; known: {', '.join(sorted(set(LAYOUTS.values())))}")
+    raise ValueError(f"unknown layout {layout!r}; known: {', '.join(LAYOUTS)}")

@@ -81,7 +81,7 @@ def causal_rows(docs: Sequence[Sequence[int]], max_seq_length: int, eos_id: int,
 
 
 def causal_example(row: np.ndarray, max_seq_length: int, eos_id: int) -> dict[str, np.ndarray]:
-    """A row of `causal_rows` as `CausalLm` fields: `segment_ids` number the documents in the row
+    """A row of `causal_rows` as `CausalLmObjective` fields: `segment_ids` number the documents in the row
     1..k (a document's EOS belongs to it; 0 on padding); `targets` are the next tokens; the EOS
     closing a document, the row's lookahead token and padding get weight 0."""
     row = np.asarray(row, np.int32)

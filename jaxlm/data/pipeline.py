@@ -1,4 +1,5 @@
-"""Random-access examples of any objective and per-process batches from a prepared directory."""
+"""Random-access examples of any objective and per-process batches from a prepared directory, and a
+run's train and held-out splits opened from its config."""
 from __future__ import annotations
 
 import json
@@ -12,9 +13,12 @@ from typing import Iterator
 import numpy as np
 from array_record.python.array_record_data_source import ArrayRecordDataSource
 
-from jaxlm.data.examples import TransformOptions, make_transform
-from jaxlm.data.layouts import LAYOUTS, Row, decode_row
+from jaxlm import families
+from jaxlm.config import ConfigError, RunConfig
+from jaxlm.data.layouts import Row, decode_row
 from jaxlm.data.prepare import FORMAT, MANIFEST, WORD_STARTS
+from jaxlm.data.settings import PREPARATION_FIELDS, DataConfig, data_settings
+from jaxlm.data.sources import model_tokenizer
 
 
 def load_manifest(data_dir: str | Path) -> dict:
@@ -43,20 +47,21 @@ class PretrainingData:
     """One split of a prepared dataset; every example is a pure function of (seed, epoch, index).
 
     `family` picks the transform (default: the family the data was prepared for; any family
-    sharing its layout may read it); `options` are `TransformOptions` fields (max_predictions, ...)."""
+    sharing its layout may read it); the transform's settings are `data` (default: DataConfig's
+    defaults) with `settings` (DataConfig fields, e.g. max_predictions) on top."""
 
     def __init__(self, data_dir: str | Path, split: str, *, seed: int, family: str | None = None,
                  tokenizer_fingerprint: str | None = None, vocab_size: int | None = None,
-                 max_seq_length: int | None = None, **options):
+                 max_seq_length: int | None = None, data: DataConfig | None = None, **settings):
         self.data_dir = Path(data_dir)
         self.manifest = load_manifest(self.data_dir)
         _check(self.manifest, "tokenizer_fingerprint", tokenizer_fingerprint, data_dir)
         _check(self.manifest, "vocab_size", vocab_size, data_dir)
         _check(self.manifest, "max_seq_length", max_seq_length, data_dir)
-        self.family = family or self.manifest["family"]
-        if LAYOUTS.get(self.family) != self.manifest["layout"]:
+        self.family = families.get(family or self.manifest["family"])
+        if self.family.layout != self.manifest["layout"]:
             raise ValueError(f"{data_dir} was prepared for model.family={self.manifest['family']} "
-                             f"({self.manifest['layout']} rows), but this run is model.family={self.family}; "
+                             f"({self.manifest['layout']} rows), but this run is model.family={self.family.name}; "
                              "re-run `jaxlm prepare CONFIG` with a data.prepared_dir of its own")
         splits = self.manifest["splits"]
         if split not in splits:
@@ -65,9 +70,10 @@ class PretrainingData:
             raise ValueError(f"split {split!r} of {data_dir} has no examples")
         self.split, self.seed = split, seed
         self.max_seq_length = self.manifest["max_seq_length"]
-        self.options = TransformOptions(**options)
+        # the settings that made the stored rows are the manifest's
+        self.settings = data_settings(data, **settings | {k: self.manifest[k] for k in PREPARATION_FIELDS})
         table = np.load(self.data_dir / WORD_STARTS)
-        self._transform = make_transform(self.family, self.manifest, table, self.options)
+        self._transform = self.family.transform(self.manifest, table, self.settings)
         self._source = ArrayRecordDataSource(
             [str(self.data_dir / name) for name in splits[split]["shards"]])
         self._len = len(self._source)
@@ -165,6 +171,20 @@ class PretrainingData:
                         tokenizer.convert_ids_to_tokens(value.tolist()))
             rows.append(row)
         return rows
+
+
+def open_data(config: RunConfig) -> tuple[object, PretrainingData, PretrainingData]:
+    """(tokenizer, train split, held-out split) of a run, validated against the tokenizer and the model
+    before any compute."""
+    tokenizer = model_tokenizer(config)
+    splits = [PretrainingData(config.data.prepared_dir, split, seed=config.data.seed, family=config.model.family,
+                              tokenizer_fingerprint=tokenizer.fingerprint(), vocab_size=tokenizer.vocab_size,
+                              max_seq_length=config.data.max_seq_length, data=config.data)
+              for split in ("train", "valid")]
+    if len(splits[0]) < config.train.global_batch:
+        raise ConfigError(f"the train split has {len(splits[0])} examples, fewer than train.global_batch="
+                          f"{config.train.global_batch}; use more text or a smaller batch")
+    return tokenizer, *splits
 
 
 def most_frequent_token_baseline(data: PretrainingData, epoch: int = 0, limit: int | None = None) -> float:

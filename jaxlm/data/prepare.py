@@ -14,7 +14,9 @@ from typing import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxlm.data.layouts import LAYOUTS, LayoutSettings, Row, build_rows, check_roles, encode_row
+from jaxlm import families
+from jaxlm.data.layouts import Row, build_rows, check_roles, encode_row
+from jaxlm.data.settings import PREPARATION_FIELDS, DataConfig, data_settings
 from jaxlm.data.sources import read_source
 from jaxlm.data.tokenizers.roles import special_ids, word_start_table
 
@@ -92,18 +94,15 @@ def write_shards(rows: Sequence[Row], directory: Path, split: str, shard_size: i
     return names
 
 
-def _check_arguments(family: str, output_dir: Path, max_seq_length: int, short_seq_prob: float,
-                     dupe_factor: int, valid_fraction: float, shard_size: int, overwrite: bool) -> None:
-    if family not in LAYOUTS:
-        raise ValueError(f"no pretraining data layout for model.family={family!r}; known: {', '.join(LAYOUTS)}")
-    if max_seq_length < 5:
-        raise ValueError(f"max_seq_length must be >= 5 ([CLS] A [SEP] B [SEP]), got {max_seq_length}")
-    if not 0.0 <= short_seq_prob <= 1.0:
-        raise ValueError(f"short_seq_prob must be in [0, 1], got {short_seq_prob}")
-    if dupe_factor < 1 or shard_size < 1:
-        raise ValueError(f"dupe_factor and shard_size must be >= 1, got {dupe_factor} and {shard_size}")
-    if not 0.0 <= valid_fraction < 1.0:
-        raise ValueError(f"valid_fraction must be in [0, 1), got {valid_fraction}")
+def _check_arguments(data: DataConfig, output_dir: Path, overwrite: bool) -> None:
+    if data.max_seq_length < 5:
+        raise ValueError(f"max_seq_length must be >= 5 ([CLS] A [SEP] B [SEP]), got {data.max_seq_length}")
+    if not 0.0 <= data.short_seq_prob <= 1.0:
+        raise ValueError(f"short_seq_prob must be in [0, 1], got {data.short_seq_prob}")
+    if data.dupe_factor < 1 or data.shard_size < 1:
+        raise ValueError(f"dupe_factor and shard_size must be >= 1, got {data.dupe_factor} and {data.shard_size}")
+    if not 0.0 <= data.valid_fraction < 1.0:
+        raise ValueError(f"valid_fraction must be in [0, 1), got {data.valid_fraction}")
     if output_dir.exists() and not output_dir.is_dir():
         raise FileExistsError(f"output_dir {output_dir} exists and is not a directory")
     if output_dir.is_dir() and any(output_dir.iterdir()) and not overwrite:
@@ -174,13 +173,11 @@ def _input_stat(source) -> str:
     return f"{_input_name(source)}:{stat.st_size}:{stat.st_mtime_ns}"
 
 
-def preparation_settings(input_files, tokenizer, *, family: str, valid_fraction: float, seed: int,
-                         shard_size: int, text_field: str, **layout) -> dict:
+def preparation_settings(input_files, tokenizer, family: str, data: DataConfig) -> dict:
     """What a manifest records of how its data was made; equal settings give equal data."""
-    return {"family": family, "layout": LAYOUTS.get(family), **vars(LayoutSettings(**layout)),
-            "valid_fraction": valid_fraction, "seed": seed, "shard_size": shard_size,
-            "tokenizer_fingerprint": tokenizer.fingerprint(), "text_field": text_field,
-            "inputs": [_input_name(p) for p in input_files]}
+    return {"family": family, "layout": families.get(family).layout,
+            **{name: getattr(data, name) for name in PREPARATION_FIELDS},
+            "tokenizer_fingerprint": tokenizer.fingerprint(), "inputs": [_input_name(p) for p in input_files]}
 
 
 def already_prepared(output_dir, settings: dict) -> bool:
@@ -199,13 +196,11 @@ def already_prepared(output_dir, settings: dict) -> bool:
 
 
 def prepare(input_files: Sequence[str | os.PathLike], output_dir: str | os.PathLike, tokenizer, *,
-            family: str = "bert", max_seq_length: int = 128, short_seq_prob: float = 0.1,
-            dupe_factor: int = 1, packed: bool = True, noise_density: float = 0.15,
-            mean_span_length: float = 3.0, valid_fraction: float = 0.05, seed: int = 0,
-            shard_size: int = 100_000, text_field: str = "text", tfds_data_dir: str | None = None,
-            progress: bool = True, overwrite: bool = False) -> dict:
+            family: str = "bert", data: DataConfig | None = None, progress: bool = True, overwrite: bool = False,
+            **settings) -> dict:
     """Writes `family`'s train/valid rows as array_record shards, manifest.json, documents.json and
-    word_starts.npy. Inputs: sentence-per-line text files, JSONL files or `tfds:` specs.
+    word_starts.npy. Inputs: sentence-per-line text files, JSONL files or `tfds:` specs. The
+    settings are `data` (default: DataConfig's defaults) with `settings` (DataConfig fields) on top.
 
     Interrupted (Ctrl-C, a crash), it leaves output_dir as it was and its tokenized chunks in
     `partial_dir(output_dir)`; the same call again continues from them."""
@@ -215,14 +210,13 @@ def prepare(input_files: Sequence[str | os.PathLike], output_dir: str | os.PathL
     missing = [str(p) for p in input_files if not str(p).startswith("tfds:") and not Path(p).is_file()]
     if missing:
         raise FileNotFoundError(f"input file(s) not found: {', '.join(missing)}")
-    _check_arguments(family, output_dir, max_seq_length, short_seq_prob, dupe_factor, valid_fraction,
-                     shard_size, overwrite)
-    layout = LAYOUTS[family]
+    data = data_settings(data, **settings)
+    registered = families.get(family)
+    _check_arguments(data, output_dir, overwrite)
     special = special_ids(tokenizer)
-    check_roles(layout, special, family)
-    layout_settings = LayoutSettings(max_seq_length, short_seq_prob, dupe_factor, packed, noise_density,
-                                     mean_span_length)
-    sources = [read_source(p, text_field, tfds_data_dir) for p in input_files]
+    check_roles(registered.roles, special, family)
+    seed = data.seed
+    sources = [read_source(p, data.text_field, data.tfds_data_dir or None) for p in input_files]
     n_docs = sum(len(docs) for docs, _ in sources)
     names = ", ".join(map(str, input_files))
     if n_docs == 0:
@@ -232,17 +226,15 @@ def prepare(input_files: Sequence[str | os.PathLike], output_dir: str | os.PathL
         raise ValueError(f"the corpus has only {n_docs} document; a train and a held-out split need at least 2 "
                          "(separate documents with a blank line)")
     origin = [(s, d) for s, (docs, _) in enumerate(sources) for d in range(len(docs))]
-    split_ids = dict(zip(SPLITS, split_documents(n_docs, valid_fraction, seed)))
-    settings = preparation_settings(input_files, tokenizer, family=family, valid_fraction=valid_fraction,
-                                    seed=seed, shard_size=shard_size, text_field=text_field,
-                                    **vars(layout_settings))
-    manifest = {"format": FORMAT, "record": RECORD, **settings,
+    split_ids = dict(zip(SPLITS, split_documents(n_docs, data.valid_fraction, seed)))
+    recorded_settings = preparation_settings(input_files, tokenizer, family, data)
+    manifest = {"format": FORMAT, "record": RECORD, **recorded_settings,
                 "sources": [info | {"documents": len(docs)} for docs, info in sources],
                 "vocab_size": int(tokenizer.vocab_size), "special_ids": special, "splits": {}}
 
     work = partial_dir(output_dir)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
-    _open_work(work, settings | {"input_stats": [_input_stat(p) for p in input_files]}, progress)
+    _open_work(work, recorded_settings | {"input_stats": [_input_stat(p) for p in input_files]}, progress)
     with deferred_interrupts() as check:
         tokenized = _tokenized_sources(sources, tokenizer, work, progress, check)
         tmp = work / "out"
@@ -251,15 +243,15 @@ def prepare(input_files: Sequence[str | os.PathLike], output_dir: str | os.PathL
         for k, (split, ids) in enumerate(split_ids.items()):
             if len(ids) == 0:
                 continue
-            rows = build_rows(layout, [tokenized[i] for i in ids], np.random.default_rng([seed, 1, k]),
-                              layout_settings, special)
+            rows = build_rows(registered.layout, [tokenized[i] for i in ids], np.random.default_rng([seed, 1, k]),
+                              data, special)
             check()
             order = np.random.default_rng([seed, 2, k]).permutation(len(rows))
             rows = [rows[i] for i in order]
             manifest["splits"][split] = {
                 "documents": len(ids), "examples": len(rows), "tokens": int(sum(len(r.tokens) for r in rows)),
-                **({"random_next": int(sum(r.label for r in rows))} if layout == "nsp_pairs" else {}),
-                "shards": write_shards(rows, tmp, split, shard_size, progress),
+                **({"random_next": int(sum(r.label for r in rows))} if registered.layout == "nsp_pairs" else {}),
+                "shards": write_shards(rows, tmp, split, data.shard_size, progress),
             }
     np.save(tmp / WORD_STARTS, word_start_table(tokenizer))
     recorded = {split: [list(origin[i]) for i in ids] for split, ids in split_ids.items()}
@@ -268,13 +260,4 @@ def prepare(input_files: Sequence[str | os.PathLike], output_dir: str | os.PathL
     _replace_dir(tmp, output_dir)
     shutil.rmtree(work)
     return manifest
-
-
-def config_settings(data, family: str) -> dict:
-    """`prepare`'s settings from a DataConfig (everything but inputs, output, tokenizer and where
-    TFDS datasets live)."""
-    return dict(family=family, max_seq_length=data.max_seq_length, short_seq_prob=data.short_seq_prob,
-                dupe_factor=data.dupe_factor, packed=data.packed, noise_density=data.noise_density,
-                mean_span_length=data.mean_span_length, valid_fraction=data.valid_fraction, seed=data.seed,
-                shard_size=data.shard_size, text_field=data.text_field)
 

@@ -3,7 +3,9 @@ synthetic batches from it, init, the loss the trainer differentiates, and the ma
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,10 +24,16 @@ class Field:
 
 @dataclasses.dataclass(frozen=True)
 class Objective:
-    """Subclasses declare `fields()`, `model`, `model_inputs(batch)`, `stats` and `summarize`."""
+    """Subclasses declare `fields()`, `model_inputs(batch)`, `stats` and `summarize`; `network` is the
+    module class the family registers (jaxlm.families), built from `config`."""
 
     config: TransformerConfig
     max_seq_length: int
+    network: Callable[[TransformerConfig], nn.Module]
+
+    @property
+    def model(self) -> nn.Module:
+        return self.network(self.config)
 
     def fields(self) -> dict[str, Field]:
         raise NotImplementedError

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import flax.linen as nn
-
 from jaxlm.objectives.base import FLOAT, INT, Field, Objective, layer_matmul_params
 from jaxlm.objectives.losses import prediction_stats, prediction_summary
 
@@ -20,15 +18,9 @@ def token_summary(stats: dict) -> dict:
 
 
 @dataclasses.dataclass(frozen=True)
-class CausalLm(Objective):
+class CausalLmObjective(Objective):
     """`segment_ids` number the documents packed in a row (0 = padding): attention never crosses
     them and positions restart in each. `targets` are the next tokens, weighted by `target_weights`."""
-
-    @property
-    def model(self) -> nn.Module:
-        from jaxlm.models.decoder import CausalLM
-
-        return CausalLM(self.config)
 
     def fields(self):
         seq = self.max_seq_length

@@ -3,14 +3,12 @@ from __future__ import annotations
 
 import dataclasses
 
-import flax.linen as nn
-
 from jaxlm.objectives.base import FLOAT, INT, Field, Objective, layer_matmul_params
 from jaxlm.objectives.causal import token_stats, token_summary
 
 
 @dataclasses.dataclass(frozen=True)
-class Seq2Seq(Objective):
+class Seq2SeqObjective(Objective):
     """Encoder input [max_seq_length] with its mask; decoder input, targets and weights [max_target_length]."""
 
     max_target_length: int = 0
@@ -18,16 +16,6 @@ class Seq2Seq(Objective):
     @property
     def target_length(self) -> int:
         return self.max_target_length or self.max_seq_length
-
-    @property
-    def model(self) -> nn.Module:
-        if self.config.family == "t5":
-            from jaxlm.models.t5 import T5ForConditionalGeneration
-
-            return T5ForConditionalGeneration(self.config)
-        from jaxlm.models.bart import BartForConditionalGeneration
-
-        return BartForConditionalGeneration(self.config)
 
     def fields(self):
         seq, target = self.max_seq_length, self.target_length

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import flax.linen as nn
-
 from jaxlm.objectives.base import FLOAT, INT, Field, Objective, layer_matmul_params
 from jaxlm.objectives.losses import prediction_stats, prediction_summary
 
@@ -40,24 +38,12 @@ def mlm_flops_per_token(config, seq: int, preds: int, extra_per_sequence: float 
 
 
 @dataclasses.dataclass(frozen=True)
-class MlmNsp(Objective):
-    """BERT (NSP) or ALBERT (SOP, `config.family == "albert"`): the pair label is `nsp_label` either way."""
+class MlmPairObjective(Objective):
+    """Masked LM plus a sentence-pair task, `task`: BERT's next-sentence prediction ("nsp") or ALBERT's
+    sentence-order prediction ("sop"); the pair label is `nsp_label` either way."""
 
     max_predictions: int = 20
-
-    @property
-    def task(self) -> str:
-        return "sop" if self.config.family == "albert" else "nsp"
-
-    @property
-    def model(self) -> nn.Module:
-        if self.config.family == "albert":
-            from jaxlm.models.albert import AlbertForPreTraining
-
-            return AlbertForPreTraining(self.config)
-        from jaxlm.models.heads import BertForPreTraining
-
-        return BertForPreTraining(self.config)
+    task: str = "nsp"
 
     def fields(self):
         return masked_lm_fields(self.max_seq_length, self.max_predictions) | {"nsp_label": Field((), INT, ())}
@@ -83,16 +69,10 @@ class MlmNsp(Objective):
 
 
 @dataclasses.dataclass(frozen=True)
-class MaskedLm(Objective):
+class MaskedLmObjective(Objective):
     """Masked LM alone (RoBERTa, DistilBERT): no sentence pairs, no segment ids."""
 
     max_predictions: int = 20
-
-    @property
-    def model(self) -> nn.Module:
-        from jaxlm.models.heads import MaskedLM
-
-        return MaskedLM(self.config)
 
     def fields(self):
         return masked_lm_fields(self.max_seq_length, self.max_predictions, segments=False)

@@ -12,7 +12,7 @@ from jaxlm.objectives.mlm_nsp import masked_lm_fields, mlm_flops_per_token, mlm_
 
 
 @dataclasses.dataclass(frozen=True)
-class SpanMlmSbo(Objective):
+class SpanMlmSboObjective(Objective):
     """Every masked target also has `pair_positions` (the tokens just left and right of its span)
     and `span_offsets` (its 0-based place in the span); loss = MLM + SBO."""
 
@@ -21,9 +21,7 @@ class SpanMlmSbo(Objective):
 
     @property
     def model(self) -> nn.Module:
-        from jaxlm.models.spanbert import SpanBertForPreTraining
-
-        return SpanBertForPreTraining(self.config, self.max_span_length)
+        return self.network(self.config, self.max_span_length)
 
     def fields(self):
         preds = self.max_predictions

@@ -13,8 +13,10 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxlm import config as config_lib
+from jaxlm import families
 from jaxlm.config import ConfigError, RunConfig
-from jaxlm.objectives import Objective, make_objective
+from jaxlm.data.pipeline import most_frequent_token_baseline, open_data
+from jaxlm.objectives import Objective
 from jaxlm.parallel import distributed
 from jaxlm.parallel.mesh import logical_sharding, make_mesh, replicated
 from jaxlm.parallel.rules import Rules, rules_for
@@ -58,7 +60,7 @@ def build(config: RunConfig, devices=None) -> Setup:
     mesh = make_mesh(config.mesh, devices)
     check_batch(config, mesh)
     rules = rules_for(config.mesh.rules)
-    objective = make_objective(config.model, config.data)
+    objective = families.make_objective(config.model, config.data)
     total = config.train.steps
     optimizer, lr = make_optimizer(config.optim, total), schedule(config.optim, total)
     with nn.logical_axis_rules(rules):
@@ -101,26 +103,6 @@ def global_batch(setup: Setup, local: dict) -> dict:
     return {k: jax.make_array_from_process_local_data(setup.batch_shardings[k], np.asarray(v),
                                                       (size, *np.shape(v)[1:]))
             for k, v in local.items()}
-
-
-# ---------------------------------------------------------------- data
-
-def open_data(config: RunConfig):
-    """Train and held-out splits, validated against the tokenizer and the model before any compute."""
-    from jaxlm.data.examples import options_from_config
-    from jaxlm.data.pipeline import PretrainingData
-    from jaxlm.data.sources import model_tokenizer
-
-    tokenizer = model_tokenizer(config)
-    directory = pathlib.Path(config.data.prepared_dir)
-    common = dict(seed=config.data.seed, family=config.model.family, tokenizer_fingerprint=tokenizer.fingerprint(),
-                  vocab_size=tokenizer.vocab_size, max_seq_length=config.data.max_seq_length,
-                  **options_from_config(config.data, config.model))
-    train, valid = (PretrainingData(directory, split, **common) for split in ("train", "valid"))
-    if len(train) < config.train.global_batch:
-        raise ConfigError(f"the train split has {len(train)} examples, fewer than train.global_batch="
-                          f"{config.train.global_batch}; use more text or a smaller batch")
-    return tokenizer, train, valid
 
 
 def evaluate(setup: Setup, compiled_eval, params, valid) -> dict:
@@ -212,8 +194,6 @@ def train(config: RunConfig) -> dict:
 def report(config: RunConfig, final: dict) -> str:
     """Held-out accuracy next to its trivial baselines (MLM: the most frequent masked token; NSP/SOP:
     0.5), perplexity for token-level objectives, and the plot of the curves."""
-    from jaxlm.data.pipeline import most_frequent_token_baseline
-
     run_dir = pathlib.Path(config.train.run_dir)
     summary = {"step": final["step"], "loss": final["loss"], "examples": final["examples"]}
     lines, baselines = [f"  held-out loss {final['loss']:.4f}"], {}

@@ -1,12 +1,16 @@
 """The optimiser: AdamW or LAMB, warm-up then linear decay, decay mask, global-norm clipping."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import jax
 import optax
 
-from jaxlm.config import OptimConfig
+if TYPE_CHECKING:  # jaxlm.config validates optim.name against OPTIMIZERS, so it imports this module
+    from jaxlm.config import OptimConfig
 
 NO_DECAY_NAMES = ("bias", "scale")
+OPTIMIZERS = {"adamw": optax.adamw, "lamb": optax.lamb}
 
 
 def schedule(config: OptimConfig, total_steps: int) -> optax.Schedule:
@@ -28,14 +32,9 @@ def decay_mask(params):
 
 
 def make_optimizer(config: OptimConfig, total_steps: int) -> optax.GradientTransformation:
-    lr = schedule(config, total_steps)
-    if config.name == "adamw":
-        base = optax.adamw(lr, b1=config.b1, b2=config.b2, eps=config.eps,
-                           weight_decay=config.weight_decay, mask=decay_mask)
-    elif config.name == "lamb":
-        base = optax.lamb(lr, b1=config.b1, b2=config.b2, eps=config.eps,
-                          weight_decay=config.weight_decay, mask=decay_mask)
-    else:
-        raise ValueError(f"unknown optimiser {config.name!r}; choose adamw or lamb")
+    if config.name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimiser {config.name!r}; choose one of {', '.join(OPTIMIZERS)}")
+    base = OPTIMIZERS[config.name](schedule(config, total_steps), b1=config.b1, b2=config.b2, eps=config.eps,
+                                   weight_decay=config.weight_decay, mask=decay_mask)
     clip = optax.clip_by_global_norm(config.clip_norm) if config.clip_norm > 0 else optax.identity()
     return optax.chain(clip, base)

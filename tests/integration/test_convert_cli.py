@@ -146,7 +146,7 @@ def test_round_trip_gives_identical_tensors_and_outputs(converted, family):
     assert config.family == family and config.dtype == "float32" and not config.scan_layers
     hf_config = json.loads((back / "config.json").read_text())
     assert hf_config["model_type"] == family
-    assert registry.family_for_hf(hf_config).config_from_hf(hf_config, dtype="float32") == config
+    assert registry.family_for_hf(hf_config).converter("config_from_hf")(hf_config, dtype="float32") == config
     assert_same_tensors(model, back)
     assert_same_outputs(model, back, family)
 

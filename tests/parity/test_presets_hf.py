@@ -10,10 +10,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from jaxlm import families  # noqa: E402
 from jaxlm.config import DataConfig  # noqa: E402
-from jaxlm.convert.registry import FAMILIES  # noqa: E402
 from jaxlm.models.presets import PRESETS  # noqa: E402
-from jaxlm.objectives import make_objective  # noqa: E402
 
 # Our pretraining model per family, and the transformers class with the same parts.
 HF_CLASS = {"bert": "BertForPreTraining", "roberta": "RobertaForMaskedLM", "albert": "AlbertForPreTraining",
@@ -26,7 +25,7 @@ PUBLISHED_MILLIONS = {"bert-base": 110, "bert-large": 336, "roberta-base": 125, 
 
 
 def ours(config) -> dict:
-    objective = make_objective(config, DataConfig(max_seq_length=16, max_predictions=2, max_target_length=8))
+    objective = families.make_objective(config, DataConfig(max_seq_length=16, max_predictions=2, max_target_length=8))
     return jax.eval_shape(objective.init, jax.random.key(0))
 
 
@@ -36,7 +35,7 @@ def count(tree) -> int:
 
 def theirs(config) -> int:
     family = "bert" if config.family == "spanbert" else config.family
-    hf_config = FAMILIES[family].config_to_hf(dataclasses.replace(config, family=family))
+    hf_config = families.get(family).converter("config_to_hf")(dataclasses.replace(config, family=family))
     hf = transformers.AutoConfig.for_model(**hf_config)
     with torch.device("meta"):
         model = getattr(transformers, HF_CLASS[config.family])(hf)

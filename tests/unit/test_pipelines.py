@@ -10,12 +10,11 @@ import pytest
 
 from jaxlm import config as jaxlm_config
 from jaxlm.data.assets import fetch_austen
-from jaxlm.data.examples import options_from_config
-from jaxlm.data.layouts import LayoutSettings, t5_raw_length
+from jaxlm.data.denoising import t5_lengths
 from jaxlm.data.pipeline import PretrainingData
-from jaxlm.data.prepare import config_settings, partial_dir, prepare
+from jaxlm.data.prepare import partial_dir, prepare
 from jaxlm.data.sources import model_tokenizer, text_documents
-from jaxlm.objectives import make_objective
+from jaxlm.families import make_objective
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FAMILIES = ("bert", "roberta", "albert", "spanbert", "gpt2", "t5", "bart")
@@ -34,13 +33,12 @@ class Prepared:
     tokenizer: object
     path: pathlib.Path
     manifest: dict
-    options: dict
 
-    def open(self, split="train", seed=SEED, **options):
+    def open(self, split="train", seed=SEED, **settings):
         return PretrainingData(self.path, split, seed=seed, family=self.family,
                                tokenizer_fingerprint=self.tokenizer.fingerprint(),
                                vocab_size=self.tokenizer.vocab_size,
-                               max_seq_length=self.config.data.max_seq_length, **(self.options | options))
+                               max_seq_length=self.config.data.max_seq_length, data=self.config.data, **settings)
 
     @property
     def special(self):
@@ -78,10 +76,9 @@ def build(tmp_path_factory, corpus):
             config = load_config(family)
             tokenizer = model_tokenizer(config)
             path = root / f"{family}-{len(cache)}"
-            settings = config_settings(config.data, family) | overrides
-            manifest = prepare([corpus], path, tokenizer, progress=False, **settings)
-            cache[key] = Prepared(family, config, tokenizer, path, manifest,
-                                  options_from_config(config.data, config.model))
+            manifest = prepare([corpus], path, tokenizer, family=family, data=config.data, progress=False,
+                               **overrides)
+            cache[key] = Prepared(family, config, tokenizer, path, manifest)
         return cache[key]
 
     return get
@@ -244,12 +241,10 @@ def test_causal_unpacked_rows_hold_one_document(build, corpus):
 def test_t5_span_corruption(build):
     prepared = build("t5")
     seq = prepared.config.data.max_seq_length
-    target_length = prepared.options["target_length"]
+    raw, target_length = t5_lengths(prepared.config.data)
     eos = prepared.special["eos"]
     sentinels = prepared.special["sentinels"]
     sentinel_set = set(sentinels)
-    raw = t5_raw_length(LayoutSettings(seq, noise_density=prepared.config.data.noise_density,
-                                       mean_span_length=prepared.config.data.mean_span_length))
     data = prepared.open()
     noise = total = spans = full = 0
     for epoch in (0, 1):
@@ -513,7 +508,7 @@ def test_jsonl_source(tmp_path, austen_chapters):
             f.write(json.dumps({"id": i, "body": " ".join(chapter)}) + "\n")
     config = load_config("roberta")
     tokenizer = model_tokenizer(config)
-    settings = config_settings(config.data, "roberta") | {"text_field": "body"}
+    settings = dict(family="roberta", data=config.data, text_field="body")
     manifest = prepare([path], tmp_path / "out", tokenizer, progress=False, **settings)
     assert manifest["sources"][0]["documents"] == len(austen_chapters)
     assert sum(s["documents"] for s in manifest["splits"].values()) == len(austen_chapters)
@@ -532,7 +527,7 @@ def test_tfds_source_gives_the_rows_of_the_text_file(tmp_path):
     pytest.importorskip("tensorflow_datasets")
     config = load_config("bert")
     tokenizer = model_tokenizer(config)
-    settings = config_settings(config.data, "bert") | {"dupe_factor": 1, "shard_size": 3000}
+    settings = dict(family="bert", data=config.data, dupe_factor=1, shard_size=3000)
     tfds = prepare(["tfds:jaxlm_demo_corpus/austen"], tmp_path / "tfds-out", tokenizer, progress=False,
                    tfds_data_dir=str(tmp_path / "tfds"), **settings)
     text = prepare([fetch_austen()], tmp_path / "text-out", tokenizer, progress=False, **settings)

@@ -5,19 +5,23 @@ import math
 import pathlib
 from typing import Callable, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxlm import families
+from jaxlm.convert import store
 from jaxlm.models.config import TransformerConfig
 
-ENCODER_FAMILIES = ("bert", "roberta", "distilbert", "spanbert", "albert")
 POOLINGS = ("mean", "cls")
 LENGTH_MULTIPLE = 8
 
 
 def check_encoder(config: TransformerConfig) -> None:
-    if config.family not in ENCODER_FAMILIES:
-        raise ValueError(f"embed needs an encoder checkpoint ({', '.join(ENCODER_FAMILIES)}), but this one "
-                         f"holds a {config.family} model")
+    if config.family not in families.names(embeds=True):
+        raise ValueError(f"embed needs an encoder checkpoint ({', '.join(families.names(embeds=True))}), but "
+                         f"this one holds a {config.family} model")
 
 
 def read_sentences(path) -> list[str]:
@@ -64,18 +68,12 @@ def _encoder_states(model, input_ids, padding_mask):
 
 
 def encoder_module(config: TransformerConfig):
-    """The family's model; only its `encoder.hidden_states` runs, so heads need no parameters."""
-    from jaxlm.convert import registry
-    from jaxlm.models.heads import BertForPreTraining
-
-    family = registry.FAMILIES.get(config.family)
-    return (family.module_class if family else BertForPreTraining)(config)
+    """The family's network; only its `encoder.hidden_states` runs, so heads need no parameters."""
+    return families.get(config.family).network(config)
 
 
 def pooled_fn(config: TransformerConfig, pooling: str, normalize: bool) -> Callable:
     """(params, ids [B, T], mask [B, T]) -> pooled float32 [B, E]."""
-    import jax.numpy as jnp
-
     module = encoder_module(config)
 
     def pooled(params, ids, mask):
@@ -99,9 +97,6 @@ def embed(config: TransformerConfig, params, token_ids: Sequence[Sequence[int]],
     Sentences are batched by length; each batch is padded to a multiple of the device count (rows)
     and of LENGTH_MULTIPLE (tokens), so few shapes compile, and sharded over a 1-D `data` mesh.
     """
-    import jax
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
     check_encoder(config)
     if pooling not in POOLINGS:
         raise ValueError(f"pooling={pooling!r}; choose one of {POOLINGS}")
@@ -130,8 +125,6 @@ def embed_file(ckpt, input_path, output=None, *, pooling: str = "mean", normaliz
                batch_size: int = 64, max_length: int | None = None, overwrite: bool = False):
     """Embeds each line of `input_path` with checkpoint `ckpt` into a float32 .npy at `output` (default: the
     input path with .npy); every input is checked before the parameters are read. Returns (vectors, output)."""
-    from jaxlm.convert import store
-
     sentences = read_sentences(input_path)
     output = pathlib.Path(output) if output else pathlib.Path(input_path).with_suffix(".npy")
     if output.suffix != ".npy":
