@@ -3,15 +3,24 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import pathlib
 import shutil
 import tempfile
 from typing import Mapping
 
+import jax
 import numpy as np
+import orbax.checkpoint as ocp
+import safetensors.numpy
 
+from jaxlm import config as config_lib
+from jaxlm.convert import registry
+from jaxlm.data.sources import resolve_vocab
 from jaxlm.models.config import TransformerConfig
+from jaxlm.models.presets import model_config
+from jaxlm.train import checkpoint
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json",
                    "spiece.model", "vocab.json", "merges.txt")
@@ -83,8 +92,6 @@ def save_converted(out_dir, config: TransformerConfig, params: Mapping, tokenize
         OUT/0/config     {"model": TransformerConfig as a dict, "source": where it came from}
         OUT/tokenizer/   whichever TOKENIZER_FILES `tokenizer_dir` has, and `tokenizer_files` (name -> text)
     """
-    from jaxlm.train import checkpoint
-
     with staged(out_dir, overwrite) as staging:
         mngr = checkpoint.manager(staging, keep=1, async_save=False)
         record = {"model": dataclasses.asdict(config), "source": str(source)}
@@ -98,17 +105,6 @@ def save_converted(out_dir, config: TransformerConfig, params: Mapping, tokenize
     return pathlib.Path(out_dir)
 
 
-def _locate(path: pathlib.Path) -> tuple[pathlib.Path, int | None]:
-    """(the Orbax manager directory, a step or None for the latest) of a checkpoint path."""
-    if not path.is_dir():
-        raise FileNotFoundError(f"no checkpoint directory at {path}")
-    if path.name.isdigit() and (path / "state").is_dir():
-        return path.parent, int(path.name)
-    if (path / "checkpoints").is_dir():
-        return path / "checkpoints", None
-    return path, None
-
-
 def _not_a_checkpoint(path: pathlib.Path, why: str) -> ValueError:
     hint = (" (it looks like a Hugging Face model: convert it first with `jaxlm convert from-hf`)"
             if (path / "config.json").is_file() and not (path / "checkpoints").is_dir() else "")
@@ -118,27 +114,15 @@ def _not_a_checkpoint(path: pathlib.Path, why: str) -> ValueError:
 @contextlib.contextmanager
 def _opened(path: pathlib.Path):
     """(read-only manager, step) of a checkpoint path, after checking it is a jaxlm checkpoint."""
-    import orbax.checkpoint as ocp
-
-    from jaxlm.train.checkpoint import ITEMS
-
-    directory, step = _locate(path)
-    mngr = ocp.CheckpointManager(directory.absolute(), item_names=ITEMS,
-                                 options=ocp.CheckpointManagerOptions(read_only=True))
-    try:
-        step = mngr.latest_step() if step is None else step
+    with checkpoint.open_checkpoint(path) as (mngr, step):
         if step is None:
             raise _not_a_checkpoint(path, "it holds no Orbax checkpoint step")
-        if not all((directory / str(step) / item).is_dir() for item in ("config", "state")):
+        if not all((mngr.directory / str(step) / item).is_dir() for item in ("config", "state")):
             raise _not_a_checkpoint(path, f"step {step} has no config or state item")
         yield mngr, step
-    finally:
-        mngr.close()
 
 
 def _config(mngr, step: int, path: pathlib.Path) -> tuple[TransformerConfig, pathlib.Path | None]:
-    import orbax.checkpoint as ocp
-
     stored = mngr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
     if not isinstance(stored, dict) or not isinstance(stored.get("model"), dict):
         raise _not_a_checkpoint(path, "its config item has no model")
@@ -158,14 +142,10 @@ def load_checkpoint(path) -> tuple[TransformerConfig, dict, pathlib.Path | None]
     path = pathlib.Path(path)
     with _opened(path) as (mngr, step):
         config, tokenizer = _config(mngr, step, path)
-        return config, _restore_params(mngr, mngr.directory / str(step) / "state", step), tokenizer
+        return config, _restore_params(mngr, step), tokenizer
 
 
 def _stored_config(stored: dict, path: pathlib.Path) -> tuple[TransformerConfig, pathlib.Path | None]:
-    from jaxlm import config as config_lib
-    from jaxlm.data.sources import resolve_vocab
-    from jaxlm.models.presets import model_config
-
     if "train" in stored:
         run = config_lib.from_dict(stored)
         return run.model, resolve_vocab(run.data)
@@ -175,14 +155,11 @@ def _stored_config(stored: dict, path: pathlib.Path) -> tuple[TransformerConfig,
     return config, tokenizer if tokenizer.is_dir() else None
 
 
-def _restore_params(mngr, state_dir: pathlib.Path, step: int) -> dict:
+def _restore_params(mngr, step: int) -> dict:
     """The `params` subtree of the state item as numpy arrays, shapes and dtypes from its metadata."""
-    import jax
-    import orbax.checkpoint as ocp
-
-    tree = ocp.PyTreeCheckpointer().metadata(state_dir).item_metadata.tree
+    tree = checkpoint.stored_tree(mngr, step)
     if "params" not in tree:
-        raise ValueError(f"{state_dir} holds no params")
+        raise ValueError(f"{mngr.directory / str(step) / 'state'} holds no params")
     target = {"params": tree["params"]}
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)
     restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
@@ -195,12 +172,6 @@ def _restore_params(mngr, state_dir: pathlib.Path, step: int) -> dict:
 def save_hf(out_dir, config: TransformerConfig, params: Mapping, tokenizer=None, overwrite: bool = False) -> str:
     """Writes config.json, model.safetensors (float32) and the tokenizer files at `out_dir`; returns
     the transformers auto class that loads it."""
-    import json
-
-    import safetensors.numpy
-
-    from jaxlm.convert import registry
-
     hf_config, tensors, auto_class = registry.to_hf(config, params)
     with staged(out_dir, overwrite) as staging:
         (staging / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")

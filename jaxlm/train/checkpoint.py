@@ -1,7 +1,10 @@
-"""Orbax checkpoints of a run: train state, data position and resolved config, async, kept K."""
+"""Orbax checkpoints of a run: train state, data position and resolved config, async, kept K; and
+the one resolver from any checkpoint path to (manager, step)."""
 from __future__ import annotations
 
+import contextlib
 import pathlib
+from typing import Iterator
 
 import jax
 import orbax.checkpoint as ocp
@@ -30,21 +33,47 @@ def restore(mngr: ocp.CheckpointManager, abstract_state, step: int | None = None
     return restored["state"], restored["data"], restored["config"]
 
 
-def restore_params(directory: str | pathlib.Path, abstract_params, step: int | None = None):
-    """Only the parameters of another run's checkpoint (`train.init_from`), onto this run's shardings."""
-    path = pathlib.Path(directory) / "checkpoints"
-    path = path if path.is_dir() else pathlib.Path(directory)
-    mngr = ocp.CheckpointManager(path.absolute(), item_names=ITEMS,
+def resolve(path: str | pathlib.Path) -> tuple[pathlib.Path, int | None]:
+    """(the Orbax manager directory, the step the path names or None) of a run directory, its
+    `checkpoints/` directory, one `checkpoints/<step>` directory or a converted checkpoint."""
+    path = pathlib.Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"no checkpoint directory at {path}")
+    if path.name.isdigit() and (path / "state").is_dir():
+        return path.parent, int(path.name)
+    if (path / "checkpoints").is_dir():
+        return path / "checkpoints", None
+    return path, None
+
+
+@contextlib.contextmanager
+def open_checkpoint(path: str | pathlib.Path, step: int | None = None
+                    ) -> Iterator[tuple[ocp.CheckpointManager, int | None]]:
+    """(read-only manager, step) of any path `resolve` takes: `step`, else the path's own step, else
+    the latest committed one (None when there is none)."""
+    directory, own = resolve(path)
+    mngr = ocp.CheckpointManager(directory.absolute(), item_names=ITEMS,
                                  options=ocp.CheckpointManagerOptions(read_only=True))
-    step = mngr.latest_step() if step is None else step
-    if step is None:
-        raise FileNotFoundError(f"train.init_from={directory}: no checkpoint found there")
-    stored = ocp.PyTreeCheckpointer().metadata(path.absolute() / str(step) / "state").item_metadata.tree
-    check_fits(stored.get("params", {}), abstract_params, f"train.init_from={directory}")
-    target = {"params": abstract_params}
-    restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-        item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
-    mngr.close()
+    try:
+        yield mngr, step if step is not None else own if own is not None else mngr.latest_step()
+    finally:
+        mngr.close()
+
+
+def stored_tree(mngr: ocp.CheckpointManager, step: int, item: str = "state"):
+    """The tree metadata (shapes, dtypes) of one item of a step, without reading its arrays."""
+    return ocp.PyTreeCheckpointer().metadata(mngr.directory / str(step) / item).item_metadata.tree
+
+
+def restore_params(path: str | pathlib.Path, abstract_params, step: int | None = None):
+    """Only the parameters of another checkpoint (`train.init_from`), onto this run's shardings."""
+    with open_checkpoint(path, step) as (mngr, step):
+        if step is None:
+            raise FileNotFoundError(f"train.init_from={path}: no checkpoint found there")
+        check_fits(stored_tree(mngr, step).get("params", {}), abstract_params, f"train.init_from={path}")
+        target = {"params": abstract_params}
+        restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
     return restored["state"]["params"]
 
 
