@@ -1,4 +1,6 @@
 """Each bad input stops with a clear message and a non-zero exit, before compute, losing nothing."""
+import re
+
 import pytest
 
 from conftest import run_cli
@@ -73,3 +75,16 @@ def test_prepare_refuses_other_settings_in_the_same_directory(tiny_config, prepa
 def test_missing_config_file(tmp_path):
     proc = run_cli("train", tmp_path / "missing.yaml", check=False)
     assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+def test_a_config_that_is_not_a_yaml_mapping_names_the_file_and_line(tmp_path):
+    from conftest import ROOT
+
+    proc = run_cli("train", ROOT / "README.md", check=False, devices=1)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().count("\n") == 0
+    assert re.search(r"README\.md:\d+: ", proc.stderr) and "a config is a YAML mapping of sections" in proc.stderr
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- model\n- data\n")
+    proc = run_cli("train", listed, check=False, devices=1)
+    assert proc.returncode == 2 and "list.yaml:1: holds a list, not a mapping of sections" in proc.stderr
