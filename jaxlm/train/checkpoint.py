@@ -67,6 +67,8 @@ def stored_tree(mngr: ocp.CheckpointManager, step: int, item: str = "state"):
 
 def restore_params(path: str | pathlib.Path, abstract_params, step: int | None = None):
     """Only the parameters of another checkpoint (`train.init_from`), onto this run's shardings."""
+    if not pathlib.Path(path).is_dir():
+        raise FileNotFoundError(f"train.init_from={path}: no checkpoint found there")
     with open_checkpoint(path, step) as (mngr, step):
         if step is None:
             raise FileNotFoundError(f"train.init_from={path}: no checkpoint found there")
