@@ -131,6 +131,7 @@ def embed_file(ckpt, input_path, output=None, *, pooling: str = "mean", normaliz
     """Embeds each line of `input_path` with checkpoint `ckpt` into a float32 .npy at `output` (default: the
     input path with .npy); every input is checked before the parameters are read. Returns (vectors, output)."""
     from jaxlm.convert import store
+    from jaxlm.data.tokenizers.load import load_tokenizer
 
     sentences = read_sentences(input_path)
     output = pathlib.Path(output) if output else pathlib.Path(input_path).with_suffix(".npy")
@@ -147,8 +148,8 @@ def embed_file(ckpt, input_path, output=None, *, pooling: str = "mean", normaliz
         raise ValueError(f"--max-length {max_length} must lie in [2, {limit}], the model's positions")
     if tokenizer_path is None:
         raise ValueError(f"{ckpt} has no tokenizer to read the sentences with")
-    tokenizer = store.load_tokenizer(tokenizer_path)
-    ids = [truncate(tokenizer.encode(s), max_length or min(256, limit)) for s in sentences]
+    tokenizer = load_tokenizer(tokenizer_path)
+    ids = [truncate(tokenizer.encode(s, add_special_tokens=True), max_length or min(256, limit)) for s in sentences]
     top = max(max(row) for row in ids)
     if top >= config.vocab_size:
         raise ValueError(f"the tokenizer gives token id {top}, outside the model's vocabulary "
