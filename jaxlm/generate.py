@@ -484,7 +484,8 @@ def _eos_id(config, tokenizer) -> int | None:
 
 
 def run(args) -> None:
-    from jaxlm.convert.store import checkpoint_config, load_checkpoint, load_tokenizer
+    from jaxlm.convert.store import checkpoint_config, load_checkpoint
+    from jaxlm.data.tokenizers.load import load_tokenizer
 
     prompts = read_prompts(args)
     check_sampling(args.temperature, args.top_k, args.top_p, args.num_beams)
@@ -494,7 +495,7 @@ def run(args) -> None:
         raise ValueError(f"{args.checkpoint} has no tokenizer to turn prompts into ids; convert it with one")
     tokenizer = load_tokenizer(tokenizer_dir)
     _, params, _ = load_checkpoint(args.checkpoint)
-    encoded = [list(tokenizer.encode(p)) for p in prompts]
+    encoded = [list(tokenizer.encode(p, add_special_tokens=True)) for p in prompts]
     width = max(len(e) for e in encoded)
     pad = config.pad_token_id
     ids = np.array([e + [pad] * (width - len(e)) for e in encoded], np.int32)

@@ -12,6 +12,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxlm import families
 from jaxlm.convert import store
+from jaxlm.data.tokenizers.load import load_tokenizer
 from jaxlm.models.config import TransformerConfig
 
 POOLINGS = ("mean", "cls")
@@ -140,8 +141,8 @@ def embed_file(ckpt, input_path, output=None, *, pooling: str = "mean", normaliz
         raise ValueError(f"--max-length {max_length} must lie in [2, {limit}], the model's positions")
     if tokenizer_path is None:
         raise ValueError(f"{ckpt} has no tokenizer to read the sentences with")
-    tokenizer = store.load_tokenizer(tokenizer_path)
-    ids = [truncate(tokenizer.encode(s), max_length or min(256, limit)) for s in sentences]
+    tokenizer = load_tokenizer(tokenizer_path)
+    ids = [truncate(tokenizer.encode(s, add_special_tokens=True), max_length or min(256, limit)) for s in sentences]
     top = max(max(row) for row in ids)
     if top >= config.vocab_size:
         raise ValueError(f"the tokenizer gives token id {top}, outside the model's vocabulary "

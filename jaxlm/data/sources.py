@@ -1,18 +1,18 @@
 """Names in a config resolved to real inputs: corpora (`demo:NAME`, text or JSONL files, `tfds:`
-datasets) read as documents of sentences, and the tokenizer."""
+datasets) read as documents of sentences, and the tokenizer (data.vocab) checked against the model."""
 from __future__ import annotations
 
 import json
 import pathlib
 
 from jaxlm.config import ConfigError, DataConfig, RunConfig
-from jaxlm.data import assets
+from jaxlm.corpora.download import cache_dir
+from jaxlm.corpora.registry import CORPORA
+from jaxlm.corpora.text import split_sentences, text_documents
+from jaxlm.data.tfds_source import tfds_documents, tfds_fingerprint
+from jaxlm.data.tokenizers import load
+from jaxlm.data.tokenizers.roles import special_ids
 
-DEMO_CORPORA = {"austen": assets.fetch_austen, "wikipedia": assets.fetch_wikipedia, "news": assets.fetch_news,
-                "kernel-docs": assets.fetch_kernel_docs, "python-docs": assets.fetch_python_docs}
-DEMO_VOCABS = {"bert-base-uncased": assets.bert_vocab_path}
-DEMO_SENTENCEPIECE = {"botchan-unigram-1000": "botchan_en_unigram_1000.model",
-                      "botchan-bpe-1000": "botchan_en_bpe_1000.model"}
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 
 
@@ -26,10 +26,10 @@ def resolve_corpus(names: tuple[str, ...], fetch: bool = True) -> list[pathlib.P
             continue
         if name.startswith("demo:"):
             key = name.removeprefix("demo:")
-            if key not in DEMO_CORPORA:
+            if key not in CORPORA:
                 raise ConfigError(f"unknown demo corpus {name!r}; choose from "
-                                  f"{', '.join('demo:' + k for k in DEMO_CORPORA)}")
-            paths.append(DEMO_CORPORA[key]() if fetch else pathlib.Path(name))
+                                  f"{', '.join('demo:' + k for k in CORPORA)}")
+            paths.append(CORPORA[key].fetch() if fetch else pathlib.Path(name))
             continue
         path = pathlib.Path(name).expanduser()
         if not path.is_file():
@@ -40,22 +40,9 @@ def resolve_corpus(names: tuple[str, ...], fetch: bool = True) -> list[pathlib.P
     return paths
 
 
-def text_documents(path: pathlib.Path) -> list[list[str]]:
-    """Documents of a sentence-per-line file; blank lines separate documents; empty ones dropped."""
-    documents: list[list[str]] = [[]]
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                documents[-1].append(line)
-            elif documents[-1]:
-                documents.append([])
-    return [d for d in documents if d]
-
-
 def text_to_sentences(text: str) -> list[str]:
-    """A document's text as sentences: each non-blank line split with `assets.split_sentences`."""
-    return [s for line in text.splitlines() for s in assets.split_sentences(line)]
+    """A document's text as sentences: each non-blank line split with `split_sentences`."""
+    return [s for line in text.splitlines() for s in split_sentences(line)]
 
 
 def jsonl_documents(path: pathlib.Path, text_field: str = "text") -> list[list[str]]:
@@ -83,9 +70,7 @@ def read_source(source: pathlib.Path | str, text_field: str = "text",
                 tfds_data_dir: str | None = None) -> tuple[list[list[str]], dict]:
     """(documents, what a manifest records about the source) of one resolved corpus entry."""
     if isinstance(source, str) and source.startswith("tfds:"):
-        from jaxlm.data.tfds_corpus import tfds_documents, tfds_fingerprint
-
-        data_dir = tfds_data_dir or str(assets.cache_dir() / "tfds")
+        data_dir = tfds_data_dir or str(cache_dir() / "tfds")
         return tfds_documents(source, data_dir, text_field), tfds_fingerprint(source, data_dir)
     path = pathlib.Path(source)
     if not path.is_file():
@@ -95,40 +80,28 @@ def read_source(source: pathlib.Path | str, text_field: str = "text",
 
 
 def resolve_vocab(config: DataConfig) -> pathlib.Path:
-    if config.vocab in DEMO_VOCABS:
-        return DEMO_VOCABS[config.vocab]()
-    path = pathlib.Path(config.vocab).expanduser()
-    if not path.is_file():
-        raise ConfigError(f"vocabulary {path} does not exist; set data.vocab to a vocab.txt or one of "
-                          f"{', '.join(DEMO_VOCABS)}")
+    """The file or directory data.vocab names (a packaged tokenizer's, fetched into the cache)."""
+    path = load.tokenizer_path(config.vocab)
+    if not path.exists():
+        raise ConfigError(f"tokenizer {path} does not exist; set data.vocab to {load.SPEC_FORMS}")
     return path
 
 
-def load_tokenizer(config: DataConfig):
-    """data.vocab as a tokenizer: a WordPiece vocab (packaged name or vocab.txt, with data.lowercase),
-    `gpt2` or a directory of encoder.json + vocab.bpe, or a SentencePiece model (packaged name or
-    .model path, with data.sentinels sentinel ids after its own)."""
-    from jaxlm.data.tokenizers import tokenize_cli
-
+def model_tokenizer(config: RunConfig):
+    """The run's tokenizer (data.vocab, with data.lowercase for WordPiece and data.sentinels for
+    SentencePiece), after checking that its vocabulary (and, where the model numbers positions after
+    it, its pad id) fits the model's."""
+    data, model = config.data, config.model
     try:
-        return tokenize_cli.load_tokenizer(config.vocab, lowercase=config.lowercase, sentinels=config.sentinels)
+        tokenizer = load.load_tokenizer(data.vocab, lowercase=data.lowercase, sentinels=data.sentinels)
     except (OSError, ValueError) as err:
         raise ConfigError(f"data.vocab: {err}") from None
-
-
-def model_tokenizer(config: RunConfig):
-    """The run's tokenizer, after checking that its vocabulary (and, where the model numbers
-    positions after it, its pad id) fits the model's."""
-    from jaxlm.data.tokenizers.roles import special_ids
-
-    tokenizer = load_tokenizer(config.data)
-    model = config.model
     if tokenizer.vocab_size != model.vocab_size:
         raise ConfigError(f"the vocabulary has {tokenizer.vocab_size} tokens but model.vocab_size="
                           f"{model.vocab_size}; set model.vocab_size={tokenizer.vocab_size}")
     pad = special_ids(tokenizer)["pad"]
-    if model.family == "roberta" and pad is not None and model.pad_token_id != pad:
-        raise ConfigError(f"model.pad_token_id={model.pad_token_id} but the tokenizer's pad id is {pad}; RoBERTa "
+    if model.position_offset > 0 and pad is not None and model.pad_token_id != pad:
+        raise ConfigError(f"model.pad_token_id={model.pad_token_id} but the tokenizer's pad id is {pad}; the model "
                           f"numbers positions after the pad id: set model.pad_token_id={pad} and "
                           f"model.position_offset={pad + 1}")
     return tokenizer

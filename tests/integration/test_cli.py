@@ -2,7 +2,7 @@
 import json
 
 from conftest import run_cli
-from jaxlm.data.assets import bert_vocab_path
+from jaxlm.corpora.models import bert_vocab_path
 
 
 def test_data_show_prints_model_inputs(tiny_config):

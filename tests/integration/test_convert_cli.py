@@ -20,7 +20,8 @@ from conftest import run_cli  # noqa: E402
 from jaxlm import config as config_lib  # noqa: E402
 from jaxlm.cli import main  # noqa: E402
 from jaxlm.convert import registry, store  # noqa: E402
-from jaxlm.data.assets import minilm_dir  # noqa: E402
+from jaxlm.corpora.models import minilm_dir  # noqa: E402
+from jaxlm.data.tokenizers.load import load_tokenizer  # noqa: E402
 from jaxlm.models import BertForPreTraining, CausalLM  # noqa: E402
 from jaxlm.train.checkpoint import restore_params  # noqa: E402
 from jaxlm.train.loop import train  # noqa: E402
@@ -157,8 +158,8 @@ def test_tokenizer_files_travel_both_ways(converted):
     for name in names:
         assert (ckpt / "tokenizer" / name).read_bytes() == (source / name).read_bytes()
         assert (back / name).read_bytes() == (source / name).read_bytes()
-    tokenizer = store.load_tokenizer(ckpt / "tokenizer")
-    ids = tokenizer.encode("Hello, World!")
+    tokenizer = load_tokenizer(ckpt / "tokenizer")
+    ids = tokenizer.encode("Hello, World!", add_special_tokens=True)
     assert ids[0] == 101 and ids[-1] == 102 and tokenizer.decode(ids) == "hello, world!"
     assert not (converted["gpt2"][2] / "tokenizer").exists()
 

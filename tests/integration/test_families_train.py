@@ -14,7 +14,8 @@ import pytest
 from jax.sharding import PartitionSpec
 
 from jaxlm import config as config_lib
-from jaxlm.data import assets
+from jaxlm.corpora.models import bert_vocab_path
+from jaxlm.corpora.registry import fetch_austen
 from jaxlm.data.masking import mask_example
 from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer
 from jaxlm.parallel.rules import PRESETS, mesh_axes_for
@@ -45,8 +46,8 @@ MESHES = {"dp": {"data": 8}, "fsdp": {"data": 2, "fsdp": 4}, "fsdp_tp": {"data":
 def windows() -> np.ndarray:
     """Consecutive windows of SEQ - 2 tokens of the Austen novels: bert-base-uncased WordPiece ids
     renumbered by frequency into a VOCAB-token vocabulary (rarer ones become UNK) to keep the steps cheap."""
-    tokenizer = WordPieceTokenizer(assets.bert_vocab_path())
-    lines = assets.fetch_austen().read_text(encoding="utf-8").splitlines()[:4000]
+    tokenizer = WordPieceTokenizer(bert_vocab_path())
+    lines = fetch_austen().read_text(encoding="utf-8").splitlines()[:4000]
     ids = np.concatenate([np.asarray(tokenizer.encode(line), np.int32) for line in lines if line.strip()])
     frequent = np.argsort(-np.bincount(ids))[:VOCAB - len(SPECIALS)]
     compact = np.full(ids.max() + 1, UNK, np.int32)

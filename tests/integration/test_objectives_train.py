@@ -13,7 +13,7 @@ import json
 import pytest
 
 from jaxlm.cli import main
-from jaxlm.data import assets
+from jaxlm.corpora.registry import fetch_austen
 
 FAMILIES = ("bert", "roberta", "albert", "spanbert", "gpt2", "t5", "bart")
 VOCAB = 2000
@@ -25,7 +25,7 @@ COMMON = ["data.max_seq_length=64", "data.max_predictions=10", "data.dupe_factor
 @pytest.fixture(scope="module")
 def vocab(tmp_path_factory):
     out = tmp_path_factory.mktemp("vocab") / "vocab.txt"
-    assert main(["tokenizer", "train", "--input", str(assets.fetch_austen()), "--vocab-size", str(VOCAB),
+    assert main(["tokenizer", "train", "--input", str(fetch_austen()), "--vocab-size", str(VOCAB),
                  "--output", str(out)]) == 0
     assert len(out.read_text().splitlines()) == VOCAB
     return out
@@ -47,7 +47,7 @@ def test_objective_trains_from_its_config(family, vocab, tmp_path, capsys):
     assert main(["prepare", config, *overrides]) == 0
     manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
     assert manifest["family"] == family and manifest["splits"]["valid"]["examples"] >= 8 * 16
-    assert manifest["inputs"] == (["tfds:jaxlm_demo_corpus/austen"] if family == "bert" else [str(assets.fetch_austen().resolve())])
+    assert manifest["inputs"] == (["tfds:jaxlm_demo_corpus/austen"] if family == "bert" else [str(fetch_austen().resolve())])
     assert main(["train", config, *overrides]) == 0
     assert "held-out loss" in capsys.readouterr().out
     losses = eval_losses(tmp_path / "run")

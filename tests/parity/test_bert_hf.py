@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from jaxlm.convert import hf  # noqa: E402
-from jaxlm.data.assets import minilm_dir  # noqa: E402
+from jaxlm.corpora.models import minilm_dir  # noqa: E402
 from jaxlm.models.encoder import BertEncoder  # noqa: E402
 from jaxlm.models.heads import BertForPreTraining  # noqa: E402
 

@@ -13,7 +13,8 @@ pytest.importorskip("gguf")
 
 from jaxlm.cli import main  # noqa: E402
 from jaxlm.convert import store  # noqa: E402
-from jaxlm.data.assets import smollm2_gguf_path  # noqa: E402
+from jaxlm.corpora.models import smollm2_gguf_path  # noqa: E402
+from jaxlm.data.tokenizers.load import load_tokenizer  # noqa: E402
 
 OPENING = ("It is a truth universally acknowledged, that a single man in possession of a good fortune, "
            "must be in want of a wife.")
@@ -31,8 +32,8 @@ def test_from_gguf_to_hf_loads_in_transformers_with_the_recorded_perplexity(tmp_
     assert (config.family, config.num_layers, config.kv_heads) == ("llama", 30, 3)
     settings = json.loads((ckpt / "tokenizer" / "tokenizer_config.json").read_text())
     assert settings["eos_token"] == "<|im_end|>" and "chat_template" in settings
-    ours = store.load_tokenizer(ckpt / "tokenizer")
-    assert ours.decode(ours.encode(OPENING)) == OPENING
+    ours = load_tokenizer(ckpt / "tokenizer")
+    assert ours.decode(ours.encode(OPENING, add_special_tokens=True)) == OPENING
 
     assert main(["convert", "to-hf", str(ckpt), str(back)]) == 0
     model, info = transformers.AutoModelForCausalLM.from_pretrained(str(back), output_loading_info=True,
@@ -40,7 +41,7 @@ def test_from_gguf_to_hf_loads_in_transformers_with_the_recorded_perplexity(tmp_
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(back))
     ids = tokenizer(OPENING, return_tensors="pt").input_ids
-    assert ids[0].tolist() == ours.encode(OPENING)
+    assert ids[0].tolist() == ours.encode(OPENING, add_special_tokens=True)
     ppl = perplexity(model.eval(), ids)
     shuffled = perplexity(model, tokenizer(" ".join(sorted(OPENING.split())), return_tensors="pt").input_ids)
     print(f"SmolLM2 from GGUF via jaxlm, in transformers: perplexity {ppl:.2f} (sorted words {shuffled:.0f})")
@@ -55,6 +56,6 @@ def test_from_gguf_to_hf_loads_in_transformers_with_the_recorded_perplexity(tmp_
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     with torch.no_grad():
         expected = model.generate(tokenizer(prompt, return_tensors="pt").input_ids, max_new_tokens=12,
-                                  do_sample=False)[0, len(ours.encode(prompt)):].tolist()
+                                  do_sample=False)[0, len(ours.encode(prompt, add_special_tokens=True)):].tolist()
     print(f"jaxlm generate: {line['generated']!r}")
     assert line["token_ids"] == expected

@@ -9,7 +9,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from jaxlm.cli import main  # noqa: E402
-from jaxlm.data.assets import fetch_news, minilm_dir  # noqa: E402
+from jaxlm.corpora.models import minilm_dir  # noqa: E402
+from jaxlm.corpora.registry import fetch_news  # noqa: E402
 
 SENTENCES = 300
 MAX_LENGTH = 256

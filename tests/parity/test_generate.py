@@ -222,7 +222,7 @@ def test_smollm2_gguf_greedy_matches_transformers():
     pytest.importorskip("gguf")
     pytest.importorskip("accelerate", reason="transformers loads GGUF files only with accelerate installed")
     from jaxlm.convert.gguf import gguf_tokenizer, load_gguf
-    from jaxlm.data.assets import smollm2_gguf_path
+    from jaxlm.corpora.models import smollm2_gguf_path
 
     path = smollm2_gguf_path()
     config, params, info = load_gguf(path, dtype="float32")
@@ -340,7 +340,7 @@ def test_cli_prints_one_json_line_per_prompt(tmp_path, capsys):
     pytest.importorskip("gguf")
     from jaxlm.convert.gguf import gguf_tokenizer, save_tokenizer
     from jaxlm.convert.store import save_converted
-    from jaxlm.data.assets import smollm2_gguf_path
+    from jaxlm.corpora.models import smollm2_gguf_path
 
     tokenizer = gguf_tokenizer(smollm2_gguf_path())
     model = perturbed(transformers.LlamaForCausalLM, transformers.LlamaConfig,

@@ -17,7 +17,8 @@ tokenizers = pytest.importorskip("tokenizers")
 
 from jaxlm.convert import gguf as ours  # noqa: E402
 from jaxlm.convert.hf_decoder import llama_params_to_hf  # noqa: E402
-from jaxlm.data.assets import fetch_austen, smollm2_gguf_path  # noqa: E402
+from jaxlm.corpora.models import smollm2_gguf_path  # noqa: E402
+from jaxlm.corpora.registry import fetch_austen  # noqa: E402
 from jaxlm.models.decoder import CausalLM  # noqa: E402
 
 PER_TYPE = 4

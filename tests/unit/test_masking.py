@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from jaxlm.data.assets import bert_vocab_path, fetch_demo_corpus
+from jaxlm.corpora.models import bert_vocab_path
+from jaxlm.corpora.registry import fetch_demo_corpus
 from jaxlm.data.masking import mask_example, random_non_special
 from jaxlm.data.pipeline import PretrainingData, most_frequent_token_baseline
 from jaxlm.data.prepare import prepare

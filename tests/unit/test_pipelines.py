@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from jaxlm import config as jaxlm_config
-from jaxlm.data.assets import fetch_austen
+from jaxlm.corpora.registry import fetch_austen
+from jaxlm.corpora.text import text_documents
 from jaxlm.data.denoising import t5_lengths
 from jaxlm.data.pipeline import PretrainingData
 from jaxlm.data.prepare import partial_dir, prepare
-from jaxlm.data.sources import model_tokenizer, text_documents
+from jaxlm.data.sources import model_tokenizer
 from jaxlm.families import make_objective
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -490,7 +491,7 @@ def test_data_of_another_layout_is_refused(build):
 
 
 def test_tokenizer_without_the_roles_is_refused(tmp_path, corpus):
-    from jaxlm.data.tokenizers.tokenize_cli import load_tokenizer
+    from jaxlm.data.tokenizers.load import load_tokenizer
 
     out = tmp_path / "bert-with-gpt2"
     with pytest.raises(ValueError, match=r"model\.family=bert needs a tokenizer with cls, sep, mask token"):
@@ -549,3 +550,9 @@ def test_roberta_pad_id_must_match_the_tokenizer():
     config = jaxlm_config.load(ROOT / "configs" / "roberta-tiny.yaml", ["model.pad_token_id=1", "model.position_offset=2"])
     with pytest.raises(ConfigError, match="pad_token_id=1 but the tokenizer's pad id is 0.*pad_token_id=0"):
         model_tokenizer(config)
+    # the rule follows position_offset, not the family: BART's learned positions sit after an offset too
+    config = jaxlm_config.load(ROOT / "configs" / "bart-tiny.yaml", ["model.pad_token_id=1"])
+    with pytest.raises(ConfigError, match="pad_token_id=1 but the tokenizer's pad id is 0"):
+        model_tokenizer(config)
+    config = jaxlm_config.load(ROOT / "configs" / "roberta-tiny.yaml", ["model.pad_token_id=1", "model.position_offset=0"])
+    assert model_tokenizer(config).vocab_size == 30522

@@ -6,11 +6,12 @@ import pytest
 from array_record.python.array_record_data_source import ArrayRecordDataSource
 
 import jaxlm.data.prepare as prep
-from jaxlm.data.assets import bert_vocab_path, fetch_demo_corpus
+from jaxlm.corpora.models import bert_vocab_path
+from jaxlm.corpora.registry import fetch_demo_corpus
 from jaxlm.data.pipeline import PretrainingData
 from jaxlm.data.layouts import decode_row
 from jaxlm.data.prepare import partial_dir, prepare
-from jaxlm.data.sources import text_documents as read_documents
+from jaxlm.corpora.text import text_documents as read_documents
 from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer
 
 SEQ = 128

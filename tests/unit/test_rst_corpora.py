@@ -1,17 +1,19 @@
-"""reStructuredText cleaning (jaxlm.data.rst) and the kernel/Python documentation corpora (real fetch;
+"""reStructuredText cleaning (jaxlm.corpora.rst) and the kernel/Python documentation corpora (real fetch;
 uses the default cache, the first run downloads two Debian packages)."""
 import re
 import textwrap
 
 import pytest
 
-from jaxlm.data import assets
-from jaxlm.data.rst import inline_text, rst_documents
+from jaxlm.corpora.download import cache_dir
+from jaxlm.corpora.registry import CORPORA
+from jaxlm.corpora.rst import inline_text, rst_documents
+from jaxlm.corpora.text import split_sentences
 
 
 def clean(text: str) -> list[str]:
     """Sentences of one reST snippet (one document per file)."""
-    docs = rst_documents(textwrap.dedent(text), assets.split_sentences)
+    docs = rst_documents(textwrap.dedent(text), split_sentences)
     assert len(docs) <= 1
     return docs[0] if docs else []
 
@@ -276,14 +278,12 @@ SIZES = {"kernel-docs": (10e6, 20e6, 1500), "python-docs": (4e6, 9e6, 300)}
 
 @pytest.fixture(scope="module", params=sorted(SIZES))
 def corpus(request):
-    fetch = {"kernel-docs": assets.fetch_kernel_docs, "python-docs": assets.fetch_python_docs}
-    return request.param, fetch[request.param]()
+    return request.param, CORPORA[request.param].fetch()
 
 
 def test_real_corpus(corpus):
     name, path = corpus
-    assert path == assets.cache_dir() / "corpora" / f"{name}.txt"
-    assert name in assets.CORPUS_LICENCES
+    assert path == cache_dir() / "corpora" / f"{name}.txt"
     low, high, min_docs = SIZES[name]
     assert low < path.stat().st_size < high
     text = path.read_text(encoding="utf-8")
@@ -294,6 +294,5 @@ def test_real_corpus(corpus):
         assert line == line.strip()
         assert not MARKUP_RESIDUE.search(line), (name, line)
         assert not line or len(line.split()) >= 3, (name, line)
-    fetch = assets.fetch_kernel_docs if name == "kernel-docs" else assets.fetch_python_docs
     mtime = path.stat().st_mtime_ns
-    assert fetch() == path and path.stat().st_mtime_ns == mtime  # cached: not rebuilt
+    assert CORPORA[name].fetch() == path and path.stat().st_mtime_ns == mtime  # cached: not rebuilt

@@ -1,4 +1,5 @@
-"""TFDS corpus sources (jaxlm.data.tfds_corpus): the demo builder, foreign datasets, bad specs."""
+"""TFDS corpora: the demo builder (jaxlm.corpora.tfds_builder) and `tfds:` sources (jaxlm.data.tfds_source):
+foreign datasets, bad specs."""
 import json
 import pathlib
 import subprocess
@@ -7,7 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from jaxlm.data import assets, tfds_corpus as tc
+from jaxlm.corpora import tfds_builder
+from jaxlm.corpora.registry import CORPORA, fetch_austen
+from jaxlm.data import tfds_source
 
 tfds = pytest.importorskip("tensorflow_datasets")
 
@@ -66,14 +69,14 @@ def read_documents(path: pathlib.Path) -> list[list[str]]:
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory) -> pathlib.Path:
     directory = tmp_path_factory.mktemp("tfds")
-    tc.build_demo("austen", directory)
+    tfds_builder.build_demo("austen", directory)
     for cls in (JaxlmTestParagraphs, JaxlmTestContent):
         cls(data_dir=directory, file_format="array_record").download_and_prepare()
     return directory
 
 
 def test_import_does_not_load_tfds():
-    code = ("import sys, jaxlm.data.tfds_corpus as tc; tc.parse_tfds_spec('tfds:a/b'); "
+    code = ("import sys, jaxlm.data.tfds_source as ts; ts.parse_tfds_spec('tfds:a/b'); "
             "assert 'tensorflow_datasets' not in sys.modules, 'tfds imported eagerly'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -87,7 +90,7 @@ def test_import_does_not_load_tfds():
     ("tfds:wiki:train[10:20]+test", ("wiki", "train[10:20]+test")),
 ])
 def test_parse_tfds_spec(spec, expected):
-    assert tc.parse_tfds_spec(spec) == expected
+    assert tfds_source.parse_tfds_spec(spec) == expected
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -99,19 +102,19 @@ def test_parse_tfds_spec(spec, expected):
 ])
 def test_parse_tfds_spec_rejects(spec, message):
     with pytest.raises(ValueError, match=message):
-        tc.parse_tfds_spec(spec)
+        tfds_source.parse_tfds_spec(spec)
 
 
 def test_demo_corpus_round_trip(data_dir):
-    expected = read_documents(assets.fetch_austen())
-    assert tc.tfds_documents("tfds:jaxlm_demo_corpus/austen", data_dir) == expected
+    expected = read_documents(fetch_austen())
+    assert tfds_source.tfds_documents("tfds:jaxlm_demo_corpus/austen", data_dir) == expected
     source = tfds.data_source("jaxlm_demo_corpus/austen", split="train", data_dir=data_dir, download=False)
     assert [int(source[i]["id"]) for i in (0, len(source) - 1)] == [0, len(expected) - 1]
     assert "tensorflow" not in sys.modules
     info = json.loads((data_dir / "jaxlm_demo_corpus/austen/1.0.0/dataset_info.json").read_text())
     assert info["fileFormat"] == "array_record"
-    assert info["redistributionInfo"]["license"] == assets.CORPUS_LICENCES["austen"]
-    assert tc.tfds_fingerprint("tfds:jaxlm_demo_corpus/austen:train[:100]", data_dir) == {
+    assert info["redistributionInfo"]["license"] == CORPORA["austen"].licence
+    assert tfds_source.tfds_fingerprint("tfds:jaxlm_demo_corpus/austen:train[:100]", data_dir) == {
         "source": "tfds", "spec": "tfds:jaxlm_demo_corpus/austen:train[:100]",
         "name": "jaxlm_demo_corpus", "config": "austen", "version": "1.0.0",
         "full_name": "jaxlm_demo_corpus/austen/1.0.0", "split": "train[:100]",
@@ -120,58 +123,61 @@ def test_demo_corpus_round_trip(data_dir):
     }
     shard = next((data_dir / "jaxlm_demo_corpus/austen/1.0.0").glob("*.array_record-*"))
     before = shard.stat().st_mtime_ns
-    tc.build_demo("austen", data_dir)  # already built: untouched
+    tfds_builder.build_demo("austen", data_dir)  # already built: untouched
     assert shard.stat().st_mtime_ns == before
 
 
 def test_foreign_dataset(data_dir):
-    assert tc.tfds_documents("tfds:jaxlm_test_paragraphs", data_dir) == PARAGRAPH_DOCUMENTS
-    assert tc.tfds_documents("tfds:jaxlm_test_paragraphs@1.0.0:train[:2]", data_dir) == PARAGRAPH_DOCUMENTS[:2]
-    assert tc.tfds_documents("tfds:jaxlm_test_paragraphs:test", data_dir) == PARAGRAPH_DOCUMENTS[:1]
-    assert tc.tfds_documents("tfds:jaxlm_test_content", data_dir, text_field="content") == PARAGRAPH_DOCUMENTS
-    assert tc.tfds_fingerprint("tfds:jaxlm_test_content:train+test", data_dir)["num_examples"] == 5
+    assert tfds_source.tfds_documents("tfds:jaxlm_test_paragraphs", data_dir) == PARAGRAPH_DOCUMENTS
+    assert tfds_source.tfds_documents("tfds:jaxlm_test_paragraphs@1.0.0:train[:2]", data_dir) == PARAGRAPH_DOCUMENTS[:2]
+    assert tfds_source.tfds_documents("tfds:jaxlm_test_paragraphs:test", data_dir) == PARAGRAPH_DOCUMENTS[:1]
+    assert tfds_source.tfds_documents("tfds:jaxlm_test_content", data_dir, text_field="content") == PARAGRAPH_DOCUMENTS
+    assert tfds_source.tfds_fingerprint("tfds:jaxlm_test_content:train+test", data_dir)["num_examples"] == 5
 
 
 def test_foreign_dataset_read_from_files_alone(data_dir):
     """A fresh process that never imports the builder reads the prepared files."""
-    code = ("import sys, jaxlm.data.tfds_corpus as tc; "
-            f"print(len(tc.tfds_documents('tfds:jaxlm_test_paragraphs', {str(data_dir)!r})))")
+    code = ("import sys, jaxlm.data.tfds_source as ts; "
+            f"print(len(ts.tfds_documents('tfds:jaxlm_test_paragraphs', {str(data_dir)!r})))")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert out.strip() == str(len(PARAGRAPH_DOCUMENTS))
 
 
 def test_text_field_errors(data_dir):
     with pytest.raises(ValueError, match=r"no feature 'text'; its features are: content, label\. Set data\.text_field"):
-        tc.tfds_documents("tfds:jaxlm_test_content", data_dir)
+        tfds_source.tfds_documents("tfds:jaxlm_test_content", data_dir)
     with pytest.raises(ValueError, match=r"'label' .* not a single text"):
-        tc.tfds_documents("tfds:jaxlm_test_content", data_dir, text_field="label")
+        tfds_source.tfds_documents("tfds:jaxlm_test_content", data_dir, text_field="label")
 
 
 def test_missing_datasets_and_splits(data_dir, tmp_path):
     with pytest.raises(FileNotFoundError, match="neither registered nor prepared"):
-        tc.tfds_documents("tfds:jaxlm_no_such_dataset", data_dir)
+        tfds_source.tfds_documents("tfds:jaxlm_no_such_dataset", data_dir)
     with pytest.raises(FileNotFoundError, match=r"not prepared in .*file_format='array_record'"):
-        tc.tfds_documents("tfds:jaxlm_test_unprepared", data_dir)
+        tfds_source.tfds_documents("tfds:jaxlm_test_unprepared", data_dir)
     with pytest.raises(ValueError, match=r"no split 'validation'; its splits are: test, train"):
-        tc.tfds_documents("tfds:jaxlm_test_paragraphs:validation", data_dir)
+        tfds_source.tfds_documents("tfds:jaxlm_test_paragraphs:validation", data_dir)
     with pytest.raises(ValueError, match="bad split"):
-        tc.tfds_documents("tfds:jaxlm_test_paragraphs:train[:x]", data_dir)
+        tfds_source.tfds_documents("tfds:jaxlm_test_paragraphs:train[:x]", data_dir)
     # our demo corpus: bad config, split or field fail before anything is built
     with pytest.raises(ValueError, match="unknown jaxlm_demo_corpus config 'poems'; choose one of: austen"):
-        tc.tfds_documents("tfds:jaxlm_demo_corpus/poems", tmp_path)
+        tfds_source.tfds_documents("tfds:jaxlm_demo_corpus/poems", tmp_path)
     with pytest.raises(ValueError, match="no split 'validation'; its splits are: train"):
-        tc.tfds_documents("tfds:jaxlm_demo_corpus/austen:validation", tmp_path)
+        tfds_source.tfds_documents("tfds:jaxlm_demo_corpus/austen:validation", tmp_path)
     with pytest.raises(ValueError, match="jaxlm_demo_corpus/kernel_docs has no split 'test'"):
-        tc.tfds_documents("tfds:jaxlm_demo_corpus/kernel-docs:test", tmp_path)
+        tfds_source.tfds_documents("tfds:jaxlm_demo_corpus/kernel-docs:test", tmp_path)
     with pytest.raises(ValueError, match="its features are: text, id"):
-        tc.tfds_documents("tfds:jaxlm_demo_corpus/austen", tmp_path, text_field="body")
+        tfds_source.tfds_documents("tfds:jaxlm_demo_corpus/austen", tmp_path, text_field="body")
     assert not (tmp_path / "jaxlm_demo_corpus").exists()
 
 
-def test_demo_corpus_without_fetch_function(tmp_path, monkeypatch):
-    monkeypatch.setitem(tc.DEMO_CORPORA, "news", "fetch_not_written_yet")
-    with pytest.raises(ValueError, match=r"needs jaxlm\.data\.assets\.fetch_not_written_yet\(\)"):
-        tc.build_demo("news", tmp_path)
+def test_demo_configs_are_the_registry(tmp_path):
+    configs = [c.name for c in tfds_builder.demo_builder_class().BUILDER_CONFIGS]
+    assert configs == [c.tfds_config for c in CORPORA.values()]
+    assert all(tfds_builder.demo_config(c.name) == tfds_builder.demo_config(c.tfds_config) == c.tfds_config
+               for c in CORPORA.values())
+    with pytest.raises(ValueError, match="unknown jaxlm_demo_corpus config 'poems'; choose one of: austen, "):
+        tfds_builder.build_demo("poems", tmp_path)
 
 
 def test_tfrecord_dataset_is_refused(data_dir, tmp_path):
@@ -184,4 +190,4 @@ def test_tfrecord_dataset_is_refused(data_dir, tmp_path):
     info["fileFormat"] = "tfrecord"
     info_path.write_text(json.dumps(info))
     with pytest.raises(ValueError, match=r"prepared in the tfrecord file format.*file_format='array_record'"):
-        tc.tfds_documents("tfds:jaxlm_test_paragraphs", tmp_path)
+        tfds_source.tfds_documents("tfds:jaxlm_test_paragraphs", tmp_path)

@@ -1,18 +1,24 @@
-"""GPT-2 BPE, SentencePiece and WordPiece offsets against transformers/tokenizers/sentencepiece; `jaxlm tokenize`."""
+"""GPT-2 BPE, SentencePiece and WordPiece offsets against transformers, the oracles and sentencepiece;
+the one tokenizer resolver and `jaxlm tokenize`."""
 import json
 import shutil
 import unicodedata
 from argparse import Namespace
 
 import pytest
+from oracles import bpe
+from oracles.bpe import Gpt2Oracle
+from oracles.wordpiece import WordPieceOracle, basic_tokenize
 
-from jaxlm.data import assets
-from jaxlm.data.tokenizers import bpe
+from jaxlm.corpora.models import bert_vocab_path, gpt2_tokenizer_dir, minilm_dir, sentencepiece_test_dir
+from jaxlm.corpora.registry import fetch_austen, fetch_demo_corpus
 from jaxlm.data.tokenizers.bpe import Gpt2Tokenizer
-from jaxlm.data.tokenizers.offsets import wordpiece_offsets
+from jaxlm.data.tokenizers.load import load_tokenizer
+from jaxlm.data.tokenizers.roles import special_ids, word_start_table
+from jaxlm.data.tokenizers.rust import RustTokenizer
 from jaxlm.data.tokenizers.spm import SentencePieceTokenizer, train_sentencepiece
 from jaxlm.data.tokenizers.tokenize_cli import run
-from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer, basic_tokenize
+from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer
 
 transformers = pytest.importorskip("transformers")
 sentencepiece = pytest.importorskip("sentencepiece")
@@ -34,18 +40,23 @@ TRICKY = [
 
 @pytest.fixture(scope="module")
 def lines():
-    return [line for path in assets.fetch_demo_corpus() for line in path.read_text(encoding="utf-8").splitlines()]
+    return [line for path in fetch_demo_corpus() for line in path.read_text(encoding="utf-8").splitlines()]
 
 
 @pytest.fixture(scope="module")
 def gpt2():
-    directory = assets.gpt2_tokenizer_dir()
+    directory = gpt2_tokenizer_dir()
     return Gpt2Tokenizer.from_files(directory / "encoder.json", directory / "vocab.bpe")
 
 
 @pytest.fixture(scope="module")
+def gpt2_oracle(gpt2):
+    return Gpt2Oracle(gpt2.encoder, gpt2.merges)
+
+
+@pytest.fixture(scope="module")
 def spm_dir():
-    return assets.sentencepiece_test_dir()
+    return sentencepiece_test_dir()
 
 
 def _is_utf8(data: bytes) -> bool:
@@ -69,11 +80,13 @@ def assert_spans_ordered(offsets, text):
 
 # ---------------------------------------------------------------- GPT-2 byte-level BPE
 
-def test_gpt2_hello_world_and_round_trip(gpt2):
+def test_gpt2_hello_world_and_round_trip(gpt2, gpt2_oracle):
     assert gpt2.encode("Hello world") == [15496, 995]
     assert gpt2.vocab_size == 50257 and gpt2.eos_id == 50256
     for text in TRICKY:
-        assert gpt2.decode(gpt2.encode(text)) == text
+        ids = gpt2.encode(text)
+        assert gpt2.decode(ids) == gpt2_oracle.decode(ids) == text
+        assert gpt2.encode(text, add_special_tokens=True) == ids  # GPT-2 defines no template
     assert len(gpt2.fingerprint()) == 64
 
 
@@ -84,32 +97,34 @@ def test_gpt2_pretokenizer_matches_the_regex_package(lines):
         assert bpe.pretokenize(text) == [m.span() for m in pattern.finditer(text)], text
 
 
-def test_gpt2_ids_equal_transformers_on_every_demo_line(gpt2, lines):
+def test_gpt2_ids_equal_transformers_on_every_demo_line(gpt2, gpt2_oracle, lines):
     reference = transformers.GPT2Tokenizer(vocab=gpt2.encoder, merges=gpt2.merges)
     assert reference("Hello world")["input_ids"] == [15496, 995]
-    texts = TRICKY[1:] + lines
-    expected = [reference(t, add_special_tokens=False)["input_ids"] for t in TRICKY[1:]]
-    expected += [e.ids for e in reference.backend_tokenizer.encode_batch_fast(lines, add_special_tokens=False)]
-    ours = [gpt2.encode(t) for t in texts]
-    mismatches = [t for t, a, b in zip(texts, ours, expected) if a != b and "<|endoftext|>" not in t]
-    assert not mismatches
-    assert gpt2.encode_batch(lines) == ours[len(TRICKY) - 1:]
+    # transformers reads "<|endoftext|>" in text as the special token; here it is ordinary text
+    texts = [t for t in TRICKY[1:] + lines if "<|endoftext|>" not in t]
+    expected = [e.ids for e in reference.backend_tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+    assert [gpt2_oracle.encode(t) for t in texts] == expected
+    assert [gpt2.encode(t) for t in texts] == expected
+    assert gpt2.encode_batch(texts) == expected
 
 
-def test_gpt2_offsets(gpt2, lines):
-    fast = gpt2.fast_tokenizer
+def test_gpt2_offsets(gpt2, gpt2_oracle, lines):
+    reference = transformers.GPT2Tokenizer(vocab=gpt2.encoder, merges=gpt2.merges)
     for text in TRICKY + lines[::10]:
         ids, offsets = gpt2.encode_with_offsets(text)
         assert ids == gpt2.encode(text)
         assert_spans_ordered(offsets, text)
         for token, (s, e) in zip(gpt2.convert_ids_to_tokens(ids), offsets):
-            token_bytes = bytes(gpt2._byte_values[c] for c in token)
+            token_bytes = bytes(gpt2_oracle.byte_values[c] for c in token)
             span_bytes = text[s:e].encode("utf-8")
             if token_bytes == span_bytes:
                 assert gpt2.encode(text[s:e]) == [gpt2.encoder[token]]
             else:  # starts or ends inside a multi-byte character: the span covers that character
                 assert token_bytes in span_bytes and not _is_utf8(token_bytes)
-        assert offsets == fast.encode(text, add_special_tokens=False).offsets, text
+        assert (ids, offsets) == gpt2_oracle.encode_with_offsets(text), text
+        if "<|endoftext|>" not in text:  # transformers reads it as the special token
+            expected = reference(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+            assert offsets == [tuple(span) for span in expected], text
 
 
 # ---------------------------------------------------------------- SentencePiece
@@ -176,7 +191,7 @@ def test_sentinels_follow_t5(spm_dir, tmp_path):
 
 @pytest.mark.parametrize("model_type", ["unigram", "bpe"])
 def test_train_sentencepiece_on_austen(tmp_path, model_type):
-    austen = assets.fetch_austen()
+    austen = fetch_austen()
     path = train_sentencepiece([austen], tmp_path / model_type, vocab_size=2000, model_type=model_type,
                                input_sentence_size=8000)
     tok = SentencePieceTokenizer(path)
@@ -190,18 +205,21 @@ def test_train_sentencepiece_on_austen(tmp_path, model_type):
 # ---------------------------------------------------------------- WordPiece offsets
 
 def test_wordpiece_offsets(lines):
-    tok = WordPieceTokenizer(assets.bert_vocab_path())
+    tok = WordPieceTokenizer(bert_vocab_path())
+    oracle = WordPieceOracle(tok.vocab)
+    reference = transformers.BertTokenizer(vocab=str(bert_vocab_path()))
     texts = TRICKY + lines[::5]
-    fast = tok.fast_tokenizer.encode_batch(texts, add_special_tokens=False)
-    for text, expected in zip(texts, fast):
-        ids, offsets = wordpiece_offsets(tok, text)
-        assert ids == tok.encode(text)
+    expected = reference(texts, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True)
+    for text, want_ids, want_offsets in zip(texts, expected["input_ids"], expected["offset_mapping"]):
+        ids, offsets = tok.encode_with_offsets(text)
+        assert ids == tok.encode(text) == want_ids
         assert_spans_ordered(offsets, text)
         for piece, (s, e) in zip(tok.convert_ids_to_tokens(ids), offsets):
             if piece != "[UNK]":  # a piece may hold part of one character's expansion (한 -> ᄒ ᅡ ᆫ)
                 normalized, piece = "".join(basic_tokenize(text[s:e])), piece.removeprefix("##")
                 assert normalized == piece or (e - s == 1 and piece in normalized), (text, piece, text[s:e])
-        assert offsets == expected.offsets, text
+        assert offsets == [tuple(span) for span in want_offsets], text
+        assert (ids, offsets) == oracle.encode_with_offsets(text), text
 
 
 # ---------------------------------------------------------------- jaxlm tokenize
@@ -219,14 +237,14 @@ def tokenize(capsys, spec, path, pieces=False, offsets=False):
 
 
 def test_tokenize_cli_every_spec_kind(capsys, sample_file, spm_dir, gpt2):
-    vocab = assets.bert_vocab_path()
+    vocab = bert_vocab_path()
     wordpiece = WordPieceTokenizer(vocab)
     assert tokenize(capsys, "bert-base-uncased", sample_file) == [
         " ".join(map(str, wordpiece.encode(t))) for t in ("Hello world", "Café naïve, 日本!", "")]
     assert tokenize(capsys, vocab, sample_file, pieces=True)[:2] == [
         "hello world", "cafe naive , 日 本 !"]
     assert tokenize(capsys, "gpt2", sample_file)[0] == "15496 995"
-    assert tokenize(capsys, assets.gpt2_tokenizer_dir(), sample_file, pieces=True)[0] == "Hello Ġworld"
+    assert tokenize(capsys, gpt2_tokenizer_dir(), sample_file, pieces=True)[0] == "Hello Ġworld"
     model = spm_dir / "botchan_en_unigram_1000.model"
     assert tokenize(capsys, model, sample_file)[0] == " ".join(map(str, SentencePieceTokenizer(model).encode("Hello world")))
     for spec in ("bert-base-uncased", "gpt2", model):
@@ -246,3 +264,75 @@ def test_tokenize_cli_errors(capsys, sample_file, tmp_path):
         tokenize(capsys, tmp_path, sample_file)
     with pytest.raises(FileNotFoundError, match="input file not found"):
         tokenize(capsys, "gpt2", tmp_path / "nope.txt")
+
+
+def test_tokenize_cli_google_test_vocab(capsys, tmp_path):
+    """Google BERT's test vocabulary (no [PAD], no [MASK]) tokenizes as transformers.BertTokenizer does."""
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("".join(f"{t}\n" for t in "[UNK] [CLS] [SEP] want ##want ##ed wa un runn ##ing ,".split()))
+    text = tmp_path / "input.txt"
+    text.write_text("unwanted running\n", encoding="utf-8")
+    reference = transformers.BertTokenizer(vocab=str(vocab), do_lower_case=True)
+    assert reference.tokenize("unwanted running") == ["un", "##want", "##ed", "runn", "##ing"]
+    expected = reference("unwanted running", add_special_tokens=False)["input_ids"]
+    assert expected == [7, 4, 5, 8, 9]
+    assert tokenize(capsys, vocab, text) == [" ".join(map(str, expected))]
+    assert tokenize(capsys, vocab, text, pieces=True) == ["un ##want ##ed runn ##ing"]
+
+
+# ---------------------------------------------------------------- the resolver: every spec, one interface
+
+def test_every_spec_kind_loads(tmp_path, spm_dir):
+    """Packaged names, files and directories (a checkpoint's tokenizer files, Hugging Face's names)."""
+    minilm = minilm_dir()
+    (tmp_path / "uncased").mkdir()
+    shutil.copy(minilm / "vocab.txt", tmp_path / "uncased" / "vocab.txt")
+    (tmp_path / "cased").mkdir()
+    shutil.copy(minilm / "vocab.txt", tmp_path / "cased" / "vocab.txt")
+    (tmp_path / "cased" / "tokenizer_config.json").write_text('{"do_lower_case": false}')
+    (tmp_path / "t5").mkdir()
+    shutil.copy(spm_dir / "botchan_en_unigram_1000.model", tmp_path / "t5" / "spiece.model")
+    (tmp_path / "hf-gpt2").mkdir()
+    shutil.copy(gpt2_tokenizer_dir() / "encoder.json", tmp_path / "hf-gpt2" / "vocab.json")
+    shutil.copy(gpt2_tokenizer_dir() / "vocab.bpe", tmp_path / "hf-gpt2" / "merges.txt")
+    kinds = {
+        "bert-base-uncased": WordPieceTokenizer, bert_vocab_path(): WordPieceTokenizer,
+        tmp_path / "uncased": WordPieceTokenizer, minilm: RustTokenizer, minilm / "tokenizer.json": RustTokenizer,
+        "gpt2": Gpt2Tokenizer, gpt2_tokenizer_dir(): Gpt2Tokenizer, tmp_path / "hf-gpt2": Gpt2Tokenizer,
+        "botchan-unigram-1000": SentencePieceTokenizer, tmp_path / "t5": SentencePieceTokenizer,
+    }
+    text = "Héllo, World! unaffable"
+    for spec, kind in kinds.items():
+        tok = load_tokenizer(spec)
+        assert type(tok) is kind, spec
+        ids, offsets = tok.encode_with_offsets(text)
+        assert ids == tok.encode(text) == tok.encode_batch([text])[0] and len(offsets) == len(ids), spec
+        assert len(tok.convert_ids_to_tokens(ids)) == len(ids) and len(tok.fingerprint()) == 64, spec
+        assert word_start_table(tok).shape == (tok.vocab_size,), spec
+    assert load_tokenizer(tmp_path / "cased").encode("Hello") != load_tokenizer(tmp_path / "uncased").encode("Hello")
+    assert load_tokenizer("bert-base-uncased", lowercase=False).lowercase is False
+    assert load_tokenizer(tmp_path / "t5", sentinels=100).vocab_size == 1100
+
+
+def test_checkpoint_tokenizer_json_matches_our_wordpiece():
+    """all-MiniLM-L6-v2's tokenizer.json and our WordPiece over its vocab.txt: the same ids, roles and
+    word starts; with add_special_tokens, both give the model's [CLS] ... [SEP] inputs."""
+    ours, theirs = load_tokenizer(bert_vocab_path()), load_tokenizer(minilm_dir())
+    texts = ["Hello, World!", "Café naïve 日本 unaffable", ""]
+    assert [ours.encode(t) for t in texts] == [theirs.encode(t) for t in texts]
+    assert [ours.encode(t, add_special_tokens=True) for t in texts] == [
+        theirs.encode(t, add_special_tokens=True) for t in texts]
+    assert theirs.encode("Hello, World!", add_special_tokens=True) == [101, 7592, 1010, 2088, 999, 102]
+    assert theirs.decode(theirs.encode("Hello, World!", add_special_tokens=True)) == "hello, world!"
+    assert ours.decode(ours.encode("Hello, World!", add_special_tokens=True)) == "hello, world!"
+    assert special_ids(ours) == special_ids(theirs)
+    assert (word_start_table(ours) == word_start_table(theirs)).all()
+
+
+def test_resolver_errors(tmp_path):
+    with pytest.raises(ValueError, match="unknown tokenizer 'gpt-17'.*gpt2"):
+        load_tokenizer("gpt-17")
+    with pytest.raises(FileNotFoundError, match="holds no tokenizer files"):
+        load_tokenizer(tmp_path)
+    with pytest.raises(FileNotFoundError, match="not found"):
+        load_tokenizer(tmp_path / "vocab.txt")

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from jaxlm.data import denoising, packing, spans
-from jaxlm.data.assets import bert_vocab_path, fetch_austen
+from jaxlm.corpora.models import bert_vocab_path
+from jaxlm.corpora.registry import fetch_austen
 from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer
 
 SEQ, PRED = 512, 80

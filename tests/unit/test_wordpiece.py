@@ -1,11 +1,13 @@
-"""WordPieceTokenizer: reference and fast paths give transformers.BertTokenizer's ids."""
+"""WordPieceTokenizer (Rust `tokenizers`) and the pure-Python oracle both give transformers.BertTokenizer's ids."""
 import re
 import time
 
 import pytest
+from oracles.wordpiece import WordPieceOracle, normalize_char
 
-from jaxlm.data.assets import bert_vocab_path, fetch_demo_corpus
-from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer, normalize_char
+from jaxlm.corpora.models import bert_vocab_path
+from jaxlm.corpora.registry import fetch_demo_corpus
+from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer, bert_words, load_vocab
 
 transformers = pytest.importorskip("transformers")
 
@@ -50,6 +52,11 @@ def tok(vocab_path):
     return WordPieceTokenizer(vocab_path)
 
 
+@pytest.fixture(scope="module")
+def oracle(vocab_path):
+    return WordPieceOracle(load_vocab(vocab_path))
+
+
 def hf_tokenizer(vocab_path, lowercase, strip_accents):
     # transformers 5 silently ignores vocab_file= (leaving a 5-token vocab): the path goes in vocab=.
     hf = transformers.BertTokenizer(vocab=str(vocab_path), do_lower_case=lowercase,
@@ -70,54 +77,71 @@ def first_difference(texts, got, want):
     return None
 
 
-def test_demo_corpus_matches_transformers(tok, vocab_path):
+def test_demo_corpus_matches_transformers(tok, oracle, vocab_path):
     hf = hf_tokenizer(vocab_path, True, None)
     timings = []
     for path in fetch_demo_corpus():
         lines = path.read_text(encoding="utf-8").split("\n")
-        start = time.perf_counter()
-        ours = [tok.encode(line) for line in lines]
-        reference_s = time.perf_counter() - start
         want = hf_encode(hf, lines)
+        start = time.perf_counter()
+        reference = [oracle.encode(line) for line in lines]
+        oracle_s = time.perf_counter() - start
+        diff = first_difference(lines, reference, want)
+        assert diff is None, f"{path.name}: oracle vs transformers.BertTokenizer, {diff}"
+        start = time.perf_counter()
+        ours = tok.encode_batch(lines)
+        batch_s = time.perf_counter() - start
         diff = first_difference(lines, ours, want)
-        assert diff is None, f"{path.name}: reference vs transformers.BertTokenizer, {diff}"
-        diff = first_difference(lines, tok.encode_batch(lines), ours)
-        assert diff is None, f"{path.name}: encode_batch vs encode, {diff}"
+        assert diff is None, f"{path.name}: encode_batch vs transformers.BertTokenizer, {diff}"
+        diff = first_difference(lines, [tok.encode(line) for line in lines], want)
+        assert diff is None, f"{path.name}: encode vs transformers.BertTokenizer, {diff}"
         mb = path.stat().st_size / 1e6
-        timings.append(f"{path.name}: {mb:.1f} MB, {sum(map(len, ours))} ids, reference {reference_s:.1f}s")
+        timings.append(f"{path.name}: {mb:.1f} MB, {sum(map(len, ours))} ids, encode_batch {batch_s:.2f}s, "
+                       f"oracle {oracle_s:.1f}s")
     print("\n".join(timings))
 
 
 @pytest.mark.parametrize("lowercase,strip_accents", SETTINGS)
 def test_tricky_strings_match_transformers(vocab_path, lowercase, strip_accents):
     tok = WordPieceTokenizer(vocab_path, lowercase=lowercase, strip_accents=strip_accents)
-    hf = hf_tokenizer(vocab_path, lowercase, strip_accents)
+    oracle = WordPieceOracle(load_vocab(vocab_path), lowercase=lowercase, strip_accents=strip_accents)
+    want = hf_encode(hf_tokenizer(vocab_path, lowercase, strip_accents), TRICKY)
+    diff = first_difference(TRICKY, [oracle.encode(text) for text in TRICKY], want)
+    assert diff is None, f"oracle vs transformers.BertTokenizer, {diff}"
     ours = [tok.encode(text) for text in TRICKY]
-    diff = first_difference(TRICKY, ours, hf_encode(hf, TRICKY))
-    assert diff is None, f"reference vs transformers.BertTokenizer, {diff}"
+    diff = first_difference(TRICKY, ours, want)
+    assert diff is None, f"encode vs transformers.BertTokenizer, {diff}"
     diff = first_difference(TRICKY, tok.encode_batch(TRICKY), ours)
     assert diff is None, f"encode_batch vs encode, {diff}"
     for text, ids in zip(TRICKY, ours):
-        assert tok.tokenize(text) == tok.convert_ids_to_tokens(ids)
+        assert oracle.tokenize(text) == tok.convert_ids_to_tokens(ids)
 
 
-def test_examples(tok):
-    assert tok.tokenize("Café Naïve don't--stop!!") == [
+def test_examples(tok, oracle):
+    pieces = lambda text: tok.convert_ids_to_tokens(tok.encode(text))
+    assert pieces("Café Naïve don't--stop!!") == [
         "cafe", "naive", "don", "'", "t", "-", "-", "stop", "!", "!"]
-    assert tok.tokenize("[CLS] 中文") == ["[", "cl", "##s", "]", "中", "文"]
-    assert tok.tokenize("a" * 101) == ["[UNK]"]
-    assert tok.tokenize("unaffable") == ["una", "##ffa", "##ble"]
+    assert pieces("[CLS] 中文") == ["[", "cl", "##s", "]", "中", "文"]
+    assert pieces("a" * 101) == ["[UNK]"]
+    assert pieces("unaffable") == ["una", "##ffa", "##ble"] == oracle.tokenize("unaffable")
     assert tok.encode("") == [] and tok.encode_batch([]) == []
+
+
+def test_special_tokens_only_when_asked(tok, vocab_path):
+    """A model's inputs: [CLS] ... [SEP] as transformers adds them; decode leaves them out."""
+    hf = hf_tokenizer(vocab_path, True, None)
+    for text in TRICKY:
+        ids = tok.encode(text, add_special_tokens=True)
+        assert ids == hf(text, split_special_tokens=True)["input_ids"] == [101, *tok.encode(text), 102]
+        assert tok.decode(ids) == hf.decode(ids, skip_special_tokens=True)
+    assert tok.encode_batch(["Hello", ""], add_special_tokens=True) == [[101, 7592, 102], [101, 102]]
 
 
 @pytest.mark.parametrize("lowercase,strip_accents", [(True, True), (False, False)])
 def test_every_code_point_matches_tokenizers(tok, lowercase, strip_accents):
-    """Per-character normalization and punctuation splitting agree with the Rust library on all of Unicode."""
-    from tokenizers import normalizers
-
-    normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
-                                            strip_accents=strip_accents, lowercase=lowercase)
-    pre_tokenizer = tok.fast_tokenizer.pre_tokenizer
+    """The oracle's per-character normalization and punctuation splitting agree with the Rust library's
+    (the normalizer and pre-tokenizer the package runs) on all of Unicode."""
+    normalizer, pre_tokenizer = bert_words(lowercase, strip_accents)
     code_points = [cp for cp in range(0x110000) if not 0xD800 <= cp <= 0xDFFF]
     table = {}
     for i in range(0, len(code_points), 4096):
@@ -137,6 +161,7 @@ def test_every_code_point_matches_tokenizers(tok, lowercase, strip_accents):
 def test_special_ids(tok):
     assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 100, 101, 102, 103)
     assert tok.vocab_size == len(tok.vocab) == 30522
+    assert tok.token_to_id("[MASK]") == 103 and tok.token_to_id("no-such-token") is None
     assert tok.convert_ids_to_tokens([101, 102, 103]) == ["[CLS]", "[SEP]", "[MASK]"]
 
 
@@ -158,7 +183,17 @@ def test_bad_vocab_files(tmp_path):
     empty.write_text("")
     with pytest.raises(ValueError, match="empty"):
         WordPieceTokenizer(empty)
-    partial = tmp_path / "partial.txt"
-    partial.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\n")
-    with pytest.raises(ValueError, match=r"partial\.txt has no \[MASK\]"):
-        WordPieceTokenizer(partial)
+    no_unk = tmp_path / "no-unk.txt"
+    no_unk.write_text("[PAD]\n[CLS]\n[SEP]\n[MASK]\nhello\n")
+    with pytest.raises(ValueError, match=r"no-unk\.txt has no \[UNK\]"):
+        WordPieceTokenizer(no_unk)
+
+
+def test_roles_a_vocab_lacks_are_none(tmp_path):
+    """Google BERT's test vocabulary has no [PAD] or [MASK]: it tokenizes; only padding or masking needs them."""
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("[UNK]\n[CLS]\n[SEP]\nwant\n##want\n##ed\nwa\nun\nrunn\n##ing\n,\n")
+    tok = WordPieceTokenizer(vocab)
+    assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (None, 0, 1, 2, None)
+    assert tok.encode("UNwant\u00e9d,running") == [7, 4, 5, 10, 8, 9]
+    assert tok.encode("unwanted running", add_special_tokens=True) == [1, 7, 4, 5, 8, 9, 2]

@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from jaxlm.data.assets import fetch_austen
+from jaxlm.corpora.registry import fetch_austen
 from jaxlm.data.tokenizers.trainer import (SPECIAL_TOKENS, choose_alphabet, count_words, initial_vocab,
                                            merge_word, merged_token, split_word, train_wordpiece, write_vocab)
 from jaxlm.data.tokenizers.trainer_cli import add_parser, run

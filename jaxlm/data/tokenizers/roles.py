@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxlm.data.tokenizers.bpe import Gpt2Tokenizer
 from jaxlm.data.tokenizers.spm import SentencePieceTokenizer
-from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer
 
 ROLES = ("pad", "cls", "sep", "bos", "eos", "mask", "unk")
+# role -> the spellings of its token, the first one in the vocabulary wins: BERT's WordPiece names,
+# RoBERTa's and BART's BPE names, and GPT-2's only special token (<|endoftext|>) standing in for three
+ROLE_TOKENS = {
+    "pad": ("[PAD]", "<pad>", "<|endoftext|>"),
+    "cls": ("[CLS]", "<s>"),
+    "sep": ("[SEP]", "</s>"),
+    "bos": ("<s>", "[CLS]", "<|endoftext|>"),
+    "eos": ("</s>", "[SEP]", "<|endoftext|>"),
+    "mask": ("[MASK]", "<mask>"),
+    "unk": ("[UNK]", "<unk>"),
+}
 
 
 def _lookup(lookup, *names: str) -> int | None:
@@ -25,18 +34,6 @@ def _first(*ids: int | None) -> int | None:
 
 def special_ids(tokenizer) -> dict[str, int | None]:
     """Role -> id (None where the tokenizer has no such token); `sentinels` lists T5's sentinel ids."""
-    if isinstance(tokenizer, WordPieceTokenizer):
-        t = tokenizer
-        roles = {"pad": t.pad_id, "cls": t.cls_id, "sep": t.sep_id, "bos": t.cls_id, "eos": t.sep_id,
-                 "mask": t.mask_id, "unk": t.unk_id}
-        return roles | {"sentinels": []}
-    if isinstance(tokenizer, Gpt2Tokenizer):
-        # GPT-2's files hold only <|endoftext|>; RoBERTa's and BART's add <s> </s> <pad> <mask> <unk>
-        find = lambda *names: _lookup(tokenizer.encoder.get, *names)
-        bos, eos = find("<s>", "<|endoftext|>"), find("</s>", "<|endoftext|>")
-        roles = {"pad": find("<pad>", "<|endoftext|>"), "cls": find("<s>"), "sep": find("</s>"), "bos": bos,
-                 "eos": eos, "mask": find("<mask>"), "unk": find("<unk>")}
-        return roles | {"sentinels": []}
     if isinstance(tokenizer, SentencePieceTokenizer):
         sp = tokenizer.sp
         piece = lambda name: sp.piece_to_id(name) if sp.piece_to_id(name) != sp.unk_id() else None
@@ -47,7 +44,8 @@ def special_ids(tokenizer) -> dict[str, int | None]:
                  "cls": _first(_lookup(piece, "[CLS]"), bos), "sep": _first(_lookup(piece, "[SEP]"), eos), "bos": bos,
                  "eos": eos, "mask": _lookup(piece, "<mask>", "[MASK]"), "unk": own(sp.unk_id())}
         return roles | {"sentinels": [tokenizer.sentinel_id(i) for i in range(tokenizer.sentinels)]}
-    raise TypeError(f"no special-token roles known for {type(tokenizer).__name__}")
+    roles = {role: _lookup(tokenizer.token_to_id, *names) for role, names in ROLE_TOKENS.items()}
+    return roles | {"sentinels": []}
 
 
 def word_start_table(tokenizer) -> np.ndarray:
@@ -55,7 +53,7 @@ def word_start_table(tokenizer) -> np.ndarray:
     a leading space "Ġ"; SentencePiece: a leading "▁"). Sentence-initial BPE pieces carry no space,
     so the pipelines also treat every stored sentence start as a word start."""
     pieces = tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size))
-    if isinstance(tokenizer, WordPieceTokenizer):
-        return np.array([not p.startswith("##") for p in pieces])
-    marker = "Ġ" if isinstance(tokenizer, Gpt2Tokenizer) else "▁"
+    if tokenizer.continuation_prefix:
+        return np.array([not p.startswith(tokenizer.continuation_prefix) for p in pieces])
+    marker = tokenizer.word_marker
     return np.array([p.startswith(marker) or (p.startswith("<") and p.endswith(">")) for p in pieces])

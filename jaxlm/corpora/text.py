@@ -1,0 +1,45 @@
+"""BERT's pretraining text format (UTF-8, one sentence per line, a blank line between documents):
+prose split into sentences, documents written in it and read back."""
+from __future__ import annotations
+
+import pathlib
+import re
+from typing import Iterable
+
+_BOUNDARY = re.compile(r"[.!?]+[\"')\]\u2019\u201d]*\s+(?=[A-Z0-9\"'(\[\u2018\u201c])")
+_ABBREVIATION = re.compile(
+    r"(?:^|[^A-Za-z])(?:Mr|Mrs|Ms|Messrs|Mme|Dr|St|Sr|Jr|Prof|Rev|Col|Gen|Maj|Capt|Lt|Sgt|Brig|Adm"
+    r"|Gov|Sen|Mt|Ft|Vol|vs|cf|ca|c|approx|al|e\.g|i\.e|[A-Z])\.$"
+)
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split prose after . ! ? (and closing quotes/brackets) before an uppercase letter, quote or
+    digit, except after common abbreviations and single initials."""
+    text = " ".join(text.split())
+    sentences, start = [], 0
+    for match in _BOUNDARY.finditer(text):
+        if match.group().rstrip() == "." and _ABBREVIATION.search(text[start : match.start() + 1]):
+            continue
+        sentences.append(text[start : match.end()].strip())
+        start = match.end()
+    sentences.append(text[start:].strip())
+    return [s for s in sentences if s]
+
+
+def format_documents(documents: Iterable[list[str]]) -> str:
+    """BERT pretraining text: one sentence per line, a blank line between non-empty documents."""
+    return "\n\n".join("\n".join(doc) for doc in documents if doc) + "\n"
+
+
+def text_documents(path: pathlib.Path) -> list[list[str]]:
+    """Documents of a sentence-per-line file; blank lines separate documents; empty ones dropped."""
+    documents: list[list[str]] = [[]]
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                documents[-1].append(line)
+            elif documents[-1]:
+                documents.append([])
+    return [d for d in documents if d]

