@@ -3,11 +3,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import sys
 
+import jax
+import numpy as np
+from absl import logging
+
 from jaxlm import config as config_lib
+from jaxlm import generate
 from jaxlm.config import ConfigError
+from jaxlm.convert import registry, store
+from jaxlm.convert.hf import flatten
+from jaxlm.data.bench import bench_data, format_data_table
+from jaxlm.data.pipeline import open_data
+from jaxlm.data.prepare import already_prepared, prepare, preparation_settings
+from jaxlm.data.sources import model_tokenizer, resolve_corpus
+from jaxlm.data.tokenizers import tokenize_cli, trainer_cli
+from jaxlm.sentence_embedding import embed_file
+from jaxlm.train import aot
+from jaxlm.train.bench import bench, format_table
+from jaxlm.train.loop import report, train
 
 
 def _load(args) -> config_lib.RunConfig:
@@ -15,9 +32,6 @@ def _load(args) -> config_lib.RunConfig:
 
 
 def cmd_prepare(args) -> None:
-    from jaxlm.data.prepare import already_prepared, prepare, preparation_settings
-    from jaxlm.data.sources import model_tokenizer, resolve_corpus
-
     config = _load(args)
     data, family = config.data, config.model.family
     tokenizer = model_tokenizer(config)
@@ -33,19 +47,13 @@ def cmd_prepare(args) -> None:
 
 
 def cmd_train(args) -> None:
-    from jaxlm.train.loop import report, train
-
     config = _load(args)
     final = train(config)
-    import jax
-
     if jax.process_index() == 0 and final.get("examples"):
         print(report(config, final))
 
 
 def cmd_data_show(args) -> None:
-    from jaxlm.data.pipeline import open_data
-
     config = _load(args)
     tokenizer, train_data, valid = open_data(config)
     data = valid if args.split == "valid" else train_data
@@ -56,12 +64,8 @@ def cmd_data_show(args) -> None:
 def cmd_bench(args) -> None:
     if args.config == "data":
         return cmd_bench_data(args)
-    from jaxlm.train.bench import bench, format_table
-
     config = _load(args)
     row = bench(config)
-    import jax
-
     if jax.process_index() == 0:
         print(format_table([row]))
         if args.json:
@@ -70,8 +74,6 @@ def cmd_bench(args) -> None:
 
 def cmd_bench_data(args) -> None:
     """`jaxlm bench data CONFIG [CONFIG ...] [overrides]`: one row per config."""
-    from jaxlm.data.bench import bench_data, format_data_table
-
     paths = [a for a in args.overrides if "=" not in a]
     overrides = [a for a in args.overrides if "=" in a]
     if not paths:
@@ -86,14 +88,10 @@ def cmd_bench_data(args) -> None:
 
 def _quiet_orbax() -> None:
     """Orbax warns through absl about read-only managers and metadata it does not need; keep errors."""
-    from absl import logging
-
     logging.set_verbosity(logging.ERROR)
 
 
 def cmd_convert_from_hf(args) -> None:
-    from jaxlm.convert import registry, store
-
     _quiet_orbax()
     source = pathlib.Path(args.hf_dir)
     out = store.check_output(args.out, args.overwrite, source)
@@ -104,8 +102,6 @@ def cmd_convert_from_hf(args) -> None:
 
 
 def cmd_convert_from_gguf(args) -> None:
-    from jaxlm.convert import registry, store
-
     _quiet_orbax()
     source = pathlib.Path(args.gguf)
     out = store.check_output(args.out, args.overwrite, source)
@@ -116,10 +112,6 @@ def cmd_convert_from_gguf(args) -> None:
 
 
 def _print_converted(out, config, params) -> None:
-    import numpy as np
-
-    from jaxlm.convert.hf import flatten
-
     count = sum(int(np.size(v)) for _, v in flatten(params))
     layout = "scan (stacked layers)" if config.scan_layers else "loop"
     print(f"converted a {config.family} model ({count / 1e6:.2f}M parameters, {layout} layout, "
@@ -127,8 +119,6 @@ def _print_converted(out, config, params) -> None:
 
 
 def cmd_convert_to_hf(args) -> None:
-    from jaxlm.convert import registry, store
-
     _quiet_orbax()
     out = store.check_output(args.out, args.overwrite, args.ckpt)
     registry.family_of(store.checkpoint_config(args.ckpt)[0])
@@ -139,12 +129,34 @@ def cmd_convert_to_hf(args) -> None:
 
 
 def cmd_embed(args) -> None:
-    from jaxlm.sentence_embedding import embed_file
-
     _quiet_orbax()
     vectors, output = embed_file(args.ckpt, args.input, args.output, pooling=args.pooling, normalize=args.normalize,
                                  batch_size=args.batch_size, max_length=args.max_length, overwrite=args.overwrite)
     print(f"embedded {len(vectors)} sentences: shape {vectors.shape} {vectors.dtype} -> {output}")
+
+
+def cmd_generate(args) -> None:
+    _quiet_orbax()
+    prompts = list(args.prompt) if args.prompt is not None else generate.read_prompts(args.input)
+    for line in generate.generate_from_checkpoint(
+            args.checkpoint, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+            top_k=args.top_k, top_p=args.top_p, num_beams=args.num_beams, seed=args.seed):
+        print(json.dumps(line), flush=True)
+
+
+def cmd_compile(args) -> None:
+    if "JAX_PLATFORMS" not in os.environ:
+        # The compile needs no accelerator runtime (the TPU devices are compile-only); don't probe for one.
+        try:
+            jax.config.update("jax_platforms", "cpu")
+        except RuntimeError:  # backends already started in this process: keep them
+            pass
+    config = _load(args)
+    result = aot.compile_for_topology(config, args.topology, chips_per_host_bounds=aot.parse_bounds(args.chips_per_host),
+                                      num_slices=args.num_slices)
+    print(aot.summary(result))
+    if args.json:
+        print(json.dumps({k: v for k, v in result.items() if k != "compiled"}))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -207,12 +219,28 @@ def parser() -> argparse.ArgumentParser:
                      help="tokens per sentence, special tokens included (default 256, at most the positions)")
     emb.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     emb.set_defaults(handler=cmd_embed)
-    from jaxlm import generate
-    from jaxlm.data.tokenizers import tokenize_cli, trainer_cli
-    from jaxlm.train import aot
 
-    generate.add_parser(commands)
-    aot.add_parser(commands)
+    gen = commands.add_parser("generate", help="generate text from a checkpoint: one JSON line per prompt",
+                              description="generate text from a checkpoint: one JSON line per prompt")
+    gen.add_argument("checkpoint", help="a converted checkpoint (jaxlm convert) or a run directory")
+    source = gen.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", nargs="+", metavar="TEXT", help="one or more prompts")
+    source.add_argument("--input", metavar="FILE", help="a text file with one prompt per line")
+    gen.add_argument("--max-new-tokens", type=int, default=32)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    gen.add_argument("--top-k", type=int, default=0, help="0 keeps every token")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--num-beams", type=int, default=1, help="beam search when above 1 (temperature 0)")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.set_defaults(handler=cmd_generate)
+
+    text = "compile the train step for a TPU topology (no TPU needed) and print its memory per device"
+    comp = command(commands, "compile", cmd_compile, text)
+    comp.add_argument("--topology", default=aot.DEFAULT_TOPOLOGY,
+                      help=f"TPU topology name, e.g. v5e:2x2, v5e:4x4, v5p:2x2x1 (default {aot.DEFAULT_TOPOLOGY})")
+    comp.add_argument("--chips-per-host", default=None, help="chips per host bounds, e.g. 2x2x1 (default: libtpu's)")
+    comp.add_argument("--num-slices", type=int, default=1, help="number of slices (default 1)")
+    comp.add_argument("--json", action="store_true", help="also print the numbers as JSON")
     tokenize_cli.add_parser(commands)
     trainer_cli.add_parser(commands)
     return top

@@ -1,7 +1,6 @@
 """Text generation on a KV cache: sampling, greedy and beam search for decoders and encoder-decoders."""
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import pathlib
@@ -14,6 +13,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxlm import families
+from jaxlm.convert.store import checkpoint_config, load_checkpoint
+from jaxlm.data.tokenizers.load import load_tokenizer
 
 # Hugging Face's "never choose this" offset in beam search, kept identical so that beam choices match.
 NEG = -1.0e9
@@ -444,30 +445,9 @@ def model_for(config):
     return family.network(config)
 
 
-# ---------------------------------------------------------------- command line
-
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    """Registers `generate CKPT (--prompt TEXT ... | --input FILE) [options]` on an argparse subparsers."""
-    text = "generate text from a checkpoint: one JSON line per prompt"
-    sub = subparsers.add_parser("generate", help=text, description=text)
-    sub.add_argument("checkpoint", help="a checkpoint directory written by jaxlm.convert.store")
-    source = sub.add_mutually_exclusive_group(required=True)
-    source.add_argument("--prompt", nargs="+", metavar="TEXT", help="one or more prompts")
-    source.add_argument("--input", metavar="FILE", help="a text file with one prompt per line")
-    sub.add_argument("--max-new-tokens", type=int, default=32)
-    sub.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
-    sub.add_argument("--top-k", type=int, default=0, help="0 keeps every token")
-    sub.add_argument("--top-p", type=float, default=1.0)
-    sub.add_argument("--num-beams", type=int, default=1, help="beam search when above 1 (temperature 0)")
-    sub.add_argument("--seed", type=int, default=0)
-    sub.set_defaults(handler=run)
-    return sub
-
-
-def read_prompts(args) -> list[str]:
-    if args.prompt is not None:
-        return list(args.prompt)
-    path = pathlib.Path(args.input)
+def read_prompts(path) -> list[str]:
+    """The non-blank lines of a prompt file."""
+    path = pathlib.Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no prompt file {path}")
     prompts = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -483,26 +463,27 @@ def _eos_id(config, tokenizer) -> int | None:
     return found if isinstance(found, int) and found >= 0 else None
 
 
-def run(args) -> None:
-    from jaxlm.convert.store import checkpoint_config, load_checkpoint
-    from jaxlm.data.tokenizers.load import load_tokenizer
-
-    prompts = read_prompts(args)
-    check_sampling(args.temperature, args.top_k, args.top_p, args.num_beams)
-    config, tokenizer_dir = checkpoint_config(args.checkpoint)
+def generate_from_checkpoint(checkpoint, prompts: list[str], *, max_new_tokens: int = 32, temperature: float = 0.0,
+                             top_k: int = 0, top_p: float = 1.0, num_beams: int = 1, seed: int = 0) -> list[dict]:
+    """{"prompt", "generated" text, "token_ids"} per prompt, from a converted or run checkpoint and its
+    tokenizer; every argument is checked before the parameters are read."""
+    check_sampling(temperature, top_k, top_p, num_beams)
+    config, tokenizer_dir = checkpoint_config(checkpoint)
     model = model_for(config)
     if tokenizer_dir is None:
-        raise ValueError(f"{args.checkpoint} has no tokenizer to turn prompts into ids; convert it with one")
+        raise ValueError(f"{checkpoint} has no tokenizer to turn prompts into ids; convert it with one")
     tokenizer = load_tokenizer(tokenizer_dir)
-    _, params, _ = load_checkpoint(args.checkpoint)
+    _, params, _ = load_checkpoint(checkpoint)
     encoded = [list(tokenizer.encode(p, add_special_tokens=True)) for p in prompts]
     width = max(len(e) for e in encoded)
     pad = config.pad_token_id
     ids = np.array([e + [pad] * (width - len(e)) for e in encoded], np.int32)
     mask = np.array([[True] * len(e) + [False] * (width - len(e)) for e in encoded])
-    result = generate(model, params, ids, mask, max_new_tokens=args.max_new_tokens, eos_id=_eos_id(config, tokenizer),
-                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, num_beams=args.num_beams,
-                      rng=jax.random.key(args.seed))
+    result = generate(model, params, ids, mask, max_new_tokens=max_new_tokens, eos_id=_eos_id(config, tokenizer),
+                      temperature=temperature, top_k=top_k, top_p=top_p, num_beams=num_beams,
+                      rng=jax.random.key(seed))
+    out = []
     for prompt, tokens, length in zip(prompts, result.tokens, result.lengths):
         new = [int(t) for t in tokens[:length]]
-        print(json.dumps({"prompt": prompt, "generated": tokenizer.decode(new), "token_ids": new}), flush=True)
+        out.append({"prompt": prompt, "generated": tokenizer.decode(new), "token_ids": new})
+    return out

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+from array_record.python.array_record_module import ArrayRecordWriter
 from tqdm.auto import tqdm
 
 from jaxlm import families
@@ -80,8 +81,6 @@ def chunk_documents(chunk: dict[str, np.ndarray]) -> list[list[list[int]]]:
 
 def write_shards(rows: Sequence[Row], directory: Path, split: str, shard_size: int,
                  progress: bool = True) -> list[str]:
-    from array_record.python.array_record_module import ArrayRecordWriter
-
     n_shards = max(1, -(-len(rows) // shard_size))
     names = [f"{split}-{i:05d}-of-{n_shards:05d}.array_record" for i in range(n_shards)]
     with tqdm(total=len(rows), desc=f"write {split}", unit="ex", disable=not progress) as bar:

@@ -5,6 +5,7 @@ import math
 
 import flax.linen as nn
 import jax
+from jax.experimental import mesh_utils
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -32,7 +33,6 @@ def make_mesh(config: MeshConfig, devices=None) -> Mesh:
     devices = list(jax.devices() if devices is None else devices)
     shape = resolve_shape(config, len(devices))
     try:
-        from jax.experimental import mesh_utils
         grid = mesh_utils.create_device_mesh(shape, devices=devices)
     except (ValueError, NotImplementedError, AssertionError):
         grid = np.asarray(devices).reshape(shape)

@@ -7,12 +7,12 @@ what each chip would hold. `jaxlm compile CONFIG [overrides] --topology v5e:2x2`
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 
-from jaxlm import config as config_lib
+from jax._src import xla_bridge
+
 from jaxlm.config import RunConfig
+from jaxlm.train.loop import build, compile_steps
 
 DEFAULT_TOPOLOGY = "v5e:2x2"
 MEMORY_FIELDS = ("argument", "output", "temp", "generated_code", "alias")
@@ -25,7 +25,7 @@ class TopologyError(ValueError):
     """A topology that cannot be compiled for here; the message says what to change."""
 
 
-def _parse_bounds(text: str | None) -> tuple[int, ...] | None:
+def parse_bounds(text: str | None) -> tuple[int, ...] | None:
     if not text:
         return None
     try:
@@ -37,13 +37,11 @@ def _parse_bounds(text: str | None) -> tuple[int, ...] | None:
 
 def topology_devices(topology: str = DEFAULT_TOPOLOGY, *, chips_per_host_bounds=None, num_slices: int = 1) -> list:
     """Compile-only TPU devices for a topology name such as "v5e:2x2", "v5p:2x2x1", "v6e:4x4"."""
-    from jax._src import xla_bridge
-
     if xla_bridge.get_tpu_library_path() is None:
         raise TopologyError(f"compiling for a TPU topology needs libtpu, which is not installed: {INSTALL}")
     # Compile-only devices touch no TPU; don't take (or wait for) libtpu's one-process-per-host lock.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    from jax.experimental import topologies
+    from jax.experimental import topologies  # after the line above: importing it may load libtpu
 
     kwargs = {"chip_config_name": "default", "num_slices": num_slices}
     if chips_per_host_bounds is not None:
@@ -78,8 +76,6 @@ def compile_for_topology(config: RunConfig, topology: str = DEFAULT_TOPOLOGY, *,
 
     Returns {"compiled", "topology", "device_kind", "devices", "mesh", "memory"}; `memory` is
     `memory_stats(compiled)` (bytes per device)."""
-    from jaxlm.train.loop import build, compile_steps
-
     devices = topology_devices(topology, chips_per_host_bounds=chips_per_host_bounds, num_slices=num_slices)
     setup = build(config, devices=devices)
     compiled, _ = compile_steps(setup, with_eval=False)
@@ -105,37 +101,3 @@ def summary(result: dict) -> str:
         verdict = "fits" if memory["total"] <= capacity else "does NOT fit"
         line += f" ({verdict} in {_mib(capacity)} HBM)"
     return line
-
-
-# ---------------------------------------------------------------- command line
-
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    """Register `compile CONFIG [overrides] --topology v5e:2x2` on an argparse subparsers object."""
-    text = "compile the train step for a TPU topology (no TPU needed) and print its memory per device"
-    sub = subparsers.add_parser("compile", help=text, description=text)
-    sub.add_argument("config", help="a YAML file in configs/, e.g. configs/bert-base.yaml")
-    sub.add_argument("overrides", nargs="*", help="dotted overrides such as train.global_batch=64")
-    sub.add_argument("--topology", default=DEFAULT_TOPOLOGY,
-                     help=f"TPU topology name, e.g. v5e:2x2, v5e:4x4, v5p:2x2x1 (default {DEFAULT_TOPOLOGY})")
-    sub.add_argument("--chips-per-host", default=None, help="chips per host bounds, e.g. 2x2x1 (default: libtpu's)")
-    sub.add_argument("--num-slices", type=int, default=1, help="number of slices (default 1)")
-    sub.add_argument("--json", action="store_true", help="also print the numbers as JSON")
-    sub.set_defaults(handler=run)
-    return sub
-
-
-def run(args) -> None:
-    if "JAX_PLATFORMS" not in os.environ:
-        # The compile needs no accelerator runtime (the TPU devices are compile-only); don't probe for one.
-        import jax
-
-        try:
-            jax.config.update("jax_platforms", "cpu")
-        except RuntimeError:  # backends already started in this process: keep them
-            pass
-    config = config_lib.load(args.config, args.overrides)
-    result = compile_for_topology(config, args.topology, chips_per_host_bounds=_parse_bounds(args.chips_per_host),
-                                  num_slices=args.num_slices)
-    print(summary(result))
-    if args.json:
-        print(json.dumps({k: v for k, v in result.items() if k != "compiled"}))

@@ -5,7 +5,6 @@ compile-only devices), with the Pallas kernel found in the HLO and memory number
 The TPU compiles run in this process: conftest's JAX_PLATFORMS=cpu keeps the runtime on the CPU,
 and `get_topology_desc` still loads libtpu for compile-only devices.
 """
-import argparse
 import pathlib
 
 import flax.linen as nn
@@ -142,7 +141,8 @@ def test_memory_analysis_numbers_scale_with_the_batch(splash_bert):
 
 @tpu
 def test_cli_compile_with_xla_has_no_pallas_kernel(monkeypatch, capsys, tmp_path):
-    """`jaxlm compile CONFIG overrides --topology` through aot.add_parser / aot.run."""
+    """`jaxlm compile CONFIG overrides --topology` through the command line's parser and handler."""
+    from jaxlm import cli
     from jaxlm.train import aot
 
     seen = {}
@@ -153,9 +153,7 @@ def test_cli_compile_with_xla_has_no_pallas_kernel(monkeypatch, capsys, tmp_path
         return seen["result"]
 
     monkeypatch.setattr(aot, "compile_for_topology", spy)
-    parser = argparse.ArgumentParser(prog="jaxlm")
-    aot.add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["compile", str(BASE_CONFIG), *BERT, "model.attention_kernel=xla",
+    args = cli.parser().parse_args(["compile", str(BASE_CONFIG), *BERT, "model.attention_kernel=xla",
                               "train.global_batch=16", "--topology", TOPOLOGY, "--json"])
     args.handler(args)
     line = capsys.readouterr().out.splitlines()[0]

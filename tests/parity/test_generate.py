@@ -3,7 +3,6 @@ random GPT-2, Llama, T5 and BART models and on the real SmolLM2-135M GGUF, token
 and sharded paths; the sampler's statistics; the CLI; and bad input stopped before any compute."""
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 
@@ -17,6 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 stats = pytest.importorskip("scipy.stats")
 
+from jaxlm import cli  # noqa: E402
 from jaxlm import generate as gen  # noqa: E402
 from jaxlm.convert import hf_bart, hf_decoder, hf_t5  # noqa: E402
 from jaxlm.convert.layout import stack_layers  # noqa: E402
@@ -348,8 +348,7 @@ def test_cli_prints_one_json_line_per_prompt(tmp_path, capsys):
     config = hf_decoder.llama_config_from_hf(model.config.to_dict(), dtype="float32", eos_token_id=2)
     params = hf_decoder.llama_params_from_hf(torch_tensors(model), config)
     checkpoint = save_converted(tmp_path / "ckpt", config, params, save_tokenizer(tokenizer, tmp_path / "tok"))
-    parser = argparse.ArgumentParser()
-    gen.add_parser(parser.add_subparsers(dest="command"))
+    parser = cli.parser()
     prompts = ["It is a truth universally acknowledged", "Hello"]
     args = parser.parse_args(["generate", str(checkpoint), "--prompt", *prompts, "--max-new-tokens", "6"])
     args.handler(args)
