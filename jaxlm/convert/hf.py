@@ -18,7 +18,7 @@ from typing import Mapping
 import numpy as np
 
 from jaxlm.convert.names import (Entry, dense, encoder_layer, flatten, has_group, norm, params_from_hf, params_to_hf,
-                                 plain, unflatten)
+                                 plain, prefixed, unflatten)
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.presets import model_config
 
@@ -209,6 +209,10 @@ def mlm_head(bias: str, transform: str, transform_norm: str) -> list[Entry]:
     return [Entry("mlm/bias", bias), *dense("mlm/transform", transform), *norm("mlm/norm", transform_norm)]
 
 
+def _current_norm_name(name: str) -> str:
+    return name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+
+
 @dataclasses.dataclass(frozen=True)
 class EncoderNames:
     """How a BERT-like Hugging Face family names its tensors; BERT, RoBERTa, DistilBERT and ALBERT
@@ -240,14 +244,9 @@ class EncoderNames:
         return {"encoder": self.backbone(config), **pooler, **self.heads}
 
     def normalize(self, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Backbone names with `prefix` (a bare model's lack it), LayerNorm gamma/beta renamed."""
-        out = {}
-        for name, value in tensors.items():
-            name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
-            if not name.startswith((f"{self.prefix}.", *self.head_prefixes)):
-                name = f"{self.prefix}.{name}"
-            out[name] = value
-        return out
+        """Backbone names with `prefix` (a bare model's lack it), old LayerNorm gamma/beta names renamed."""
+        renamed = {_current_norm_name(name): value for name, value in tensors.items()}
+        return prefixed(renamed, f"{self.prefix}.", self.head_prefixes)
 
     def params_from_hf(self, tensors: Mapping[str, np.ndarray], config: TransformerConfig,
                        shapes: Mapping[str, tuple[int, ...]], require_heads: bool) -> dict:

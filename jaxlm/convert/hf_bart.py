@@ -6,7 +6,8 @@ from typing import Mapping
 import numpy as np
 
 from jaxlm.convert.hf import build_config, check_family, check_representable, param_shapes, read_config, read_tensors
-from jaxlm.convert.names import Entry, attention, dense, encoder_layer, norm, params_from_hf, params_to_hf
+from jaxlm.convert.names import (Entry, attention, dense, encoder_layer, norm, params_from_hf, params_to_hf,
+                                 prefixed)
 from jaxlm.models.config import TransformerConfig
 
 SHARED = "model.shared.weight"
@@ -16,8 +17,8 @@ TIED = {copy: SHARED for copy in ("model.encoder.embed_tokens.weight", "model.de
 LOGITS_BIAS = "final_logits_bias"
 ARCHITECTURE = "BartForConditionalGeneration"
 # What our config must say for a Hugging Face BART to hold the network.
-REPRESENTABLE = dict(family="bart", position_offset=2, position_embedding="learned", norm="layernorm", activation="gelu",
-                     use_bias=True, tie_embeddings=True, layer_norm_eps=1e-5)
+REPRESENTABLE = dict(family="bart", position_offset=2, position_embedding="learned", norm="layernorm",
+                     activation="gelu", use_bias=True, tie_embeddings=True, layer_norm_eps=1e-5)
 ENCODER_LAYER_NAMES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj",
                        "self_attn_layer_norm", "fc1", "fc2", "final_layer_norm")
 # Flags of older or related (mBART, Marian) configs that this network cannot reproduce when set.
@@ -136,12 +137,6 @@ def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
 
 # ---------------------------------------------------------------- both ways
 
-def _normalize(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A bare BartModel's names (no `model.` prefix) as BartForConditionalGeneration's."""
-    return {name if name.startswith("model.") or name in (LOGITS_BIAS, "lm_head.weight") else f"model.{name}": value
-            for name, value in tensors.items()}
-
-
 def bart_params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig) -> dict:
     """Our parameter tree (plain float32 numpy; scan layout when `config.scan_layers`) from HF BART
     tensors, with or without the `model.` prefix.
@@ -150,7 +145,8 @@ def bart_params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerCo
     those present must be equal, and any stands for the others. `final_logits_bias` may be absent
     (zeros, as Hugging Face does)."""
     shapes = expected_shapes(config)
-    params = params_from_hf(_normalize(tensors), config, bart_name_map(config), shapes, "BART", tied=TIED)
+    tensors = prefixed(tensors, "model.", (LOGITS_BIAS, "lm_head.weight"))  # a bare BartModel's lack `model.`
+    params = params_from_hf(tensors, config, bart_name_map(config), shapes, "BART", tied=TIED)
     params.setdefault("final_logits_bias", np.zeros(shapes["final_logits_bias"], np.float32))
     return params
 

@@ -12,7 +12,7 @@ from typing import Mapping
 import numpy as np
 
 from jaxlm.convert.hf import build_config, check_family, check_representable, param_shapes, read_config, read_tensors
-from jaxlm.convert.names import Entry, attention, dense, norm, params_from_hf, params_to_hf
+from jaxlm.convert.names import Entry, attention, dense, norm, params_from_hf, params_to_hf, prefixed
 from jaxlm.models.config import TransformerConfig
 
 GPT2_BUFFERS = (".attn.bias", ".attn.masked_bias")
@@ -149,7 +149,8 @@ def llama_name_map(config: TransformerConfig) -> list[Entry]:
             Entry(f"{ours}/attention_norm/scale", f"{theirs}.input_layernorm.weight"),
             *attention(f"{ours}/attention", projections, bias=False),
             Entry(f"{ours}/mlp_norm/scale", f"{theirs}.post_attention_layernorm.weight"),
-            *(e for n in ("gate", "up", "down") for e in dense(f"{ours}/mlp/{n}", f"{theirs}.mlp.{n}_proj", bias=False)),
+            *(entry for n in ("gate", "up", "down")
+              for entry in dense(f"{ours}/mlp/{n}", f"{theirs}.mlp.{n}_proj", bias=False)),
         ]
     return entries + [Entry("decoder/final_norm/scale", "model.norm.weight")] + _head(config)
 
@@ -167,25 +168,19 @@ def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
 
 # ---------------------------------------------------------------- both ways
 
-def _normalize(tensors: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
-    """Backbone-only checkpoints (GPT2Model, LlamaModel) name tensors without the `prefix`."""
-    return {name if name.startswith(prefix) or name == LM_HEAD else prefix + name: value
-            for name, value in tensors.items()}
-
-
 def _tied(config: TransformerConfig, source: str) -> dict[str, str]:
     return {LM_HEAD: source} if config.tie_embeddings else {}
 
 
 def gpt2_params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig) -> dict:
     """Our CausalLM parameter tree from HF GPT-2 tensors (names with or without `transformer.`)."""
-    return params_from_hf(_normalize(tensors, "transformer."), config, {"model": gpt2_name_map(config)},
+    return params_from_hf(prefixed(tensors, "transformer.", (LM_HEAD,)), config, {"model": gpt2_name_map(config)},
                           expected_shapes(config), "GPT-2", tied=_tied(config, GPT2_TOKENS), ignored=GPT2_BUFFERS)
 
 
 def llama_params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig) -> dict:
     """Our CausalLM parameter tree from HF Llama tensors (names with or without `model.`)."""
-    return params_from_hf(_normalize(tensors, "model."), config, {"model": llama_name_map(config)},
+    return params_from_hf(prefixed(tensors, "model.", (LM_HEAD,)), config, {"model": llama_name_map(config)},
                           expected_shapes(config), "Llama", tied=_tied(config, LLAMA_TOKENS), ignored=LLAMA_BUFFERS)
 
 

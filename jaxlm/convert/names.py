@@ -133,6 +133,12 @@ def listed(items: list[str]) -> str:
 
 # ---------------------------------------------------------------- Hugging Face -> ours
 
+def prefixed(tensors: Mapping[str, np.ndarray], prefix: str, outside: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """`tensors` with every name under `prefix` (ending in "."), as the full model has them, but those
+    starting with one of `outside` (the heads'): a bare backbone's checkpoint leaves the prefix out."""
+    return {name if name.startswith((prefix, *outside)) else prefix + name: value for name, value in tensors.items()}
+
+
 def fold_copies(tensors: Mapping[str, np.ndarray], tied: Mapping[str, str], model: str) -> dict[str, np.ndarray]:
     """`tensors` without the tied copies of `tied` (copy name -> source name): a copy must equal its
     source, and stands for it where the checkpoint lacks the source."""

@@ -27,7 +27,7 @@ FAMILIES = {
     "distilbert": Family(transformers.DistilBertForMaskedLM, transformers.DistilBertConfig, DISTILBERT,
                          enc.distilbert_config_from_hf, enc.distilbert_params_from_hf, enc.distilbert_params_to_hf),
 }
-# family -> (its tied copies, config fields its small config gives, a tensor with a wrong shape and the error that raises)
+# family -> (its tied copies, config fields its small config gives, a misshapen tensor and the error it raises)
 EXPECTED = {
     "roberta": (enc.ROBERTA_TIED, dict(position_offset=2, pad_token_id=1, type_vocab_size=1),
                 ("roberta.encoder.layer.1.attention.self.query.weight", (64, 32),
