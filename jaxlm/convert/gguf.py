@@ -8,8 +8,8 @@ from typing import Mapping
 
 import numpy as np
 
-from jaxlm.convert.hf import _listed
 from jaxlm.convert.hf_decoder import llama_config_from_hf, llama_params_from_hf
+from jaxlm.convert.names import listed
 from jaxlm.models.config import TransformerConfig
 
 MAGIC = b"GGUF"
@@ -162,7 +162,7 @@ def check_tensor_types(reader) -> None:
     unsupported = [f"{t.name} ({t.tensor_type.name})" for t in reader.tensors
                    if t.tensor_type.name not in DEQUANTIZERS]
     if unsupported:
-        raise ValueError(f"GGUF tensor types that jaxlm cannot dequantise: {_listed(unsupported)}. "
+        raise ValueError(f"GGUF tensor types that jaxlm cannot dequantise: {listed(unsupported)}. "
                          f"Supported types: {', '.join(DEQUANTIZERS)}; re-quantise the model to one of them "
                          "(llama-quantize) or convert the original Hugging Face checkpoint instead")
 

@@ -1,6 +1,7 @@
-"""Hugging Face BERT checkpoints <-> jaxlm BERT: config, tensor names, layouts and shape checks.
+"""Hugging Face checkpoints: reading config.json and the tensors, helpers every family's config conversion
+shares, the BERT-like encoders' naming (:class:`EncoderNames`), and BERT itself.
 
-Parameter trees here are plain nested dicts of float32 numpy arrays laid out like the ``params``
+BERT parameter trees are plain nested dicts of float32 numpy arrays laid out like the ``params``
 collection of :class:`jaxlm.models.heads.BertForPreTraining` (``encoder``, ``mlm``, ``nsp``);
 ``tree["encoder"]`` is the ``params`` collection of :class:`jaxlm.models.encoder.BertEncoder`.
 The pooler, the masked-LM head and the next-sentence head are optional groups: a checkpoint
@@ -10,13 +11,14 @@ either has all of a group's tensors or none, and a missing group is left out of 
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import pathlib
-from typing import Iterator, Mapping
+from typing import Mapping
 
 import numpy as np
 
+from jaxlm.convert.names import (Entry, dense, encoder_layer, flatten, has_group, norm, params_from_hf, params_to_hf,
+                                 plain, prefixed, unflatten)
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.presets import model_config
 
@@ -37,7 +39,9 @@ OPTIONAL_GROUPS = ("pooler", "mlm", "nsp")
 TIED_DECODER = "cls.predictions.decoder.weight"
 TIED_DECODER_BIAS = "cls.predictions.decoder.bias"
 BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
-MAX_LISTED = 8
+BERT_LAYER_NAMES = ("attention.self.query", "attention.self.key", "attention.self.value",
+                    "attention.output.dense", "attention.output.LayerNorm", "intermediate.dense", "output.dense",
+                    "output.LayerNorm")
 
 
 # ---------------------------------------------------------------- config
@@ -55,46 +59,62 @@ def check_bert_config(config: Mapping) -> None:
     for name in config.get("architectures") or ():
         if not name.startswith("Bert"):
             raise _architecture_error(name)
+    check_bert_layers(config, "BERT")
+
+
+def check_bert_layers(config: Mapping, family: str) -> None:
+    """Raise unless a BERT-like config.json dict has BERT's layers: exact GELU, learned absolute positions,
+    no decoder or cross-attention."""
     if config.get("hidden_act", "gelu") != "gelu":
         raise ValueError(
-            f"hidden_act={config['hidden_act']!r} is not supported: jaxlm BERT uses exact (erf) 'gelu'")
+            f"hidden_act={config['hidden_act']!r} is not supported: jaxlm {family} uses exact (erf) 'gelu'")
     if config.get("position_embedding_type", "absolute") != "absolute":
         raise ValueError(
             f"position_embedding_type={config['position_embedding_type']!r} is not supported: "
-            "jaxlm BERT uses 'absolute' learned positions")
+            f"jaxlm {family} uses 'absolute' learned positions")
     if config.get("is_decoder") or config.get("add_cross_attention"):
-        raise ValueError("decoder/cross-attention BERT configs are not supported")
+        raise ValueError(f"decoder/cross-attention {family} configs are not supported")
 
 
 def bert_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
     """A TransformerConfig from a Hugging Face BERT config.json dict; `overrides` win (e.g. dtype)."""
     check_bert_config(config)
     fields = {ours: config[theirs] for theirs, ours in CONFIG_FIELDS.items() if theirs in config}
-    result = model_config(**{"family": "bert", **fields, **overrides})
-    result.validate()
-    return result
+    return build_config({"family": "bert", **fields}, overrides)
 
 
-def check_representable(config: TransformerConfig, family: str, *, grouped_kv: bool = False, **required) -> None:
-    """Raise unless `config` has each `required` field value, which `family`'s Hugging Face config implies."""
-    wrong = [f"{name}={getattr(config, name)!r} (needs {value!r})" for name, value in required.items()
-             if getattr(config, name) != value]
-    if config.head_dim * config.num_heads != config.hidden_size:
+def check_representable(config: TransformerConfig, name: str, *, grouped_kv: bool = False,
+                         any_head_size: bool = False, **required) -> None:
+    """Raise unless `config` has each `required` field value (a tuple: one of its values), as the Hugging
+    Face `name` config implies; heads must split hidden_size unless `any_head_size`, and key-value heads
+    equal the heads unless `grouped_kv`."""
+    wrong = []
+    for field, value in required.items():
+        allowed = value if isinstance(value, tuple) else (value,)
+        if getattr(config, field) not in allowed:
+            wrong.append(f"{field}={getattr(config, field)!r} (needs {' or '.join(map(repr, allowed))})")
+    if not any_head_size and config.head_dim * config.num_heads != config.hidden_size:
         wrong.append(f"head_size={config.head_size} (needs hidden_size / num_heads)")
     if not grouped_kv and config.kv_heads != config.num_heads:
         wrong.append(f"num_kv_heads={config.num_kv_heads} (needs num_heads)")
     if wrong:
-        raise ValueError(f"this {config.family} model cannot be written as a Hugging Face {family} config: "
+        raise ValueError(f"this {config.family} model cannot be written as a Hugging Face {name} config: "
                          + "; ".join(wrong))
+
+
+def bert_like_config_to_hf(config: TransformerConfig, family: str, model_type: str, architecture: str,
+                           position_offset: int) -> dict:
+    """A config.json dict of a BERT-like Hugging Face `architecture` describing `config`."""
+    check_representable(config, family, norm="layernorm", activation="gelu", position_embedding="learned",
+                        position_offset=position_offset, use_bias=True, tie_embeddings=True, embedding_size=0)
+    fields = {theirs: getattr(config, ours) for theirs, ours in CONFIG_FIELDS.items()}
+    return {"model_type": model_type, "architectures": [architecture], **fields, "hidden_act": "gelu",
+            "position_embedding_type": "absolute", "pad_token_id": config.pad_token_id, "tie_word_embeddings": True}
 
 
 def bert_config_to_hf(config: TransformerConfig) -> dict:
     """A Hugging Face BERT config.json dict (BertForPreTraining) describing `config`."""
-    check_representable(config, "BERT", norm="layernorm", activation="gelu", position_embedding="learned",
-                        position_offset=0, use_bias=True, tie_embeddings=True, embedding_size=0)
-    fields = {theirs: getattr(config, ours) for theirs, ours in CONFIG_FIELDS.items()}
-    return {"model_type": "bert", "architectures": ["BertForPreTraining"], **fields, "hidden_act": "gelu",
-            "position_embedding_type": "absolute", "pad_token_id": config.pad_token_id, "tie_word_embeddings": True}
+    return bert_like_config_to_hf(config, "BERT", "bert", "BertForPreTraining", position_offset=0)
 
 
 def check_family(config: Mapping, model_type: str, family: str) -> None:
@@ -166,85 +186,6 @@ def read_tensors(model_dir) -> dict[str, np.ndarray]:
     return tensors
 
 
-# ---------------------------------------------------------------- name and layout map
-
-def _dense(ours: str, theirs: str, kind: str = "linear") -> list[tuple[str, str, str]]:
-    bias_kind = "heads_bias" if kind == "heads_in" else "copy"
-    return [(f"{ours}/kernel", f"{theirs}.weight", kind), (f"{ours}/bias", f"{theirs}.bias", bias_kind)]
-
-
-def _norm(ours: str, theirs: str) -> list[tuple[str, str, str]]:
-    return [(f"{ours}/scale", f"{theirs}.weight", "copy"), (f"{ours}/bias", f"{theirs}.bias", "copy")]
-
-
-BERT_LAYER_NAMES = ("attention.self.query", "attention.self.key", "attention.self.value",
-                    "attention.output.dense", "attention.output.LayerNorm", "intermediate.dense", "output.dense",
-                    "output.LayerNorm")
-
-
-def encoder_layer(i: int, prefix: str, names: tuple[str, ...] = BERT_LAYER_NAMES) -> list[tuple[str, str, str]]:
-    """Name map of our post-LN encoder layer i; `names` are the HF sub-modules in the order
-    query, key, value, attention output, attention norm, MLP in, MLP out, MLP norm."""
-    ours, theirs = f"encoder/layer_{i}", f"{prefix}.{i}"
-    query, key, value, out, attention_norm, intermediate, output, mlp_norm = (f"{theirs}.{n}" for n in names)
-    return [
-        *_dense(f"{ours}/attention/query", query, "heads_in"),
-        *_dense(f"{ours}/attention/key", key, "heads_in"),
-        *_dense(f"{ours}/attention/value", value, "heads_in"),
-        *_dense(f"{ours}/attention/output", out, "heads_out"),
-        *_norm(f"{ours}/attention_norm", attention_norm),
-        *_dense(f"{ours}/mlp/intermediate", intermediate),
-        *_dense(f"{ours}/mlp/output", output),
-        *_norm(f"{ours}/mlp_norm", mlp_norm),
-    ]
-
-
-def name_map(config: TransformerConfig) -> dict[str, list[tuple[str, str, str]]]:
-    """Group -> [(our '/'-joined path, HF BertForPreTraining name, layout kind)]."""
-    embeddings = [
-        ("encoder/embeddings/word/embedding", "bert.embeddings.word_embeddings.weight", "copy"),
-        ("encoder/embeddings/position/embedding", "bert.embeddings.position_embeddings.weight", "copy"),
-        ("encoder/embeddings/token_type/embedding", "bert.embeddings.token_type_embeddings.weight", "copy"),
-        *_norm("encoder/embeddings/norm", "bert.embeddings.LayerNorm"),
-    ]
-    return {
-        "encoder": embeddings + [entry for i in range(config.num_layers) for entry in encoder_layer(i, "bert.encoder.layer")],
-        "pooler": _dense("encoder/pooler", "bert.pooler.dense"),
-        "mlm": [("mlm/bias", "cls.predictions.bias", "copy"),
-                *_dense("mlm/transform", "cls.predictions.transform.dense"),
-                *_norm("mlm/norm", "cls.predictions.transform.LayerNorm")],
-        "nsp": _dense("nsp", "cls.seq_relationship"),
-    }
-
-
-def to_ours(kind: str, x, config: TransformerConfig):
-    """One HF tensor in our layout: torch Linear [out, in] -> [in, out], heads split out."""
-    heads, e = (config.num_heads, config.head_dim), config.hidden_size
-    if kind == "linear":
-        return x.T
-    if kind == "heads_in":
-        return x.T.reshape(e, *heads)
-    if kind == "heads_bias":
-        return x.reshape(heads)
-    if kind == "heads_out":
-        return x.T.reshape(*heads, e)
-    return x
-
-
-def to_hf(kind: str, x, config: TransformerConfig):
-    """The inverse of :func:`to_ours`."""
-    e = config.hidden_size
-    if kind == "linear":
-        return x.T
-    if kind == "heads_in":
-        return x.reshape(e, -1).T
-    if kind == "heads_bias":
-        return x.reshape(-1)
-    if kind == "heads_out":
-        return x.reshape(-1, e).T
-    return x
-
-
 # ---------------------------------------------------------------- our tree
 
 def param_shapes(module_cls, config: TransformerConfig, num_inputs: int) -> dict[str, tuple[int, ...]]:
@@ -261,6 +202,77 @@ def param_shapes(module_cls, config: TransformerConfig, num_inputs: int) -> dict
             for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]}
 
 
+# ---------------------------------------------------------------- BERT-like encoders
+
+def mlm_head(bias: str, transform: str, transform_norm: str) -> list[Entry]:
+    """Our masked-LM head from the Hugging Face names of its output bias, transform and transform norm."""
+    return [Entry("mlm/bias", bias), *dense("mlm/transform", transform), *norm("mlm/norm", transform_norm)]
+
+
+def _current_norm_name(name: str) -> str:
+    return name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderNames:
+    """How a BERT-like Hugging Face family names its tensors; BERT, RoBERTa, DistilBERT and ALBERT
+    differ in nothing else. Groups other than `encoder` (the pooler, the heads) are optional."""
+
+    family: str  # as messages name it
+    prefix: str  # of the backbone's tensors, which a bare model's checkpoint leaves out
+    heads: Mapping[str, list[Entry]]
+    head_prefixes: tuple[str, ...]  # of the head tensors, which take no `prefix`
+    tied: Mapping[str, str]  # copy -> source: the decoder weights tied to the word table and the MLM bias
+    layers: str = "encoder.layer"
+    layer_names: tuple[str, ...] = BERT_LAYER_NAMES
+    token_types: bool = True
+    pooler: str = "pooler.dense"  # "" where the family has none
+
+    def embeddings(self) -> list[Entry]:
+        tables = ("word", "position", "token_type") if self.token_types else ("word", "position")
+        return [*(Entry(f"encoder/embeddings/{t}/embedding", f"{self.prefix}.embeddings.{t}_embeddings.weight")
+                  for t in tables),
+                *norm("encoder/embeddings/norm", f"{self.prefix}.embeddings.LayerNorm")]
+
+    def backbone(self, config: TransformerConfig) -> list[Entry]:
+        return self.embeddings() + [
+            entry for i in range(config.num_layers)
+            for entry in encoder_layer(f"encoder/layer_{i}", f"{self.prefix}.{self.layers}.{i}", self.layer_names)]
+
+    def name_map(self, config: TransformerConfig) -> dict[str, list[Entry]]:
+        pooler = {"pooler": dense("encoder/pooler", f"{self.prefix}.{self.pooler}")} if self.pooler else {}
+        return {"encoder": self.backbone(config), **pooler, **self.heads}
+
+    def normalize(self, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Backbone names with `prefix` (a bare model's lack it), old LayerNorm gamma/beta names renamed."""
+        renamed = {_current_norm_name(name): value for name, value in tensors.items()}
+        return prefixed(renamed, f"{self.prefix}.", self.head_prefixes)
+
+    def params_from_hf(self, tensors: Mapping[str, np.ndarray], config: TransformerConfig,
+                       shapes: Mapping[str, tuple[int, ...]], require_heads: bool) -> dict:
+        """Our tree, optional groups the checkpoint lacks left out; with `require_heads` a missing head raises."""
+        tensors = self.normalize(tensors)
+        groups = self.name_map(config)
+        absent = [group for group in self.heads if not has_group(tensors, groups[group])]
+        if require_heads and absent:
+            raise ValueError(f"checkpoint has no {' or '.join(absent)} head (require_heads=True)")
+        return params_from_hf(tensors, config, groups, shapes, self.family, tied=self.tied, ignored=BUFFERS)
+
+    def params_to_hf(self, params: Mapping, config: TransformerConfig,
+                     shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+        """Hugging Face tensors, with the tied copies when the MLM head is there."""
+        tied = self.tied if "mlm" in plain(params) else {}
+        return params_to_hf(params, config, self.name_map(config), shapes, self.family, tied=tied)
+
+
+BERT = EncoderNames(
+    "BERT", "bert", head_prefixes=("cls.",),
+    heads={"mlm": mlm_head("cls.predictions.bias", "cls.predictions.transform.dense",
+                           "cls.predictions.transform.LayerNorm"),
+           "nsp": dense("nsp", "cls.seq_relationship")},
+    tied={TIED_DECODER: "bert.embeddings.word_embeddings.weight", TIED_DECODER_BIAS: "cls.predictions.bias"})
+
+
 def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     """'/'-joined path -> shape of every parameter of our BertForPreTraining (no allocation)."""
     from jaxlm.models.heads import BertForPreTraining
@@ -268,76 +280,7 @@ def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     return param_shapes(BertForPreTraining, config, 4)
 
 
-def flatten(tree: Mapping, prefix: str = "") -> Iterator[tuple[str, object]]:
-    for key, value in tree.items():
-        if isinstance(value, Mapping):
-            yield from flatten(value, f"{prefix}{key}/")
-        else:
-            yield f"{prefix}{key}", value
-
-
-def unflatten(flat: Mapping[str, object]) -> dict:
-    tree: dict = {}
-    for path, value in flat.items():
-        *parents, leaf = path.split("/")
-        node = tree
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    return tree
-
-
-def _hf_shape(kind: str, shape: tuple[int, ...], config: TransformerConfig) -> tuple[int, ...]:
-    return tuple(to_hf(kind, np.empty(shape, np.float32), config).shape)
-
-
-def _listed(items: list[str]) -> str:
-    more = f"; and {len(items) - MAX_LISTED} more" if len(items) > MAX_LISTED else ""
-    return "; ".join(items[:MAX_LISTED]) + more
-
-
-# ---------------------------------------------------------------- HF -> ours
-
-def normalize_names(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """HF BertForPreTraining names: a `bert.` prefix on the backbone, LayerNorm gamma/beta renamed."""
-    out = {}
-    for name, value in tensors.items():
-        name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
-        if not name.startswith(("bert.", "cls.")):
-            name = f"bert.{name}"
-        out[name] = value
-    return out
-
-
-def _check_tied(tensors: Mapping[str, np.ndarray]) -> None:
-    pairs = ((TIED_DECODER, "bert.embeddings.word_embeddings.weight"), (TIED_DECODER_BIAS, "cls.predictions.bias"))
-    for tied, source in pairs:
-        if tied in tensors and source in tensors and not np.array_equal(tensors[tied], tensors[source]):
-            raise ValueError(f"{tied} differs from {source}: jaxlm BERT ties them, so this checkpoint "
-                             "cannot be represented")
-
-
-def _present_groups(tensors: Mapping[str, np.ndarray], groups: dict) -> list[str]:
-    present = []
-    for group, entries in groups.items():
-        missing = [theirs for _, theirs, _ in entries if theirs not in tensors]
-        if group == "encoder" or len(missing) < len(entries):
-            if missing:
-                raise ValueError(f"checkpoint has part of the {group} tensors; missing: {_listed(missing)}")
-            present.append(group)
-    return present
-
-
-def _check_shapes(tensors, entries, shapes, config) -> None:
-    wrong = []
-    for ours, theirs, kind in entries:
-        want = _hf_shape(kind, shapes[ours], config)
-        got = tuple(np.shape(tensors[theirs]))
-        if got != want:
-            wrong.append(f"{theirs} -> {ours}: ours {want} vs theirs {got}")
-    if wrong:
-        raise ValueError(f"checkpoint does not fit the config ({len(wrong)} shape mismatches): {_listed(wrong)}")
-
+# ---------------------------------------------------------------- BERT, both ways
 
 def bert_params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig, *,
                         require_heads: bool = False) -> dict:
@@ -346,29 +289,19 @@ def bert_params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerCo
     Optional groups (pooler, MLM head, NSP head) absent from the checkpoint are left out of the
     tree; with `require_heads` a missing MLM or NSP head raises instead.
     """
-    tensors = normalize_names(tensors)
-    _check_tied(tensors)
-    groups = name_map(config)
-    known = {theirs for entries in groups.values() for _, theirs, _ in entries}
-    unknown = sorted(n for n in tensors
-                     if n not in known and n not in (TIED_DECODER, TIED_DECODER_BIAS)
-                     and not n.removeprefix("bert.").startswith(BUFFERS))
-    if unknown:
-        raise ValueError(f"checkpoint tensors jaxlm BERT has no place for: {_listed(unknown)}")
-    present = _present_groups(tensors, groups)
-    absent_heads = [g for g in ("mlm", "nsp") if g not in present]
-    if require_heads and absent_heads:
-        raise ValueError(f"checkpoint has no {' or '.join(absent_heads)} head (require_heads=True)")
-    entries = [entry for group in present for entry in groups[group]]
-    _check_shapes(tensors, entries, expected_shapes(config), config)
-    return unflatten({ours: np.asarray(to_ours(kind, np.asarray(tensors[theirs], np.float32), config))
-                      for ours, theirs, kind in entries})
+    return BERT.params_from_hf(tensors, config, expected_shapes(config), require_heads)
+
+
+def bert_params_to_hf(params: Mapping, config: TransformerConfig) -> dict[str, np.ndarray]:
+    """HF BertForPreTraining tensors from our tree (boxed or plain, with or without `params`),
+    including the tied `cls.predictions.decoder.*` copies when the MLM head is present."""
+    return BERT.params_to_hf(params, config, expected_shapes(config))
 
 
 def missing_groups(params: Mapping, config: TransformerConfig) -> list[str]:
     """The optional groups (pooler, mlm, nsp) that a converted tree lacks."""
     paths = dict(flatten(params))
-    return [g for g in OPTIONAL_GROUPS if name_map(config)[g][0][0] not in paths]
+    return [g for g in OPTIONAL_GROUPS if BERT.name_map(config)[g][0].ours not in paths]
 
 
 def fill_missing(params: Mapping, defaults: Mapping) -> dict:
@@ -380,29 +313,3 @@ def load_hf_bert(model_dir, *, require_heads: bool = False, **config_overrides) 
     """(config, parameter tree) of a Hugging Face BERT checkpoint directory."""
     config = bert_config_from_hf(read_config(model_dir), **config_overrides)
     return config, bert_params_from_hf(read_tensors(model_dir), config, require_heads=require_heads)
-
-
-# ---------------------------------------------------------------- ours -> HF
-
-def _plain(params: Mapping) -> Mapping:
-    import flax.linen as nn
-
-    params = nn.unbox(params)
-    return params["params"] if "params" in params else params
-
-
-def bert_params_to_hf(params: Mapping, config: TransformerConfig) -> dict[str, np.ndarray]:
-    """HF BertForPreTraining tensors from our tree (boxed or plain, with or without `params`),
-    including the tied `cls.predictions.decoder.*` copies when the MLM head is present."""
-    flat = {path: np.asarray(value, np.float32) for path, value in flatten(_plain(params))}
-    groups = name_map(config)
-    known = {ours for entries in groups.values() for ours, _, _ in entries}
-    unknown = sorted(set(flat) - known)
-    if unknown:
-        raise ValueError(f"parameters with no Hugging Face BERT name: {_listed(unknown)}")
-    tensors = {theirs: np.ascontiguousarray(to_hf(kind, flat[ours], config))
-               for entries in groups.values() for ours, theirs, kind in entries if ours in flat}
-    if "cls.predictions.bias" in tensors:
-        tensors[TIED_DECODER] = tensors["bert.embeddings.word_embeddings.weight"].copy()
-        tensors[TIED_DECODER_BIAS] = tensors["cls.predictions.bias"].copy()
-    return tensors

@@ -5,12 +5,11 @@ from typing import Mapping
 
 import numpy as np
 
-from jaxlm.convert.hf import CONFIG_FIELDS, _dense, _norm, build_config, check_family, encoder_layer, param_shapes
-from jaxlm.convert.hf_encoders import _normalize, encoder_params_from_hf, encoder_params_to_hf
+from jaxlm.convert.hf import (CONFIG_FIELDS, EncoderNames, build_config, check_family, check_representable, mlm_head,
+                              param_shapes)
+from jaxlm.convert.names import Entry, dense, encoder_layer
 from jaxlm.models.config import TransformerConfig
 
-Entry = tuple[str, str, str]
-HEAD_PREFIXES = ("predictions.", "sop_classifier.")
 TIED = {"predictions.decoder.weight": "albert.embeddings.word_embeddings.weight",
         "predictions.decoder.bias": "predictions.bias"}
 # HF hidden_act -> ours; gelu_new and gelu_pytorch_tanh are the same tanh approximation.
@@ -21,9 +20,6 @@ HF_DEFAULTS = {"vocab_size": 30000, "hidden_size": 4096, "num_layers": 12, "num_
                "intermediate_size": 16384, "hidden_dropout": 0.0, "attention_dropout": 0.0,
                "max_position_embeddings": 512, "type_vocab_size": 2, "initializer_range": 0.02,
                "layer_norm_eps": 1e-12}
-LAYER = "albert.encoder.albert_layer_groups.0.albert_layers"
-LAYER_NAMES = ("attention.query", "attention.key", "attention.value", "attention.dense", "attention.LayerNorm",
-               "ffn", "ffn_output", "full_layer_layer_norm")
 
 
 # ---------------------------------------------------------------- config
@@ -49,15 +45,11 @@ def albert_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
 
 def albert_config_to_hf(config: TransformerConfig) -> dict:
     """A Hugging Face AlbertForPreTraining config.json dict for `config`."""
-    unsupported = {"activation": config.activation not in HF_ACTIVATIONS,
-                   "position_embedding": config.position_embedding != "learned", "norm": config.norm != "layernorm",
-                   "position_offset": config.position_offset != 0, "use_bias": not config.use_bias,
-                   "tie_embeddings": not config.tie_embeddings, "type_vocab_size": config.type_vocab_size < 1,
-                   "num_kv_heads": config.kv_heads != config.num_heads,
-                   "head_size": config.head_dim * config.num_heads != config.hidden_size}
-    wrong = [f"{name}={getattr(config, name)!r}" for name, bad in unsupported.items() if bad]
-    if wrong:
-        raise ValueError(f"Hugging Face ALBERT cannot represent model.{', model.'.join(wrong)}")
+    check_representable(config, "ALBERT", activation=tuple(HF_ACTIVATIONS), position_embedding="learned",
+                        norm="layernorm", position_offset=0, use_bias=True, tie_embeddings=True)
+    if config.type_vocab_size < 1:
+        raise ValueError("this albert model cannot be written as a Hugging Face ALBERT config: "
+                         f"type_vocab_size={config.type_vocab_size} (needs at least 1)")
     return {
         "architectures": ["AlbertForPreTraining"], "model_type": "albert",
         **{theirs: getattr(config, ours) for theirs, ours in CONFIG_FIELDS.items()},
@@ -67,31 +59,25 @@ def albert_config_to_hf(config: TransformerConfig) -> dict:
     }
 
 
-# ---------------------------------------------------------------- name map and shapes
+# ---------------------------------------------------------------- names and shapes
 
-def albert_name_map(config: TransformerConfig) -> dict[str, list[Entry]]:
-    """Group -> [(our '/'-joined path, HF AlbertForPreTraining name, layout kind)].
+class AlbertNames(EncoderNames):
+    """BERT's naming but for the backbone: the factorised embeddings' projection to the hidden size, and
+    one layer shared across depth, our `encoder/layer` (no `_i` suffix, so :mod:`jaxlm.convert.layout`
+    leaves it alone) and Hugging Face's first layer of its first group."""
 
-    The shared layer is our `encoder/layer` (no `_i` suffix, so :mod:`jaxlm.convert.layout` leaves it
-    alone) and HF's `albert_layer_groups.0.albert_layers.0`. Groups other than `encoder` are optional,
-    as in :mod:`jaxlm.convert.hf`: AlbertForMaskedLM has no pooler or SOP head, AlbertModel no heads.
-    """
-    embeddings = [
-        ("encoder/embeddings/word/embedding", "albert.embeddings.word_embeddings.weight", "copy"),
-        ("encoder/embeddings/position/embedding", "albert.embeddings.position_embeddings.weight", "copy"),
-        ("encoder/embeddings/token_type/embedding", "albert.embeddings.token_type_embeddings.weight", "copy"),
-        *_norm("encoder/embeddings/norm", "albert.embeddings.LayerNorm"),
-        *_dense("encoder/projection", "albert.encoder.embedding_hidden_mapping_in"),
-    ]
-    layer = [(ours.replace("encoder/layer_0/", "encoder/layer/"), theirs, kind)
-             for ours, theirs, kind in encoder_layer(0, LAYER, LAYER_NAMES)]
-    return {
-        "encoder": embeddings + layer,
-        "pooler": _dense("encoder/pooler", "albert.pooler"),
-        "mlm": [("mlm/bias", "predictions.bias", "copy"), *_dense("mlm/transform", "predictions.dense"),
-                *_norm("mlm/norm", "predictions.LayerNorm")],
-        "sop": _dense("sop", "sop_classifier.classifier"),
-    }
+    def backbone(self, config: TransformerConfig) -> list[Entry]:
+        return [*self.embeddings(), *dense("encoder/projection", "albert.encoder.embedding_hidden_mapping_in"),
+                *encoder_layer("encoder/layer", f"albert.{self.layers}", self.layer_names)]
+
+
+ALBERT = AlbertNames(
+    "ALBERT", "albert", head_prefixes=("predictions.", "sop_classifier."), tied=TIED,
+    heads={"mlm": mlm_head("predictions.bias", "predictions.dense", "predictions.LayerNorm"),
+           "sop": dense("sop", "sop_classifier.classifier")},
+    layers="encoder.albert_layer_groups.0.albert_layers.0", pooler="pooler",
+    layer_names=("attention.query", "attention.key", "attention.value", "attention.dense", "attention.LayerNorm",
+                 "ffn", "ffn_output", "full_layer_layer_norm"))
 
 
 def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
@@ -101,22 +87,20 @@ def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     return param_shapes(AlbertForPreTraining, config, 4)
 
 
-# ---------------------------------------------------------------- HF -> ours
+# ---------------------------------------------------------------- both ways
 
 def albert_params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig, *,
                           require_heads: bool = False) -> dict:
     """Our AlbertForPreTraining tree from HF ALBERT tensors (names with or without `albert.`).
 
     Optional groups (pooler, MLM head, SOP head) absent from the checkpoint are left out of the
-    tree; with `require_heads` a missing MLM or SOP head raises instead.
+    tree (AlbertForMaskedLM has no pooler or SOP head, AlbertModel no heads); with `require_heads`
+    a missing MLM or SOP head raises instead.
     """
-    return encoder_params_from_hf(_normalize(tensors, "albert", HEAD_PREFIXES), config, albert_name_map(config),
-                                  TIED, "albert", "ALBERT", require_heads, ("mlm", "sop"), expected_shapes(config))
+    return ALBERT.params_from_hf(tensors, config, expected_shapes(config), require_heads)
 
-
-# ---------------------------------------------------------------- ours -> HF
 
 def albert_params_to_hf(params: Mapping, config: TransformerConfig) -> dict[str, np.ndarray]:
     """HF AlbertForPreTraining tensors from our tree (boxed or plain, with or without `params`),
     including the tied `predictions.decoder.*` copies when the MLM head is present."""
-    return encoder_params_to_hf(params, config, albert_name_map(config), TIED, "ALBERT", expected_shapes(config))
+    return ALBERT.params_to_hf(params, config, expected_shapes(config))

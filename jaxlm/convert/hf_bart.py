@@ -5,16 +5,20 @@ from typing import Mapping
 
 import numpy as np
 
-from jaxlm.convert.hf import (_dense, _listed, _norm, _plain, build_config, check_family, encoder_layer, flatten,
-                              param_shapes, read_config, read_tensors, to_hf, to_ours, unflatten)
-from jaxlm.convert.layout import stack_layers, unstack_layers
+from jaxlm.convert.hf import build_config, check_family, check_representable, param_shapes, read_config, read_tensors
+from jaxlm.convert.names import (Entry, attention, dense, encoder_layer, norm, params_from_hf, params_to_hf,
+                                 prefixed)
 from jaxlm.models.config import TransformerConfig
 
-Entry = tuple[str, str, str]
 SHARED = "model.shared.weight"
-TIED = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight")
+# Hugging Face keeps the one token table under three more names.
+TIED = {copy: SHARED for copy in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
+                                  "lm_head.weight")}
 LOGITS_BIAS = "final_logits_bias"
 ARCHITECTURE = "BartForConditionalGeneration"
+# What our config must say for a Hugging Face BART to hold the network.
+REPRESENTABLE = dict(family="bart", position_offset=2, position_embedding="learned", norm="layernorm",
+                     activation="gelu", use_bias=True, tie_embeddings=True, layer_norm_eps=1e-5)
 ENCODER_LAYER_NAMES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj",
                        "self_attn_layer_norm", "fc1", "fc2", "final_layer_norm")
 # Flags of older or related (mBART, Marian) configs that this network cannot reproduce when set.
@@ -70,22 +74,9 @@ def bart_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
     return build_config(fields, overrides)
 
 
-def check_representable(config: TransformerConfig) -> None:
-    """Raise unless a Hugging Face BART can hold a network with this config."""
-    wanted = dict(family="bart", position_offset=2, position_embedding="learned", norm="layernorm",
-                  activation="gelu", use_bias=True, tie_embeddings=True, layer_norm_eps=1e-5)
-    wrong = [f"model.{k}={getattr(config, k)!r} (needs {v!r})" for k, v in wanted.items() if getattr(config, k) != v]
-    if config.head_dim * config.num_heads != config.hidden_size:
-        wrong.append(f"model.head_size={config.head_size} (needs hidden_size / num_heads)")
-    if config.kv_heads != config.num_heads:
-        wrong.append(f"model.num_kv_heads={config.num_kv_heads} (needs 0 or num_heads)")
-    if wrong:
-        raise ValueError(f"this config has no Hugging Face BART equivalent: {'; '.join(wrong)}")
-
-
 def bart_config_to_hf(config: TransformerConfig) -> dict:
     """A config.json dict for transformers' BartForConditionalGeneration."""
-    check_representable(config)
+    check_representable(config, "BART", **REPRESENTABLE)
     eos = None if config.eos_token_id < 0 else config.eos_token_id
     return {
         "architectures": [ARCHITECTURE], "model_type": "bart", "vocab_size": config.vocab_size,
@@ -104,49 +95,38 @@ def bart_config_to_hf(config: TransformerConfig) -> dict:
 # ---------------------------------------------------------------- name map
 
 def _attention(ours: str, theirs: str) -> list[Entry]:
-    return [*_dense(f"{ours}/query", f"{theirs}.q_proj", "heads_in"),
-            *_dense(f"{ours}/key", f"{theirs}.k_proj", "heads_in"),
-            *_dense(f"{ours}/value", f"{theirs}.v_proj", "heads_in"),
-            *_dense(f"{ours}/output", f"{theirs}.out_proj", "heads_out")]
+    return attention(ours, [f"{theirs}.{n}" for n in ("q_proj", "k_proj", "v_proj", "out_proj")])
 
 
 def _decoder_layer(i: int) -> list[Entry]:
     ours, theirs = f"decoder/layer_{i}", f"model.decoder.layers.{i}"
     return [
         *_attention(f"{ours}/attention", f"{theirs}.self_attn"),
-        *_norm(f"{ours}/attention_norm", f"{theirs}.self_attn_layer_norm"),
+        *norm(f"{ours}/attention_norm", f"{theirs}.self_attn_layer_norm"),
         *_attention(f"{ours}/cross_attention", f"{theirs}.encoder_attn"),
-        *_norm(f"{ours}/cross_attention_norm", f"{theirs}.encoder_attn_layer_norm"),
-        *_dense(f"{ours}/mlp/intermediate", f"{theirs}.fc1"),
-        *_dense(f"{ours}/mlp/output", f"{theirs}.fc2"),
-        *_norm(f"{ours}/mlp_norm", f"{theirs}.final_layer_norm"),
+        *norm(f"{ours}/cross_attention_norm", f"{theirs}.encoder_attn_layer_norm"),
+        *dense(f"{ours}/mlp/intermediate", f"{theirs}.fc1"),
+        *dense(f"{ours}/mlp/output", f"{theirs}.fc2"),
+        *norm(f"{ours}/mlp_norm", f"{theirs}.final_layer_norm"),
     ]
 
 
 def _embeddings(stack: str) -> list[Entry]:
-    return [(f"{stack}/embeddings/position/embedding", f"model.{stack}.embed_positions.weight", "copy"),
-            *_norm(f"{stack}/embeddings/norm", f"model.{stack}.layernorm_embedding")]
+    return [Entry(f"{stack}/embeddings/position/embedding", f"model.{stack}.embed_positions.weight"),
+            *norm(f"{stack}/embeddings/norm", f"model.{stack}.layernorm_embedding")]
 
 
-def bart_name_map(config: TransformerConfig) -> list[Entry]:
-    """[(our '/'-joined loop-layout path, HF BartForConditionalGeneration name, layout kind)]."""
-    return [("shared/embedding", SHARED, "copy"), ("final_logits_bias", LOGITS_BIAS, "row"),
-            *_embeddings("encoder"),
-            *(e for i in range(config.num_layers)
-              for e in encoder_layer(i, "model.encoder.layers", ENCODER_LAYER_NAMES)),
-            *_embeddings("decoder"),
-            *(e for i in range(config.decoder_layers) for e in _decoder_layer(i))]
+def bart_name_map(config: TransformerConfig) -> dict[str, list[Entry]]:
+    """Group -> entries of BartForConditionalGeneration; `final_logits_bias` [1, V] is optional."""
+    return {
+        "model": [Entry("shared/embedding", SHARED), *_embeddings("encoder"),
+                  *(e for i in range(config.num_layers)
+                    for e in encoder_layer(f"encoder/layer_{i}", f"model.encoder.layers.{i}", ENCODER_LAYER_NAMES)),
+                  *_embeddings("decoder"),
+                  *(e for i in range(config.decoder_layers) for e in _decoder_layer(i))],
+        "logits_bias": [Entry("final_logits_bias", LOGITS_BIAS, "row")],
+    }
 
-
-def _to_ours(kind: str, x: np.ndarray, config: TransformerConfig) -> np.ndarray:
-    return x.reshape(-1) if kind == "row" else to_ours(kind, x, config)
-
-
-def _to_hf(kind: str, x: np.ndarray, config: TransformerConfig) -> np.ndarray:
-    return x.reshape(1, -1) if kind == "row" else to_hf(kind, x, config)
-
-
-# ---------------------------------------------------------------- shapes
 
 def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     """'/'-joined path -> shape of every parameter of our BART (no allocation)."""
@@ -155,65 +135,20 @@ def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     return param_shapes(BartForConditionalGeneration, config, 2)
 
 
-def _hf_shape(kind: str, shape: tuple[int, ...], config: TransformerConfig) -> tuple[int, ...]:
-    return tuple(_to_hf(kind, np.empty(shape, np.float32), config).shape)
-
-
-# ---------------------------------------------------------------- HF -> ours
-
-def _normalize(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A bare BartModel's names (no `model.` prefix) as BartForConditionalGeneration's."""
-    return {name if name.startswith("model.") or name in (LOGITS_BIAS, "lm_head.weight") else f"model.{name}": value
-            for name, value in tensors.items()}
-
-
-def _untie(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """`tensors` with the tied copies checked against the shared table and dropped."""
-    copies = [n for n in (SHARED, *TIED) if n in tensors]
-    if not copies:
-        return tensors
-    source = tensors[copies[0]]
-    for name in copies[1:]:
-        if not np.array_equal(tensors[name], source):
-            raise ValueError(f"{name} differs from {copies[0]}: jaxlm BART ties them, so this checkpoint "
-                             "cannot be represented")
-    out = {k: v for k, v in tensors.items() if k not in TIED}
-    out[SHARED] = source
-    return out
-
+# ---------------------------------------------------------------- both ways
 
 def bart_params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig) -> dict:
     """Our parameter tree (plain float32 numpy; scan layout when `config.scan_layers`) from HF BART
     tensors, with or without the `model.` prefix.
 
-    Hugging Face keeps one token table, `model.shared.weight`, under three more names (the encoder's
-    and decoder's `embed_tokens`, `lm_head`): those present must equal it, and any stands for it.
-    `final_logits_bias` [1, V] may be absent (zeros, as Hugging Face does)."""
-    tensors = _untie(_normalize(tensors))
-    entries = bart_name_map(config)
-    known = {theirs for _, theirs, _ in entries}
-    problems = []
-    unknown = sorted(n for n in tensors if n not in known)
-    if unknown:
-        problems.append(f"{len(unknown)} unexpected (jaxlm BART has no place for them): {_listed(unknown)}")
-    missing = [theirs for _, theirs, _ in entries if theirs not in tensors and theirs != LOGITS_BIAS]
-    if missing:
-        problems.append(f"{len(missing)} missing: {_listed(missing)}")
+    Of `model.shared.weight` and its tied copies (the encoder's and decoder's `embed_tokens`, `lm_head`)
+    those present must be equal, and any stands for the others. `final_logits_bias` may be absent
+    (zeros, as Hugging Face does)."""
     shapes = expected_shapes(config)
-    wrong = []
-    for ours, theirs, kind in entries:
-        want = _hf_shape(kind, shapes[ours], config)
-        if theirs in tensors and tuple(np.shape(tensors[theirs])) != want:
-            wrong.append(f"{theirs} -> {ours}: expected {want}, got {tuple(np.shape(tensors[theirs]))}")
-    if wrong:
-        problems.append(f"{len(wrong)} with the wrong shape for the config: {_listed(wrong)}")
-    if problems:
-        raise ValueError("checkpoint does not fit jaxlm BART: " + " | ".join(problems))
-    flat = {ours: np.ascontiguousarray(_to_ours(kind, np.asarray(tensors[theirs], np.float32), config))
-            for ours, theirs, kind in entries if theirs in tensors}
-    flat.setdefault("final_logits_bias", np.zeros(shapes["final_logits_bias"], np.float32))
-    tree = unflatten(flat)
-    return stack_layers(tree) if config.scan_layers else tree
+    tensors = prefixed(tensors, "model.", (LOGITS_BIAS, "lm_head.weight"))  # a bare BartModel's lack `model.`
+    params = params_from_hf(tensors, config, bart_name_map(config), shapes, "BART", tied=TIED)
+    params.setdefault("final_logits_bias", np.zeros(shapes["final_logits_bias"], np.float32))
+    return params
 
 
 def load_hf_bart(model_dir, **config_overrides) -> tuple[TransformerConfig, dict]:
@@ -222,26 +157,8 @@ def load_hf_bart(model_dir, **config_overrides) -> tuple[TransformerConfig, dict
     return config, bart_params_from_hf(read_tensors(model_dir), config)
 
 
-# ---------------------------------------------------------------- ours -> HF
-
 def bart_params_to_hf(params: Mapping, config: TransformerConfig) -> dict[str, np.ndarray]:
     """HF BartForConditionalGeneration tensors from our tree (boxed or plain, with or without
     `params`, loop or scan layout as `config.scan_layers` says), the tied copies included."""
-    check_representable(config)
-    tree = _plain(params)
-    if config.scan_layers:
-        tree = unstack_layers(tree)
-    flat = {path: np.asarray(value, np.float32) for path, value in flatten(tree)}
-    entries = bart_name_map(config)
-    shapes = expected_shapes(config)
-    unknown = sorted(set(flat) - set(shapes))
-    missing = sorted(set(shapes) - set(flat))
-    wrong = [f"{p}: expected {shapes[p]}, got {flat[p].shape}" for p in sorted(set(flat) & set(shapes))
-             if flat[p].shape != shapes[p]]
-    if unknown or missing or wrong:
-        raise ValueError("parameters do not fit jaxlm BART with this config: "
-                         f"unexpected: {_listed(unknown) or 'none'} | missing: {_listed(missing) or 'none'} | "
-                         f"wrong shape: {_listed(wrong) or 'none'}")
-    tensors = {theirs: np.ascontiguousarray(_to_hf(kind, flat[ours], config)) for ours, theirs, kind in entries}
-    tensors.update({name: tensors[SHARED].copy() for name in TIED})
-    return tensors
+    check_representable(config, "BART", **REPRESENTABLE)
+    return params_to_hf(params, config, bart_name_map(config), expected_shapes(config), "BART", tied=TIED)

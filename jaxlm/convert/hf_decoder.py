@@ -1,10 +1,9 @@
 """Hugging Face GPT-2 and Llama checkpoints <-> jaxlm decoders: config, tensor names, layouts, shapes.
 
 Parameter trees are plain nested dicts of float32 numpy arrays laid out like the ``params``
-collection of :class:`jaxlm.models.decoder.CausalLM`. The map goes from each Hugging Face tensor
-to one or more of our parameters (GPT-2 fuses query, key and value into one ``c_attn``), with a
-layout kind that says how to convert it both ways. GPT-2 stores ``Conv1D`` weights as
-[in, out] (our layout, no transpose); Llama stores ``nn.Linear`` weights as [out, in].
+collection of :class:`jaxlm.models.decoder.CausalLM`. A Hugging Face tensor may hold several of
+our parameters (GPT-2 fuses query, key and value into one ``c_attn``). GPT-2 stores ``Conv1D`` weights
+as [in, out] (our layout, no transpose); Llama stores ``nn.Linear`` weights as [out, in].
 """
 from __future__ import annotations
 
@@ -12,14 +11,14 @@ from typing import Mapping
 
 import numpy as np
 
-from jaxlm.convert.hf import (_listed, _plain, build_config, check_family, check_representable, flatten, param_shapes,
-                              read_config, read_tensors, unflatten)
+from jaxlm.convert.hf import build_config, check_family, check_representable, param_shapes, read_config, read_tensors
+from jaxlm.convert.names import Entry, attention, dense, norm, params_from_hf, params_to_hf, prefixed
 from jaxlm.models.config import TransformerConfig
 
-Entry = tuple[str, tuple[str, ...], str]
 GPT2_BUFFERS = (".attn.bias", ".attn.masked_bias")
 LLAMA_BUFFERS = (".rotary_emb.inv_freq",)
 LM_HEAD = "lm_head.weight"
+GPT2_TOKENS, LLAMA_TOKENS = "transformer.wte.weight", "model.embed_tokens.weight"
 
 
 # ---------------------------------------------------------------- config
@@ -119,86 +118,46 @@ def llama_config_to_hf(config: TransformerConfig) -> dict:
             "tie_word_embeddings": config.tie_embeddings, **_token_ids(config)}
 
 
-# ---------------------------------------------------------------- layouts
-
-def _split_heads(x, cfg):
-    return x.reshape(*x.shape[:-1], -1, cfg.head_dim)
-
-
-def _qkv_to_ours(x, cfg):
-    return tuple(_split_heads(part, cfg) for part in np.split(x, 3, axis=-1))
-
-
-def _qkv_to_hf(xs, cfg):
-    return np.concatenate([x.reshape(*x.shape[:-2], -1) for x in xs], axis=-1)
-
-
-LAYOUTS = {
-    "copy": (lambda x, cfg: (x,), lambda xs, cfg: xs[0]),
-    "linear": (lambda x, cfg: (x.T,), lambda xs, cfg: xs[0].T),
-    "linear_heads_in": (lambda x, cfg: (_split_heads(x.T, cfg),),
-                        lambda xs, cfg: xs[0].reshape(cfg.hidden_size, -1).T),
-    "linear_heads_out": (lambda x, cfg: (x.T.reshape(-1, cfg.head_dim, cfg.hidden_size),),
-                         lambda xs, cfg: xs[0].reshape(-1, cfg.hidden_size).T),
-    "conv_heads_out": (lambda x, cfg: (x.reshape(-1, cfg.head_dim, cfg.hidden_size),),
-                       lambda xs, cfg: xs[0].reshape(-1, cfg.hidden_size)),
-    "qkv": (_qkv_to_ours, _qkv_to_hf),
-}
-
-
 # ---------------------------------------------------------------- name maps
 
-def _head(config: TransformerConfig) -> list[Entry]:
-    return [] if config.tie_embeddings else [(LM_HEAD, ("lm_head",), "linear")]
-
-
 def gpt2_name_map(config: TransformerConfig) -> list[Entry]:
-    """[(HF GPT2LMHeadModel name, our '/'-joined paths, layout kind)]."""
-    entries = [("transformer.wte.weight", ("decoder/token/embedding",), "copy"),
-               ("transformer.wpe.weight", ("decoder/position/embedding",), "copy")]
+    """Every tensor of HF GPT2LMHeadModel but a tied `lm_head.weight`."""
+    entries = [Entry("decoder/token/embedding", "transformer.wte.weight"),
+               Entry("decoder/position/embedding", "transformer.wpe.weight")]
     for i in range(config.num_layers):
         ours, theirs = f"decoder/layer_{i}", f"transformer.h.{i}"
         qkv = tuple(f"{ours}/attention/{n}" for n in ("query", "key", "value"))
         entries += [
-            (f"{theirs}.ln_1.weight", (f"{ours}/attention_norm/scale",), "copy"),
-            (f"{theirs}.ln_1.bias", (f"{ours}/attention_norm/bias",), "copy"),
-            (f"{theirs}.attn.c_attn.weight", tuple(f"{p}/kernel" for p in qkv), "qkv"),
-            (f"{theirs}.attn.c_attn.bias", tuple(f"{p}/bias" for p in qkv), "qkv"),
-            (f"{theirs}.attn.c_proj.weight", (f"{ours}/attention/output/kernel",), "conv_heads_out"),
-            (f"{theirs}.attn.c_proj.bias", (f"{ours}/attention/output/bias",), "copy"),
-            (f"{theirs}.ln_2.weight", (f"{ours}/mlp_norm/scale",), "copy"),
-            (f"{theirs}.ln_2.bias", (f"{ours}/mlp_norm/bias",), "copy"),
-            (f"{theirs}.mlp.c_fc.weight", (f"{ours}/mlp/intermediate/kernel",), "copy"),
-            (f"{theirs}.mlp.c_fc.bias", (f"{ours}/mlp/intermediate/bias",), "copy"),
-            (f"{theirs}.mlp.c_proj.weight", (f"{ours}/mlp/output/kernel",), "copy"),
-            (f"{theirs}.mlp.c_proj.bias", (f"{ours}/mlp/output/bias",), "copy"),
+            *norm(f"{ours}/attention_norm", f"{theirs}.ln_1"),
+            Entry(tuple(f"{p}/kernel" for p in qkv), f"{theirs}.attn.c_attn.weight", "qkv"),
+            Entry(tuple(f"{p}/bias" for p in qkv), f"{theirs}.attn.c_attn.bias", "qkv"),
+            *dense(f"{ours}/attention/output", f"{theirs}.attn.c_proj", "conv_heads_out"),
+            *norm(f"{ours}/mlp_norm", f"{theirs}.ln_2"),
+            *dense(f"{ours}/mlp/intermediate", f"{theirs}.mlp.c_fc", "copy"),
+            *dense(f"{ours}/mlp/output", f"{theirs}.mlp.c_proj", "copy"),
         ]
-    entries += [("transformer.ln_f.weight", ("decoder/final_norm/scale",), "copy"),
-                ("transformer.ln_f.bias", ("decoder/final_norm/bias",), "copy")]
-    return entries + _head(config)
+    return entries + norm("decoder/final_norm", "transformer.ln_f") + _head(config)
 
 
 def llama_name_map(config: TransformerConfig) -> list[Entry]:
-    """[(HF LlamaForCausalLM name, our '/'-joined paths, layout kind)]."""
-    entries = [("model.embed_tokens.weight", ("decoder/token/embedding",), "copy")]
+    """Every tensor of HF LlamaForCausalLM but a tied `lm_head.weight`."""
+    entries = [Entry("decoder/token/embedding", "model.embed_tokens.weight")]
     for i in range(config.num_layers):
         ours, theirs = f"decoder/layer_{i}", f"model.layers.{i}"
+        projections = [f"{theirs}.self_attn.{n}_proj" for n in ("q", "k", "v", "o")]
         entries += [
-            (f"{theirs}.input_layernorm.weight", (f"{ours}/attention_norm/scale",), "copy"),
-            (f"{theirs}.self_attn.q_proj.weight", (f"{ours}/attention/query/kernel",), "linear_heads_in"),
-            (f"{theirs}.self_attn.k_proj.weight", (f"{ours}/attention/key/kernel",), "linear_heads_in"),
-            (f"{theirs}.self_attn.v_proj.weight", (f"{ours}/attention/value/kernel",), "linear_heads_in"),
-            (f"{theirs}.self_attn.o_proj.weight", (f"{ours}/attention/output/kernel",), "linear_heads_out"),
-            (f"{theirs}.post_attention_layernorm.weight", (f"{ours}/mlp_norm/scale",), "copy"),
-            (f"{theirs}.mlp.gate_proj.weight", (f"{ours}/mlp/gate/kernel",), "linear"),
-            (f"{theirs}.mlp.up_proj.weight", (f"{ours}/mlp/up/kernel",), "linear"),
-            (f"{theirs}.mlp.down_proj.weight", (f"{ours}/mlp/down/kernel",), "linear"),
+            Entry(f"{ours}/attention_norm/scale", f"{theirs}.input_layernorm.weight"),
+            *attention(f"{ours}/attention", projections, bias=False),
+            Entry(f"{ours}/mlp_norm/scale", f"{theirs}.post_attention_layernorm.weight"),
+            *(entry for n in ("gate", "up", "down")
+              for entry in dense(f"{ours}/mlp/{n}", f"{theirs}.mlp.{n}_proj", bias=False)),
         ]
-    entries += [("model.norm.weight", ("decoder/final_norm/scale",), "copy")]
-    return entries + _head(config)
+    return entries + [Entry("decoder/final_norm/scale", "model.norm.weight")] + _head(config)
 
 
-# ---------------------------------------------------------------- shapes
+def _head(config: TransformerConfig) -> list[Entry]:
+    return [] if config.tie_embeddings else [Entry("lm_head", LM_HEAD, "linear")]
+
 
 def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     """'/'-joined path -> shape of every parameter of our CausalLM (no allocation)."""
@@ -207,87 +166,34 @@ def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     return param_shapes(CausalLM, config, 1)
 
 
-def _hf_shape(kind: str, shapes: list[tuple[int, ...]], config: TransformerConfig) -> tuple[int, ...]:
-    return tuple(LAYOUTS[kind][1]([np.empty(s, np.float32) for s in shapes], config).shape)
+# ---------------------------------------------------------------- both ways
 
-
-# ---------------------------------------------------------------- HF -> ours
-
-def _normalize(tensors: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
-    """Backbone-only checkpoints (GPT2Model, LlamaModel) name tensors without the `prefix`."""
-    return {name if name.startswith(prefix) or name == LM_HEAD else prefix + name: value
-            for name, value in tensors.items()}
-
-
-def _params_from_hf(tensors, config, entries, source, buffers) -> dict:
-    if config.tie_embeddings and LM_HEAD in tensors:
-        if source in tensors and not np.array_equal(tensors[LM_HEAD], tensors[source]):
-            raise ValueError(f"{LM_HEAD} differs from {source} but the config ties them "
-                             "(tie_word_embeddings=True), so this checkpoint cannot be represented")
-        tensors = {k: v for k, v in tensors.items() if k != LM_HEAD}
-    return entries_to_params(tensors, config, entries, expected_shapes(config), "decoder", buffers)
-
-
-def entries_to_params(tensors: Mapping[str, np.ndarray], config: TransformerConfig, entries: list[Entry],
-                      shapes: Mapping[str, tuple[int, ...]], model: str, ignored: tuple[str, ...] = ()) -> dict:
-    """Our loop-layout tree from HF tensors through `entries` (HF name, our paths, layout kind), our
-    parameters having `shapes`; raises ValueError listing unknown (except names ending in `ignored`),
-    missing and wrongly shaped tensors."""
-    known = {theirs for theirs, _, _ in entries}
-    unknown = sorted(n for n in tensors if n not in known and not n.endswith(ignored))
-    if unknown:
-        raise ValueError(f"checkpoint tensors the {model} has no place for: {_listed(unknown)}")
-    missing = [theirs for theirs, _, _ in entries if theirs not in tensors]
-    if missing:
-        raise ValueError(f"checkpoint lacks {len(missing)} tensors the config needs: {_listed(missing)}")
-    wrong = []
-    for theirs, ours, kind in entries:
-        want, got = _hf_shape(kind, [shapes[p] for p in ours], config), tuple(np.shape(tensors[theirs]))
-        if got != want:
-            wrong.append(f"{theirs} -> {', '.join(ours)}: expected {want}, got {got}")
-    if wrong:
-        raise ValueError(f"checkpoint does not fit the config ({len(wrong)} shape mismatches): {_listed(wrong)}")
-    flat = {}
-    for theirs, ours, kind in entries:
-        values = LAYOUTS[kind][0](np.asarray(tensors[theirs], np.float32), config)
-        flat.update({p: np.ascontiguousarray(v) for p, v in zip(ours, values)})
-    return unflatten(flat)
+def _tied(config: TransformerConfig, source: str) -> dict[str, str]:
+    return {LM_HEAD: source} if config.tie_embeddings else {}
 
 
 def gpt2_params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig) -> dict:
     """Our CausalLM parameter tree from HF GPT-2 tensors (names with or without `transformer.`)."""
-    return _params_from_hf(_normalize(tensors, "transformer."), config, gpt2_name_map(config),
-                           "transformer.wte.weight", GPT2_BUFFERS)
+    return params_from_hf(prefixed(tensors, "transformer.", (LM_HEAD,)), config, {"model": gpt2_name_map(config)},
+                          expected_shapes(config), "GPT-2", tied=_tied(config, GPT2_TOKENS), ignored=GPT2_BUFFERS)
 
 
 def llama_params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig) -> dict:
     """Our CausalLM parameter tree from HF Llama tensors (names with or without `model.`)."""
-    return _params_from_hf(_normalize(tensors, "model."), config, llama_name_map(config),
-                           "model.embed_tokens.weight", LLAMA_BUFFERS)
-
-
-# ---------------------------------------------------------------- ours -> HF
-
-def _params_to_hf(params, config, entries, source) -> dict[str, np.ndarray]:
-    flat = {path: np.asarray(value, np.float32) for path, value in flatten(_plain(params))}
-    unknown = sorted(set(flat) - {p for _, ours, _ in entries for p in ours})
-    if unknown:
-        raise ValueError(f"parameters with no Hugging Face name: {_listed(unknown)}")
-    tensors = {theirs: np.ascontiguousarray(LAYOUTS[kind][1]([flat[p] for p in ours], config))
-               for theirs, ours, kind in entries}
-    if config.tie_embeddings:
-        tensors[LM_HEAD] = tensors[source].copy()
-    return tensors
+    return params_from_hf(prefixed(tensors, "model.", (LM_HEAD,)), config, {"model": llama_name_map(config)},
+                          expected_shapes(config), "Llama", tied=_tied(config, LLAMA_TOKENS), ignored=LLAMA_BUFFERS)
 
 
 def gpt2_params_to_hf(params: Mapping, config: TransformerConfig) -> dict[str, np.ndarray]:
     """HF GPT2LMHeadModel tensors (with the tied `lm_head.weight`) from our tree, boxed or plain."""
-    return _params_to_hf(params, config, gpt2_name_map(config), "transformer.wte.weight")
+    return params_to_hf(params, config, {"model": gpt2_name_map(config)}, expected_shapes(config), "GPT-2",
+                        tied=_tied(config, GPT2_TOKENS))
 
 
 def llama_params_to_hf(params: Mapping, config: TransformerConfig) -> dict[str, np.ndarray]:
     """HF LlamaForCausalLM tensors from our tree, boxed or plain."""
-    return _params_to_hf(params, config, llama_name_map(config), "model.embed_tokens.weight")
+    return params_to_hf(params, config, {"model": llama_name_map(config)}, expected_shapes(config), "Llama",
+                        tied=_tied(config, LLAMA_TOKENS))
 
 
 # ---------------------------------------------------------------- loading a directory

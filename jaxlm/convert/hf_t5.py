@@ -5,14 +5,13 @@ from typing import Mapping
 
 import numpy as np
 
-from jaxlm.convert.hf import _listed, _plain, build_config, check_family, flatten, param_shapes
-from jaxlm.convert.hf_decoder import LAYOUTS, entries_to_params
-from jaxlm.convert.layout import stack_layers, unstack_layers
+from jaxlm.convert.hf import build_config, check_family, check_representable, param_shapes
+from jaxlm.convert.names import Entry, attention, dense, fold_copies, params_from_hf, params_to_hf
 from jaxlm.models.config import TransformerConfig
 
-Entry = tuple[str, str, str]
 SHARED, LM_HEAD = "shared.weight", "lm_head.weight"
 EMBED_COPIES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
+# An unused table transformers creates but never reads.
 IGNORED = ("decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight",)
 FEED_FORWARD = {"relu": "relu", "gated-gelu": "geglu"}
 
@@ -56,7 +55,8 @@ def t5_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
 
 def t5_config_to_hf(config: TransformerConfig) -> dict:
     """A Hugging Face T5 config.json dict (T5Config(**d) and AutoConfig accept it)."""
-    _check_representable(config)
+    check_representable(config, "T5", any_head_size=True, family="t5", position_embedding="relative", norm="rmsnorm",
+                        use_bias=False, activation=tuple(FEED_FORWARD.values()))
     return {
         "architectures": ["T5ForConditionalGeneration"], "model_type": "t5",
         "vocab_size": config.vocab_size, "d_model": config.hidden_size, "d_kv": config.head_dim,
@@ -74,50 +74,46 @@ def t5_config_to_hf(config: TransformerConfig) -> dict:
     }
 
 
-def _check_representable(config: TransformerConfig) -> None:
-    wanted = dict(family="t5", position_embedding="relative", norm="rmsnorm", use_bias=False)
-    wrong = [f"{k}={getattr(config, k)!r} (T5 needs {v!r})" for k, v in wanted.items() if getattr(config, k) != v]
-    if config.activation not in FEED_FORWARD.values():
-        wrong.append(f"activation={config.activation!r} (T5 has 'relu' or 'geglu')")
-    if config.kv_heads != config.num_heads:
-        wrong.append(f"num_kv_heads={config.num_kv_heads} (T5 has plain multi-head attention)")
-    if wrong:
-        raise ValueError(f"this config has no Hugging Face T5 equivalent: {'; '.join(wrong)}")
-
-
 # ---------------------------------------------------------------- name map
 
 def _attention(ours: str, theirs: str) -> list[Entry]:
-    return [(f"{theirs}.{t}.weight", f"{ours}/{o}/kernel", "linear_heads_in")
-            for t, o in (("q", "query"), ("k", "key"), ("v", "value"))] + [
-        (f"{theirs}.o.weight", f"{ours}/output/kernel", "linear_heads_out")]
+    return attention(ours, [f"{theirs}.{n}" for n in ("q", "k", "v", "o")], bias=False)
 
 
 def _mlp(ours: str, theirs: str, config: TransformerConfig) -> list[Entry]:
     names = (("wi_0", "gate"), ("wi_1", "up"), ("wo", "down")) if config.gated_mlp else (
         ("wi", "intermediate"), ("wo", "output"))
-    return [(f"{theirs}.DenseReluDense.{t}.weight", f"{ours}/mlp/{o}/kernel", "linear") for t, o in names] + [
-        (f"{theirs}.layer_norm.weight", f"{ours}/mlp_norm/scale", "copy")]
+    return [e for t, o in names for e in dense(f"{ours}/mlp/{o}", f"{theirs}.DenseReluDense.{t}", bias=False)] + [
+        Entry(f"{ours}/mlp_norm/scale", f"{theirs}.layer_norm.weight")]
 
 
 def t5_name_map(config: TransformerConfig) -> list[Entry]:
-    """[(HF T5ForConditionalGeneration name, our '/'-joined loop-layout path, layout kind)]."""
-    entries = [(SHARED, "shared/embedding", "copy")]
+    """Every tensor of HF T5ForConditionalGeneration but the tied copies of `shared.weight`."""
+    entries = [Entry("shared/embedding", SHARED)]
     for stack, count in (("encoder", config.num_layers), ("decoder", config.decoder_layers)):
-        entries.append((f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
-                        f"{stack}/relative_bias/embedding", "copy"))
+        entries.append(Entry(f"{stack}/relative_bias/embedding",
+                             f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"))
         for i in range(count):
             ours, theirs = f"{stack}/layer_{i}", f"{stack}.block.{i}.layer"
             entries += _attention(f"{ours}/self_attention", f"{theirs}.0.SelfAttention")
-            entries.append((f"{theirs}.0.layer_norm.weight", f"{ours}/self_attention_norm/scale", "copy"))
+            entries.append(Entry(f"{ours}/self_attention_norm/scale", f"{theirs}.0.layer_norm.weight"))
             if stack == "decoder":
                 entries += _attention(f"{ours}/cross_attention", f"{theirs}.1.EncDecAttention")
-                entries.append((f"{theirs}.1.layer_norm.weight", f"{ours}/cross_attention_norm/scale", "copy"))
+                entries.append(Entry(f"{ours}/cross_attention_norm/scale", f"{theirs}.1.layer_norm.weight"))
             entries += _mlp(ours, f"{theirs}.{2 if stack == 'decoder' else 1}", config)
-        entries.append((f"{stack}.final_layer_norm.weight", f"{stack}/final_norm/scale", "copy"))
+        entries.append(Entry(f"{stack}/final_norm/scale", f"{stack}.final_layer_norm.weight"))
     if not config.tie_embeddings:
-        entries.append((LM_HEAD, "lm_head", "linear"))
+        entries.append(Entry("lm_head", LM_HEAD, "linear"))
     return entries
+
+
+def _tied(config: TransformerConfig) -> dict[str, str]:
+    """The copies of `shared.weight`: the embedding tables, and the LM head of a v1.0 (tied) config."""
+    return {copy: SHARED for copy in EMBED_COPIES + ((LM_HEAD,) if config.tie_embeddings else ())}
+
+
+def _model(config: TransformerConfig) -> str:
+    return "T5 v1.0" if config.tie_embeddings else "T5 v1.1"
 
 
 def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
@@ -127,56 +123,22 @@ def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     return param_shapes(T5ForConditionalGeneration, config, 2)
 
 
-# ---------------------------------------------------------------- HF -> ours
-
-def _fold_copies(tensors: Mapping[str, np.ndarray], config: TransformerConfig) -> dict[str, np.ndarray]:
-    """`tensors` with the repeated embedding tables checked against `shared.weight` and dropped."""
-    tensors = dict(tensors)
-    copies = EMBED_COPIES + ((LM_HEAD,) if config.tie_embeddings else ())
-    if SHARED not in tensors:
-        found = [name for name in copies if name in tensors]
-        if found:
-            tensors[SHARED] = tensors[found[0]]
-    for name in copies:
-        copy = tensors.pop(name, None)
-        if copy is not None and not np.array_equal(copy, tensors[SHARED]):
-            raise ValueError(f"{name} differs from {SHARED}, but jaxlm T5 shares one embedding table"
-                             + (" with a tied LM head (the config says v1.0: tie_word_embeddings / "
-                                "scale_decoder_outputs)" if name == LM_HEAD else ""))
-    if not config.tie_embeddings and LM_HEAD not in tensors and SHARED in tensors:
-        tensors[LM_HEAD] = tensors[SHARED]  # Hugging Face ties a head the checkpoint lacks to the embeddings
-    for name in IGNORED:
-        tensors.pop(name, None)
-    return tensors
-
+# ---------------------------------------------------------------- both ways
 
 def t5_params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig) -> dict:
     """Our T5 parameter tree (plain float32 numpy; scan layout when `config.scan_layers`) from HF
     T5ForConditionalGeneration tensors; raises ValueError listing unknown, missing and wrongly shaped
     tensors. The repeated embedding tables must equal `shared.weight`; an untied config without
     `lm_head.weight` takes `shared.weight` as its head, as transformers does."""
-    entries = [(theirs, (ours,), kind) for theirs, ours, kind in t5_name_map(config)]
-    params = entries_to_params(_fold_copies(tensors, config), config, entries, expected_shapes(config), "T5")
-    return stack_layers(params) if config.scan_layers else params
+    tensors = fold_copies(tensors, _tied(config), _model(config))
+    if not config.tie_embeddings and LM_HEAD not in tensors and SHARED in tensors:
+        tensors[LM_HEAD] = tensors[SHARED]  # Hugging Face ties a head the checkpoint lacks to the embeddings
+    return params_from_hf(tensors, config, {"model": t5_name_map(config)}, expected_shapes(config), _model(config),
+                          ignored=IGNORED)
 
-
-# ---------------------------------------------------------------- ours -> HF
 
 def t5_params_to_hf(params: Mapping, config: TransformerConfig) -> dict[str, np.ndarray]:
     """The full HF T5ForConditionalGeneration state dict (embedding copies and `lm_head.weight`
     included) from our tree: boxed or plain, with or without `params`, loop or scan layout per config."""
-    plain = _plain(params)
-    if config.scan_layers:
-        plain = unstack_layers(plain)
-    flat = {path: np.asarray(value, np.float32) for path, value in flatten(plain)}
-    entries = t5_name_map(config)
-    unknown = sorted(set(flat) - {ours for _, ours, _ in entries})
-    if unknown:
-        raise ValueError(f"parameters with no Hugging Face T5 name: {_listed(unknown)}")
-    missing = [ours for _, ours, _ in entries if ours not in flat]
-    if missing:
-        raise ValueError(f"parameter tree lacks {len(missing)} parameters the config needs: {_listed(missing)}")
-    tensors = {theirs: np.ascontiguousarray(LAYOUTS[kind][1]([flat[ours]], config)) for theirs, ours, kind in entries}
-    for name in EMBED_COPIES + ((LM_HEAD,) if config.tie_embeddings else ()):
-        tensors[name] = tensors[SHARED].copy()
-    return tensors
+    return params_to_hf(params, config, {"model": t5_name_map(config)}, expected_shapes(config), _model(config),
+                        tied=_tied(config))

@@ -6,9 +6,10 @@ from jaxlm.models.heads import BertForPreTraining, MaskedLM
 from jaxlm.models.albert import AlbertEncoder, AlbertForPreTraining
 from jaxlm.models.spanbert import SpanBertForPreTraining, SpanBoundaryHead
 from jaxlm.models.decoder import CausalLM, Decoder
+from jaxlm.models.seq2seq import EncoderDecoder
 from jaxlm.models.t5 import T5ForConditionalGeneration
 from jaxlm.models.bart import BartForConditionalGeneration, shift_tokens_right
 
 __all__ = ["PRESETS", "AlbertEncoder", "AlbertForPreTraining", "BartForConditionalGeneration", "BertEncoder",
-           "BertForPreTraining", "CausalLM", "Decoder", "MaskedLM", "SpanBertForPreTraining", "SpanBoundaryHead",
-           "T5ForConditionalGeneration", "TransformerConfig", "model_config", "shift_tokens_right"]
+           "BertForPreTraining", "CausalLM", "Decoder", "EncoderDecoder", "MaskedLM", "SpanBertForPreTraining",
+           "SpanBoundaryHead", "T5ForConditionalGeneration", "TransformerConfig", "model_config", "shift_tokens_right"]

@@ -8,6 +8,7 @@ import numpy as np
 
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.encoder import EncoderLayer
+from jaxlm.models.seq2seq import EncoderDecoder
 from jaxlm.nn.attention import Attention
 from jaxlm.nn.embed import Embed
 from jaxlm.nn.layers import LayerNorm, Mlp, zeros_init
@@ -96,20 +97,14 @@ class BartDecoder(nn.Module):
         self.embeddings = BartEmbeddings(self.config)
         self.layers = make_layers(BartDecoderLayer, self.config, self.config.decoder_layers, static_args=(5, 6))
 
-    def __call__(self, tokens, positions, encoder_states, encoder_mask, padding_mask, deterministic: bool,
+    def __call__(self, tokens, positions, padding_mask, encoder_states, encoder_mask, deterministic: bool,
                  decode: bool) -> jax.Array:
         x = self.embeddings(tokens, positions, deterministic)
         return run_layers(self.layers, x, encoder_states, encoder_mask, padding_mask, deterministic, decode)
 
 
-class BartForConditionalGeneration(nn.Module):
-    """BART with its LM head: (source ids [B, Ts], decoder ids [B, Td]) -> logits [B, Td, V] in float32.
-
-    Masks are true at real (right-padded) tokens. `encode` and `decode` split the forward pass for
-    generation; `decode=True` runs the decoder's self-attention on a KV cache (see `Attention`).
-    """
-
-    config: TransformerConfig
+class BartForConditionalGeneration(EncoderDecoder):
+    """BART with its LM head: (source ids [B, Ts], decoder ids [B, Td]) -> logits [B, Td, V] in float32."""
 
     def setup(self):
         cfg = self.config
@@ -119,34 +114,8 @@ class BartForConditionalGeneration(nn.Module):
         self.final_logits_bias = self.param("final_logits_bias", zeros_init(("vocab",)), (cfg.vocab_size,),
                                             jnp.dtype(cfg.param_dtype))
 
-    def __call__(self, input_ids, decoder_input_ids, padding_mask=None, decoder_padding_mask=None,
-                 deterministic: bool = True) -> jax.Array:
-        states = self.encode(input_ids, padding_mask, deterministic)
-        return self.decode(decoder_input_ids, states, padding_mask, None, decoder_padding_mask, deterministic)
+    def check_length(self, length: int, what: str) -> None:
+        check_length(length, self.config, what)
 
-    def encode(self, input_ids, padding_mask=None, deterministic: bool = True) -> jax.Array:
-        """Encoder states [B, Ts, E] of source ids [B, Ts]."""
-        check_length(input_ids.shape[1], self.config, "input_ids")
-        mask = None if padding_mask is None else padding_mask.astype(bool)
-        return self.encoder(self.shared(input_ids), mask, deterministic)
-
-    def decode(self, decoder_input_ids, encoder_states, padding_mask=None, decoder_positions=None,
-               decoder_padding_mask=None, deterministic: bool = True, decode: bool = False) -> jax.Array:
-        """Logits [B, Td, V] of decoder ids [B, Td] over encoder states; `padding_mask` is the encoder's.
-
-        With `decode=True` the first call (ids [B, max_len], `mutable=["cache"]`) creates the cache;
-        each later call must give `decoder_positions` [B, Td], the absolute positions of its tokens,
-        and `decoder_padding_mask`, if any, covers the cache slots [B, max_len].
-        """
-        if decoder_positions is None:
-            if decode and "cache" in self.variables:
-                raise ValueError("decode=True on an existing cache needs decoder_positions [batch, length]: "
-                                 "the absolute positions of these tokens")
-            check_length(decoder_input_ids.shape[1], self.config, "decoder_input_ids")
-            decoder_positions = jnp.broadcast_to(jnp.arange(decoder_input_ids.shape[1]), decoder_input_ids.shape)
-        encoder_mask = None if padding_mask is None else padding_mask.astype(bool)
-        decoder_mask = None if decoder_padding_mask is None else decoder_padding_mask.astype(bool)
-        hidden = self.decoder(self.shared(decoder_input_ids), decoder_positions, encoder_states, encoder_mask,
-                              decoder_mask, deterministic, decode)
-        logits = self.shared.attend(hidden).astype(jnp.float32) + self.final_logits_bias.astype(jnp.float32)
-        return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        return self.shared.attend(hidden).astype(jnp.float32) + self.final_logits_bias.astype(jnp.float32)

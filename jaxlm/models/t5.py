@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxlm.models.config import TransformerConfig
+from jaxlm.models.seq2seq import EncoderDecoder
 from jaxlm.nn.attention import Attention
 from jaxlm.nn.embed import Embed
 from jaxlm.nn.layers import mlp_block, normal_init, norm_layer
@@ -138,23 +139,18 @@ class T5Decoder(nn.Module):
         return lengths[0] if lengths else None
 
 
-class T5ForConditionalGeneration(nn.Module):
+class T5ForConditionalGeneration(EncoderDecoder):
     """T5 with its LM head: (source ids [B, Ts], decoder ids [B, Td]) -> logits [B, Td, V] in float32.
 
     v1.0: ReLU MLP, LM head tied to the shared embeddings, decoder states rescaled by
     hidden_size**-0.5 before it. v1.1: gated tanh-GELU MLP (`activation="geglu"`), its own `lm_head`
     (`tie_embeddings=False`), no rescaling. Attention logits are not scaled by 1/sqrt(head_dim); each
     stack's `relative_bias` table makes one bias per forward pass for all its self-attention layers.
-
-    Masks are true at real (right-padded) tokens. `encode` and `decode` split the forward pass for
-    generation; `decode=True` runs the decoder's self-attention on a KV cache (see `Attention`);
-    cross-attention recomputes its keys and values from the encoder states on every call.
+    Cross-attention recomputes its keys and values from the encoder states on every `decode` call.
 
     T5's presets initialise as T5 does: tables normal(1.0), kernels normal(1 / sqrt(fan_in))
     (`fan_in_init`, initializer_range 1.0).
     """
-
-    config: TransformerConfig
 
     def setup(self):
         cfg = self.config
@@ -165,35 +161,9 @@ class T5ForConditionalGeneration(nn.Module):
             self.lm_head = self.param("lm_head", normal_init(cfg, ("embed", "vocab")),
                                       (cfg.hidden_size, cfg.vocab_size), jnp.dtype(cfg.param_dtype))
 
-    def __call__(self, input_ids, decoder_input_ids, padding_mask=None, decoder_padding_mask=None,
-                 deterministic: bool = True) -> jax.Array:
-        states = self.encode(input_ids, padding_mask, deterministic)
-        return self.decode(decoder_input_ids, states, padding_mask, None, decoder_padding_mask, deterministic)
-
-    def encode(self, input_ids, padding_mask=None, deterministic: bool = True) -> jax.Array:
-        """Encoder states [B, Ts, E] of source ids [B, Ts]."""
-        mask = None if padding_mask is None else padding_mask.astype(bool)
-        return self.encoder(self.shared(input_ids), mask, deterministic)
-
-    def decode(self, decoder_input_ids, encoder_states, padding_mask=None, decoder_positions=None,
-               decoder_padding_mask=None, deterministic: bool = True, decode: bool = False) -> jax.Array:
-        """Logits [B, Td, V] of decoder ids [B, Td] over encoder states; `padding_mask` is the encoder's.
-
-        With `decode=True` the first call (ids [B, max_len], `mutable=["cache"]`) creates the cache;
-        each later call must give `decoder_positions` [B, Td], the absolute positions of its tokens,
-        and `decoder_padding_mask`, if any, covers the cache slots [B, max_len].
-        """
-        if decoder_positions is None:
-            if decode and "cache" in self.variables:
-                raise ValueError("decode=True on an existing cache needs decoder_positions [batch, length]: "
-                                 "the absolute positions of these tokens")
-            decoder_positions = jnp.arange(decoder_input_ids.shape[1])[None, :]
-        enc_mask = None if padding_mask is None else padding_mask.astype(bool)
-        dec_mask = None if decoder_padding_mask is None else decoder_padding_mask.astype(bool)
-        hidden = self.decoder(self.shared(decoder_input_ids), decoder_positions, dec_mask, encoder_states, enc_mask,
-                              deterministic, decode)
+    def logits(self, hidden: jax.Array) -> jax.Array:
         if self.config.tie_embeddings:
             logits = self.shared.attend(hidden * jnp.asarray(self.config.hidden_size ** -0.5, hidden.dtype))
         else:
             logits = hidden @ self.lm_head.astype(hidden.dtype)
-        return nn.with_logical_constraint(logits.astype(jnp.float32), ("batch", "length", "vocab"))
+        return logits.astype(jnp.float32)

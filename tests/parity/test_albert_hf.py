@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
+from hf_models import random_model, right_padded, torch_tensors  # noqa: E402
 from jaxlm.convert import hf_albert as alb  # noqa: E402
 from jaxlm.convert.layout import stack_layers  # noqa: E402
 from jaxlm.models.albert import AlbertEncoder, AlbertForPreTraining  # noqa: E402
@@ -26,19 +27,10 @@ SMALL = dict(vocab_size=500, embedding_size=32, hidden_size=64, num_hidden_layer
 POSITIONS = np.array([[0, 3, 15], [1, 5, 10], [2, 4, 6], [0, 7, 12]])
 
 
-def torch_tensors(model) -> dict[str, np.ndarray]:
-    return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
-
-
 @pytest.fixture(scope="module")
 def albert():
-    torch.manual_seed(0)
-    model = transformers.AlbertForPreTraining(transformers.AlbertConfig(**SMALL, attn_implementation="eager"))
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    return model.eval()
+    return random_model(transformers.AlbertForPreTraining,
+                        transformers.AlbertConfig(**SMALL, attn_implementation="eager"), noise_seed=1)
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +41,9 @@ def converted(albert):
 
 def padded_batch():
     """Right-padded ids (0 in the padding), two token types per row, and the real-token mask."""
-    rng = np.random.default_rng(0)
-    ids = rng.integers(5, SMALL["vocab_size"], size=(len(LENGTHS), 16))
-    mask = np.arange(16)[None, :] < LENGTHS[:, None]
+    ids, mask = right_padded(LENGTHS, SMALL["vocab_size"], 0, np.random.default_rng(0), low=5)
     segments = ((np.arange(16)[None, :] >= LENGTHS[:, None] // 2) & mask).astype(np.int64)
-    return np.where(mask, ids, 0), segments, mask
+    return ids, segments, mask
 
 
 def theirs(model):

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
+from hf_models import random_model, right_padded, torch_tensors  # noqa: E402
 from jaxlm.convert import hf_bart  # noqa: E402
 from jaxlm.models.bart import BartForConditionalGeneration, shift_tokens_right  # noqa: E402
 from jaxlm.models.presets import model_config  # noqa: E402
@@ -30,27 +31,20 @@ TARGET_LENGTH = 10
 LAYOUTS = {"loop": {}, "scan": dict(scan_layers=True, remat="full")}
 
 
-def torch_tensors(model) -> dict[str, np.ndarray]:
-    return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
-
-
 @pytest.fixture(scope="module")
 def hf_model():
-    torch.manual_seed(0)
-    model = transformers.BartForConditionalGeneration(transformers.BartConfig(**BART, attn_implementation="eager"))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+    model = random_model(transformers.BartForConditionalGeneration,
+                         transformers.BartConfig(**BART, attn_implementation="eager"))
+    with torch.no_grad():  # a buffer, not a parameter: the noise above leaves it at zero
         model.final_logits_bias.copy_(0.1 * torch.randn_like(model.final_logits_bias))
-    return model.eval()
+    return model
 
 
 @pytest.fixture(scope="module")
 def batch():
     """Right-padded source ids and mask, labels, and decoder inputs shifted from them."""
     rng = np.random.default_rng(0)
-    mask = np.arange(16)[None, :] < SOURCE_LENGTHS[:, None]
-    ids = np.where(mask, rng.integers(3, VOCAB, size=(len(SOURCE_LENGTHS), 16)), PAD)
+    ids, mask = right_padded(SOURCE_LENGTHS, VOCAB, PAD, rng, low=3)
     labels = rng.integers(3, VOCAB, size=(len(SOURCE_LENGTHS), TARGET_LENGTH))
     return ids, mask, labels, shift_tokens_right(labels, PAD, START)
 

@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from hf_models import minilm_tokenizer, minilm_transformers, random_model, right_padded, torch_tensors  # noqa: E402
 from jaxlm.convert import hf  # noqa: E402
 from jaxlm.corpora.models import minilm_dir  # noqa: E402
 from jaxlm.models.encoder import BertEncoder  # noqa: E402
@@ -31,10 +32,6 @@ SMALL = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention
              intermediate_size=128, max_position_embeddings=64, type_vocab_size=2, hidden_act="gelu")
 
 
-def torch_tensors(model) -> dict[str, np.ndarray]:
-    return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
-
-
 def mean_pool_normalised(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
     mask = mask[..., None].astype(np.float64)
     pooled = (hidden * mask).sum(1) / mask.sum(1)
@@ -47,11 +44,8 @@ def mean_pool_normalised(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
 def minilm():
     path = minilm_dir()
     config, params = hf.load_hf_bert(path, dtype="float32")
-    tokenizer = transformers.BertTokenizer(vocab=str(path / "vocab.txt"), do_lower_case=True)
-    batch = tokenizer(SENTENCES, padding=True, return_tensors="np")
-    torch_model = transformers.BertModel.from_pretrained(
-        str(path), dtype=torch.float32, attn_implementation="eager").eval()
-    return path, config, params, batch, torch_model
+    batch = minilm_tokenizer()(SENTENCES, padding=True, return_tensors="np")
+    return path, config, params, batch, minilm_transformers()
 
 
 def test_minilm_config_and_groups(minilm):
@@ -96,12 +90,7 @@ def test_minilm_hidden_states_and_embeddings_match_transformers(minilm):
 
 @pytest.fixture(scope="module")
 def small_hf():
-    torch.manual_seed(0)
-    model = transformers.BertForPreTraining(transformers.BertConfig(**SMALL)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    return model
+    return random_model(transformers.BertForPreTraining, transformers.BertConfig(**SMALL))
 
 
 @pytest.fixture
@@ -111,11 +100,8 @@ def small_dir(small_hf, tmp_path):
 
 
 def small_batch():
-    rng = np.random.default_rng(0)
     lengths = np.array([16, 11, 7, 13])
-    ids = rng.integers(5, SMALL["vocab_size"], size=(4, 16))
-    mask = np.arange(16)[None, :] < lengths[:, None]
-    ids = np.where(mask, ids, 0)
+    ids, mask = right_padded(lengths, SMALL["vocab_size"], 0, np.random.default_rng(0), low=5)
     segments = ((np.arange(16)[None, :] >= lengths[:, None] // 2) & mask).astype(np.int64)
     positions = np.array([[0, 3, 15], [1, 5, 10], [2, 4, 6], [0, 7, 12]])
     return ids, segments, mask, positions

@@ -13,38 +13,20 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from hf_models import DECODERS, GPT2, LLAMA, VOCAB, torch_tensors  # noqa: E402
 from jaxlm.convert import hf_decoder  # noqa: E402
 from jaxlm.models import CausalLM, model_config  # noqa: E402
 from jaxlm.parallel.rules import rules_for  # noqa: E402
 
 ATOL = 1e-4
-VOCAB = 1000
-GPT2 = dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0)
-LLAMA = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-             intermediate_size=128, max_position_embeddings=64, rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=0,
-             pad_token_id=0)
-FAMILIES = {
-    "gpt2": (transformers.GPT2LMHeadModel, transformers.GPT2Config, GPT2, hf_decoder.gpt2_config_from_hf,
-             hf_decoder.gpt2_params_from_hf, hf_decoder.gpt2_params_to_hf),
-    "llama": (transformers.LlamaForCausalLM, transformers.LlamaConfig, LLAMA, hf_decoder.llama_config_from_hf,
-              hf_decoder.llama_params_from_hf, hf_decoder.llama_params_to_hf),
-}
 
 
-def torch_tensors(model) -> dict[str, np.ndarray]:
-    return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
-
-
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
+@pytest.fixture(scope="module", params=sorted(DECODERS))
 def family(request):
-    model_cls, config_cls, small, config_from_hf, from_hf, to_hf = FAMILIES[request.param]
-    torch.manual_seed(0)
-    model = model_cls(config_cls(**small, attn_implementation="eager")).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    config = config_from_hf(model.config.to_dict(), dtype="float32")
-    return request.param, model, config, from_hf, to_hf
+    decoder = DECODERS[request.param]
+    model = decoder.random_model(noise=0.05)
+    config = decoder.config_from_hf(model.config.to_dict(), dtype="float32")
+    return request.param, model, config, decoder.params_from_hf, decoder.params_to_hf
 
 
 def random_ids(batch=4, length=16, seed=0):

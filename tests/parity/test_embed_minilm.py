@@ -8,6 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from hf_models import minilm_tokenizer, minilm_transformers  # noqa: E402
 from jaxlm.cli import main  # noqa: E402
 from jaxlm.corpora.models import minilm_dir  # noqa: E402
 from jaxlm.corpora.registry import fetch_news  # noqa: E402
@@ -31,9 +32,7 @@ def setup(tmp_path_factory):
 def reference(setup):
     """transformers' last hidden states, pooled in float64: (mean over the attention mask, L2-normalised; [CLS])."""
     _, sentences = setup
-    path = minilm_dir()
-    tokenizer = transformers.BertTokenizer(vocab=str(path / "vocab.txt"), do_lower_case=True)
-    model = transformers.BertModel.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager").eval()
+    tokenizer, model = minilm_tokenizer(), minilm_transformers()
     means, first = [], []
     for start in range(0, len(sentences), 64):
         batch = tokenizer(sentences[start:start + 64], padding=True, truncation=True, max_length=MAX_LENGTH,
@@ -92,13 +91,10 @@ def test_long_sentences_are_truncated_as_transformers_truncates(setup, tmp_path)
     output = tmp_path / "long.npy"
     assert main(["embed", str(root / "minilm"), "--input", str(tmp_path / "long.txt"), "--output", str(output),
                  "--max-length", "40", "--pooling", "mean", "--normalize"]) == 0
-    path = minilm_dir()
-    tokenizer = transformers.BertTokenizer(vocab=str(path / "vocab.txt"), do_lower_case=True)
-    batch = tokenizer(lines, padding=True, truncation=True, max_length=40, return_tensors="pt")
+    batch = minilm_tokenizer()(lines, padding=True, truncation=True, max_length=40, return_tensors="pt")
     assert batch["attention_mask"].sum(1).tolist()[:2] == [40, 40]
-    model = transformers.BertModel.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager").eval()
     with torch.no_grad():
-        hidden = model(**batch).last_hidden_state.double().numpy()
+        hidden = minilm_transformers()(**batch).last_hidden_state.double().numpy()
     mask = batch["attention_mask"].numpy()[..., None]
     theirs = (hidden * mask).sum(1) / mask.sum(1)
     assert cosines(np.load(output), theirs).min() >= MIN_COSINE

@@ -16,9 +16,11 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 stats = pytest.importorskip("scipy.stats")
 
+from hf_models import (DECODERS, VOCAB, random_model, right_padded, smollm2_ours, smollm2_transformers,  # noqa: E402
+                       torch_tensors)
 from jaxlm import cli  # noqa: E402
 from jaxlm import generate as gen  # noqa: E402
-from jaxlm.convert import hf_bart, hf_decoder, hf_t5  # noqa: E402
+from jaxlm.convert import hf_bart, hf_t5  # noqa: E402
 from jaxlm.convert.layout import stack_layers  # noqa: E402
 from jaxlm.models.bart import BartForConditionalGeneration  # noqa: E402
 from jaxlm.models.decoder import CausalLM  # noqa: E402
@@ -26,18 +28,7 @@ from jaxlm.models.t5 import T5ForConditionalGeneration  # noqa: E402
 from jaxlm.parallel.rules import rules_for  # noqa: E402
 
 NEW = 20
-VOCAB = 1000
 PROMPT_LENGTHS = (7, 3, 5)
-GPT2 = dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0)
-LLAMA = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-             intermediate_size=128, max_position_embeddings=64, rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=0,
-             pad_token_id=0)
-DECODERS = {
-    "gpt2": (transformers.GPT2LMHeadModel, transformers.GPT2Config, GPT2, hf_decoder.gpt2_config_from_hf,
-             hf_decoder.gpt2_params_from_hf),
-    "llama": (transformers.LlamaForCausalLM, transformers.LlamaConfig, LLAMA, hf_decoder.llama_config_from_hf,
-              hf_decoder.llama_params_from_hf),
-}
 SEQ2SEQ_VOCAB = 500
 SOURCE_LENGTHS = (9, 4)
 T5 = dict(vocab_size=SEQ2SEQ_VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4,
@@ -52,26 +43,6 @@ SEQ2SEQ = {
     "bart": (transformers.BartForConditionalGeneration, transformers.BartConfig, BART, hf_bart.bart_config_from_hf,
              hf_bart.bart_params_from_hf, BartForConditionalGeneration),
 }
-
-
-def perturbed(model_cls, config_cls, kwargs, noise):
-    """A random Hugging Face model, weights shifted by noise so that greedy output is not one repeated id."""
-    torch.manual_seed(0)
-    model = model_cls(config_cls(**kwargs, attn_implementation="eager")).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(noise * torch.randn_like(p))
-    return model
-
-
-def torch_tensors(model) -> dict[str, np.ndarray]:
-    return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
-
-
-def right_padded(lengths, vocab, pad, seed=0, low=3):
-    rng = np.random.default_rng(seed)
-    mask = np.arange(max(lengths))[None, :] < np.array(lengths)[:, None]
-    return np.where(mask, rng.integers(low, vocab, size=mask.shape), pad), mask
 
 
 def hf_new_tokens(model, ids, mask, pad, **kwargs) -> np.ndarray:
@@ -108,15 +79,16 @@ def eos_inside(tokens: np.ndarray) -> int:
 
 @pytest.fixture(scope="module", params=sorted(DECODERS))
 def decoder(request):
-    model_cls, config_cls, small, config_from_hf, from_hf = DECODERS[request.param]
-    model = perturbed(model_cls, config_cls, small, 0.2)
-    config = config_from_hf(model.config.to_dict(), dtype="float32")
-    return request.param, model, config, from_hf(torch_tensors(model), config)
+    """A random decoder, its weights shifted far enough (0.2) that greedy output is not one repeated id."""
+    family = DECODERS[request.param]
+    model = family.random_model(noise=0.2)
+    config = family.config_from_hf(model.config.to_dict(), dtype="float32")
+    return request.param, model, config, family.params_from_hf(torch_tensors(model), config)
 
 
 @pytest.fixture(scope="module")
 def prompts():
-    return right_padded(PROMPT_LENGTHS, VOCAB, pad=0, low=1)
+    return right_padded(PROMPT_LENGTHS, VOCAB, 0, np.random.default_rng(0), low=1)
 
 
 @pytest.fixture(scope="module")
@@ -176,9 +148,9 @@ def test_beam_search_matches_transformers(decoder, prompts, greedy, early_stoppi
 @pytest.fixture(scope="module", params=sorted(SEQ2SEQ))
 def seq2seq(request):
     model_cls, config_cls, small, config_from_hf, from_hf, ours_cls = SEQ2SEQ[request.param]
-    model = perturbed(model_cls, config_cls, small, 0.2)
+    model = random_model(model_cls, config_cls(**small, attn_implementation="eager"), 0.2)
     config = config_from_hf(model.config.to_dict(), dtype="float32")
-    inputs = right_padded(SOURCE_LENGTHS, SEQ2SEQ_VOCAB, pad=config.pad_token_id)
+    inputs = right_padded(SOURCE_LENGTHS, SEQ2SEQ_VOCAB, config.pad_token_id, np.random.default_rng(0), low=3)
     return request.param, model, config, from_hf(torch_tensors(model), config), ours_cls(config), inputs
 
 
@@ -221,12 +193,11 @@ def test_sharded_seq2seq_beam_search_matches_transformers(seq2seq):
 def test_smollm2_gguf_greedy_matches_transformers():
     pytest.importorskip("gguf")
     pytest.importorskip("accelerate", reason="transformers loads GGUF files only with accelerate installed")
-    from jaxlm.convert.gguf import gguf_tokenizer, load_gguf
+    from jaxlm.convert.gguf import gguf_tokenizer
     from jaxlm.corpora.models import smollm2_gguf_path
 
-    path = smollm2_gguf_path()
-    config, params, info = load_gguf(path, dtype="float32")
-    tokenizer = gguf_tokenizer(path)
+    config, params, info = smollm2_ours()
+    tokenizer = gguf_tokenizer(smollm2_gguf_path())
     texts = ["<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
              "It is a truth universally acknowledged, that a single man in possession of a good fortune,"]
     encoded = [tokenizer.encode(t).ids for t in texts]
@@ -236,9 +207,7 @@ def test_smollm2_gguf_greedy_matches_transformers():
     eos = info["eos_token_id"]
     scanned = CausalLM(dataclasses.replace(config, scan_layers=True))
     ours = gen.generate_causal(scanned, stack_layers(params), ids, mask, max_new_tokens=NEW, eos_id=eos, pad_id=0)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                           dtype=torch.float32).eval()
-    theirs = hf_new_tokens(hf, ids, mask, pad=0, do_sample=False, eos_token_id=eos)
+    theirs = hf_new_tokens(smollm2_transformers(), ids, mask, pad=0, do_sample=False, eos_token_id=eos)
     for text, tokens, length in zip(texts, ours.tokens, ours.lengths):
         print(repr(text), "->", repr(tokenizer.decode(tokens[:length].tolist(), skip_special_tokens=False)))
     assert_same(ours, theirs, eos, 0, "SmolLM2-135M greedy")
@@ -343,10 +312,10 @@ def test_cli_prints_one_json_line_per_prompt(tmp_path, capsys):
     from jaxlm.corpora.models import smollm2_gguf_path
 
     tokenizer = gguf_tokenizer(smollm2_gguf_path())
-    model = perturbed(transformers.LlamaForCausalLM, transformers.LlamaConfig,
-                      {**LLAMA, "vocab_size": tokenizer.get_vocab_size(), "eos_token_id": 2}, 0.05)
-    config = hf_decoder.llama_config_from_hf(model.config.to_dict(), dtype="float32", eos_token_id=2)
-    params = hf_decoder.llama_params_from_hf(torch_tensors(model), config)
+    llama = DECODERS["llama"]
+    model = llama.random_model(noise=0.05, vocab_size=tokenizer.get_vocab_size(), eos_token_id=2)
+    config = llama.config_from_hf(model.config.to_dict(), dtype="float32", eos_token_id=2)
+    params = llama.params_from_hf(torch_tensors(model), config)
     checkpoint = save_converted(tmp_path / "ckpt", config, params, save_tokenizer(tokenizer, tmp_path / "tok"))
     parser = cli.parser()
     prompts = ["It is a truth universally acknowledged", "Hello"]

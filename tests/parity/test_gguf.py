@@ -15,6 +15,7 @@ transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 tokenizers = pytest.importorskip("tokenizers")
 
+from hf_models import smollm2_ours, smollm2_transformers  # noqa: E402
 from jaxlm.convert import gguf as ours  # noqa: E402
 from jaxlm.convert.hf_decoder import llama_params_to_hf  # noqa: E402
 from jaxlm.corpora.models import smollm2_gguf_path  # noqa: E402
@@ -36,15 +37,14 @@ def reader(path):
 
 
 @pytest.fixture(scope="module")
-def loaded(path):
-    return ours.load_gguf(path, dtype="float32")
+def loaded():
+    return smollm2_ours()
 
 
 @pytest.fixture(scope="module")
-def hf_model(path):
+def hf_model():
     pytest.importorskip("accelerate", reason="transformers loads GGUF files only with accelerate installed")
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    return smollm2_transformers()
 
 
 @pytest.fixture(scope="module")

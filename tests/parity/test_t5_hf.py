@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
+from hf_models import random_model, right_padded, torch_tensors  # noqa: E402
 from jaxlm.convert import hf_t5  # noqa: E402
 from jaxlm.models import model_config  # noqa: E402
 from jaxlm.models.t5 import T5ForConditionalGeneration, relative_position_bucket  # noqa: E402
@@ -34,22 +35,17 @@ LENGTHS = np.array([14, 9, 3, 11])  # encoder tokens per row, right-padded to 14
 DEC_LENGTHS = np.array([10, 6, 10, 2])  # decoder tokens per row, right-padded to 10
 
 
-def torch_tensors(model) -> dict[str, np.ndarray]:
-    return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+def own_head(model):
+    """transformers always ties lm_head to shared; a v1.1 checkpoint has its own (fan-in scaled) head."""
+    model.lm_head.weight = torch.nn.Parameter(model.shared.weight.detach() * SMALL["d_model"] ** -0.5)
 
 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
 def variant(request):
     projection, tied, heads, _ = VARIANTS[request.param]
-    torch.manual_seed(0)
     hf_config = transformers.T5Config(**SMALL, num_heads=heads, feed_forward_proj=projection,
                                       tie_word_embeddings=tied, attn_implementation="eager")
-    model = transformers.T5ForConditionalGeneration(hf_config).eval()
-    if not tied:  # transformers always ties lm_head to shared; a v1.1 checkpoint has its own (fan-in scaled) head
-        model.lm_head.weight = torch.nn.Parameter(model.shared.weight.detach() * SMALL["d_model"] ** -0.5)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+    model = random_model(transformers.T5ForConditionalGeneration, hf_config, before_noise=None if tied else own_head)
     config = hf_t5.t5_config_from_hf(model.config.to_dict(), dtype="float32")
     assert config.tie_embeddings == tied and config.head_dim * config.num_heads == 16 * heads
     return request.param, model, config
@@ -57,10 +53,8 @@ def variant(request):
 
 def batch(seed=0):
     rng = np.random.default_rng(seed)
-    enc_mask = np.arange(LENGTHS.max())[None, :] < LENGTHS[:, None]
-    dec_mask = np.arange(DEC_LENGTHS.max())[None, :] < DEC_LENGTHS[:, None]
-    ids = np.where(enc_mask, rng.integers(2, VOCAB, enc_mask.shape), 0)
-    dec = np.where(dec_mask, rng.integers(2, VOCAB, dec_mask.shape), 0)
+    ids, enc_mask = right_padded(LENGTHS, VOCAB, 0, rng, low=2)
+    dec, dec_mask = right_padded(DEC_LENGTHS, VOCAB, 0, rng, low=2)
     dec[:, 0] = 0
     return ids, enc_mask, dec, dec_mask
 
