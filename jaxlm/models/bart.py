@@ -12,6 +12,7 @@ from jaxlm.nn.attention import Attention
 from jaxlm.nn.embed import Embed
 from jaxlm.nn.layers import LayerNorm, Mlp, zeros_init
 from jaxlm.nn.stack import make_layers, run_layers
+from jaxlm.parallel.logical import constrain
 
 ACTIVATION = ("batch", "length", "embed")
 
@@ -51,7 +52,7 @@ class BartEmbeddings(nn.Module):
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, deterministic: bool) -> jax.Array:
         x = tokens + self.position(positions + self.config.position_offset)
-        x = nn.with_logical_constraint(x, ACTIVATION)
+        x = constrain(x, ACTIVATION)
         return self.dropout(self.norm(x), deterministic=deterministic)
 
 
@@ -69,7 +70,7 @@ class BartDecoderLayer(nn.Module):
         h = Attention(cfg, name="cross_attention")(x, encoder_mask, deterministic, context=encoder_states)
         x = LayerNorm(cfg, name="cross_attention_norm")(x + h)
         x = LayerNorm(cfg, name="mlp_norm")(x + Mlp(cfg, name="mlp")(x, deterministic))
-        return nn.with_logical_constraint(x, ACTIVATION)
+        return constrain(x, ACTIVATION)
 
 
 class BartEncoder(nn.Module):
@@ -149,4 +150,4 @@ class BartForConditionalGeneration(nn.Module):
         hidden = self.decoder(self.shared(decoder_input_ids), decoder_positions, encoder_states, encoder_mask,
                               decoder_mask, deterministic, decode)
         logits = self.shared.attend(hidden).astype(jnp.float32) + self.final_logits_bias.astype(jnp.float32)
-        return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
+        return constrain(logits, ("batch", "length", "vocab"))
