@@ -11,6 +11,7 @@ from jaxlm.models.heads import MlmHead, gather_positions
 from jaxlm.nn.embed import BertEmbeddings
 from jaxlm.nn.layers import Dense
 from jaxlm.nn.stack import REMAT_POLICIES, scan_body
+from jaxlm.parallel.logical import constrain
 
 def shared_layer(config: TransformerConfig, name: str = "layer") -> nn.Module:
     """One EncoderLayer applied `num_layers` times (call with `run_shared`), rematerialised as
@@ -59,7 +60,7 @@ class AlbertEncoder(nn.Module):
         if padding_mask is None:
             padding_mask = jnp.ones(input_ids.shape, bool)
         x = self.projection(self.embeddings(input_ids, segment_ids, deterministic))
-        x = nn.with_logical_constraint(x, ACTIVATION)
+        x = constrain(x, ACTIVATION)
         return run_shared(self.layer, self.config, x, padding_mask.astype(bool), deterministic)
 
     def word_embeddings(self, x: jax.Array) -> jax.Array:

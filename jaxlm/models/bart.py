@@ -13,6 +13,7 @@ from jaxlm.nn.attention import Attention
 from jaxlm.nn.embed import Embed
 from jaxlm.nn.layers import LayerNorm, Mlp, zeros_init
 from jaxlm.nn.stack import make_layers, run_layers
+from jaxlm.parallel.logical import constrain
 
 ACTIVATION = ("batch", "length", "embed")
 
@@ -52,7 +53,7 @@ class BartEmbeddings(nn.Module):
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, deterministic: bool) -> jax.Array:
         x = tokens + self.position(positions + self.config.position_offset)
-        x = nn.with_logical_constraint(x, ACTIVATION)
+        x = constrain(x, ACTIVATION)
         return self.dropout(self.norm(x), deterministic=deterministic)
 
 
@@ -70,7 +71,7 @@ class BartDecoderLayer(nn.Module):
         h = Attention(cfg, name="cross_attention")(x, encoder_mask, deterministic, context=encoder_states)
         x = LayerNorm(cfg, name="cross_attention_norm")(x + h)
         x = LayerNorm(cfg, name="mlp_norm")(x + Mlp(cfg, name="mlp")(x, deterministic))
-        return nn.with_logical_constraint(x, ACTIVATION)
+        return constrain(x, ACTIVATION)
 
 
 class BartEncoder(nn.Module):

@@ -15,6 +15,7 @@ from jaxlm.nn.attention import Attention
 from jaxlm.nn.embed import Embed
 from jaxlm.nn.layers import mlp_block, norm_layer, normal_init
 from jaxlm.nn.stack import make_layers, run_layers
+from jaxlm.parallel.logical import constrain
 
 ACTIVATION = ("batch", "length", "embed")
 
@@ -39,7 +40,7 @@ class DecoderLayer(nn.Module):
         x = x + Attention(cfg, causal=True, name="attention")(h, padding_mask, deterministic, positions, segment_ids,
                                                              decode=decode)
         x = x + mlp_block(cfg, "mlp")(norm_layer(cfg, "mlp_norm")(x), deterministic)
-        return nn.with_logical_constraint(x, ACTIVATION)
+        return constrain(x, ACTIVATION)
 
 
 class Decoder(nn.Module):
@@ -73,7 +74,7 @@ class Decoder(nn.Module):
         x = self.token(input_ids)
         if cfg.position_embedding == "learned":
             x = x + self.position(positions)
-        x = self.dropout(nn.with_logical_constraint(x, ACTIVATION), deterministic=deterministic)
+        x = self.dropout(constrain(x, ACTIVATION), deterministic=deterministic)
         x = run_layers(self.layers, x, positions, segment_ids, padding_mask, deterministic, decode)
         return self.final_norm(x)
 
@@ -103,4 +104,4 @@ class CausalLM(nn.Module):
             logits = self.decoder.word_embeddings(hidden)
         else:
             logits = hidden @ self.lm_head.astype(hidden.dtype)
-        return nn.with_logical_constraint(logits.astype(jnp.float32), ("batch", "length", "vocab"))
+        return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))

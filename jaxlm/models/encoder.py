@@ -10,6 +10,7 @@ from jaxlm.nn.attention import Attention
 from jaxlm.nn.embed import BertEmbeddings
 from jaxlm.nn.layers import Dense, LayerNorm, Mlp
 from jaxlm.nn.stack import make_layers, run_layers
+from jaxlm.parallel.logical import constrain
 
 ACTIVATION = ("batch", "length", "embed")
 
@@ -24,7 +25,7 @@ class EncoderLayer(nn.Module):
         x = LayerNorm(self.config, name="attention_norm")(
             x + Attention(self.config, name="attention")(x, padding_mask, deterministic))
         x = LayerNorm(self.config, name="mlp_norm")(x + Mlp(self.config, name="mlp")(x, deterministic))
-        return nn.with_logical_constraint(x, ACTIVATION)
+        return constrain(x, ACTIVATION)
 
 
 class BertEncoder(nn.Module):

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxlm.models.config import TransformerConfig
+from jaxlm.parallel.logical import constrain
 
 
 def as_mask(mask: jax.Array | None) -> jax.Array | None:
@@ -53,7 +54,7 @@ class EncoderDecoder(nn.Module):
             decoder_positions = jnp.arange(decoder_input_ids.shape[1])[None, :]
         hidden = self.decoder(self.shared(decoder_input_ids), decoder_positions, as_mask(decoder_padding_mask),
                               encoder_states, as_mask(padding_mask), deterministic, decode)
-        return nn.with_logical_constraint(self.logits(hidden), ("batch", "length", "vocab"))
+        return constrain(self.logits(hidden), ("batch", "length", "vocab"))
 
     def check_length(self, length: int, what: str) -> None:
         """Raise unless `length` tokens fit the model's positions (relative positions always do)."""

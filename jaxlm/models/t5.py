@@ -13,6 +13,7 @@ from jaxlm.nn.attention import Attention
 from jaxlm.nn.embed import Embed
 from jaxlm.nn.layers import mlp_block, normal_init, norm_layer
 from jaxlm.nn.stack import make_layers, run_layers
+from jaxlm.parallel.logical import constrain
 
 ACTIVATION = ("batch", "length", "embed")
 
@@ -65,7 +66,7 @@ class T5EncoderLayer(nn.Module):
         h = norm_layer(cfg, "self_attention_norm")(x)
         x = x + Attention(cfg, scale=1.0, name="self_attention")(h, padding_mask, deterministic, bias=bias)
         x = x + mlp_block(cfg, "mlp")(norm_layer(cfg, "mlp_norm")(x), deterministic)
-        return nn.with_logical_constraint(x, ACTIVATION)
+        return constrain(x, ACTIVATION)
 
 
 class T5DecoderLayer(nn.Module):
@@ -84,7 +85,7 @@ class T5DecoderLayer(nn.Module):
         x = x + Attention(cfg, scale=1.0, name="cross_attention")(h, encoder_mask, deterministic,
                                                                   context=encoder_states)
         x = x + mlp_block(cfg, "mlp")(norm_layer(cfg, "mlp_norm")(x), deterministic)
-        return nn.with_logical_constraint(x, ACTIVATION)
+        return constrain(x, ACTIVATION)
 
 
 class T5Encoder(nn.Module):
@@ -102,7 +103,7 @@ class T5Encoder(nn.Module):
     def __call__(self, x, padding_mask, deterministic: bool) -> jax.Array:
         positions = jnp.arange(x.shape[1])[None, :]
         bias = self.relative_bias(positions, positions)
-        x = self.dropout(nn.with_logical_constraint(x, ACTIVATION), deterministic=deterministic)
+        x = self.dropout(constrain(x, ACTIVATION), deterministic=deterministic)
         x = run_layers(self.layers, x, bias, padding_mask, deterministic)
         return self.dropout(self.final_norm(x), deterministic=deterministic)
 
@@ -128,7 +129,7 @@ class T5Decoder(nn.Module):
         slots = self._cache_slots() if decode else None
         key_positions = positions if slots is None else jnp.arange(slots)[None, :]
         bias = self.relative_bias(positions, key_positions)
-        x = self.dropout(nn.with_logical_constraint(x, ACTIVATION), deterministic=deterministic)
+        x = self.dropout(constrain(x, ACTIVATION), deterministic=deterministic)
         x = run_layers(self.layers, x, bias, padding_mask, encoder_states, encoder_mask, deterministic, decode)
         return self.dropout(self.final_norm(x), deterministic=deterministic)
 

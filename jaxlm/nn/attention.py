@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from jaxlm.nn.embed import rotary_embedding
 from jaxlm.nn.layers import Dense
+from jaxlm.parallel.logical import constrain
 
 if TYPE_CHECKING:
     from jaxlm.models.config import TransformerConfig
@@ -126,8 +127,8 @@ class Attention(nn.Module):
             if positions is None:
                 positions = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
             q, k = rotary_embedding(q, positions, cfg.rope_theta), rotary_embedding(k, positions, cfg.rope_theta)
-        q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
-        k, v = (nn.with_logical_constraint(t, ("batch", "length", kv_axis, "kv")) for t in (k, v))
+        q = constrain(q, ("batch", "length", "heads", "kv"))
+        k, v = (constrain(t, ("batch", "length", kv_axis, "kv")) for t in (k, v))
         causal, mask, kernel = self.causal, None, cfg.attention_kernel
         if decode and context is None:
             k, v, mask = self._cached(k, v)

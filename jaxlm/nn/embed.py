@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxlm.nn.layers import LayerNorm, normal_init
+from jaxlm.parallel.logical import constrain, explicit_axes, gathered, layout
 
 if TYPE_CHECKING:
     from jaxlm.models.config import TransformerConfig
@@ -27,12 +28,21 @@ class Embed(nn.Module):
             "embedding", normal_init(self.config, self.axes),
             (self.num_embeddings, self.features or self.config.hidden_size), jnp.dtype(self.config.param_dtype))
 
+    def table(self) -> jax.Array:
+        """The table as the lookup and the projection read it (`gathered`): rows whole, split over the
+        vocabulary only, so each vocab shard looks up its own rows and one all-reduce sums them; from
+        rows split over fsdp too, XLA would rematerialise the whole table for the lookup."""
+        return jnp.asarray(gathered(self.embedding, self.axes), jnp.dtype(self.config.dtype))
+
     def __call__(self, ids: jax.Array) -> jax.Array:
-        return jnp.take(self.embedding, ids, axis=0).astype(jnp.dtype(self.config.dtype))
+        """[batch, length] ids -> [batch, length, features]."""
+        table = self.table()
+        # Under explicit axes JAX cannot infer where a gather from a split table goes: where activations go.
+        out = layout((*ids.shape, table.shape[1]), ("batch", "length", self.axes[1])) if explicit_axes() else None
+        return table.at[ids].get(mode="fill", out_sharding=out)
 
     def attend(self, x: jax.Array) -> jax.Array:
-        table = self.embedding.astype(jnp.dtype(self.config.dtype))
-        return jnp.einsum("...e,ve->...v", x, table)
+        return jnp.einsum("...e,ve->...v", x, self.table())
 
 
 def rotary_embedding(x: jax.Array, positions: jax.Array, theta: float = 10000.0) -> jax.Array:
@@ -83,5 +93,5 @@ class BertEmbeddings(nn.Module):
         x = self.word(input_ids) + self.position(learned_positions(input_ids, self.config))
         if self.config.type_vocab_size:
             x = x + self.token_type(segment_ids)
-        x = nn.with_logical_constraint(x, ("batch", "length", embedding_axis(self.config)[0]))
+        x = constrain(x, ("batch", "length", embedding_axis(self.config)[0]))
         return self.dropout(self.norm(x), deterministic=deterministic)

@@ -7,6 +7,9 @@ from typing import TYPE_CHECKING, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from jaxlm.parallel.logical import constrain, explicit_axes, gathered, spec_of, with_logical_partitioning
 
 if TYPE_CHECKING:
     from jaxlm.models.config import TransformerConfig
@@ -15,15 +18,15 @@ if TYPE_CHECKING:
 def normal_init(config: TransformerConfig, names: Sequence[str | None], fan_in: int = 1):
     """normal(initializer_range), divided by sqrt(fan_in) when the config asks for fan-in scaling."""
     std = config.initializer_range * (fan_in ** -0.5 if config.fan_in_init else 1.0)
-    return nn.with_logical_partitioning(nn.initializers.normal(std), tuple(names))
+    return with_logical_partitioning(nn.initializers.normal(std), names)
 
 
 def zeros_init(names: Sequence[str | None]):
-    return nn.with_logical_partitioning(nn.initializers.zeros_init(), tuple(names))
+    return with_logical_partitioning(nn.initializers.zeros_init(), names)
 
 
 def ones_init(names: Sequence[str | None]):
-    return nn.with_logical_partitioning(nn.initializers.ones_init(), tuple(names))
+    return with_logical_partitioning(nn.initializers.ones_init(), names)
 
 
 def gelu(x: jax.Array) -> jax.Array:
@@ -57,12 +60,16 @@ class Dense(nn.Module):
         param_dtype, dtype = jnp.dtype(cfg.param_dtype), jnp.dtype(cfg.dtype)
         kernel = self.param("kernel", normal_init(cfg, self.in_axes + self.out_axes, math.prod(in_shape)),
                             (*in_shape, *features), param_dtype)
+        kernel = gathered(kernel, self.in_axes + self.out_axes)
+        # Under explicit axes a contraction over split dims (tensor-parallel rows) must name its output.
+        out = P(*spec_of(x)[:-self.contract], *spec_of(kernel)[self.contract:]) if explicit_axes() else None
         y = jax.lax.dot_general(x.astype(dtype), kernel.astype(dtype),
-                                ((tuple(range(x.ndim - self.contract, x.ndim)), tuple(range(self.contract))), ((), ())))
+                                ((tuple(range(x.ndim - self.contract, x.ndim)), tuple(range(self.contract))), ((), ())),
+                                out_sharding=out)
         if not cfg.use_bias:
             return y
         bias = self.param("bias", zeros_init(self.out_axes), features, param_dtype)
-        return y + bias.astype(dtype)
+        return y + gathered(bias, self.out_axes).astype(dtype)
 
 
 class LayerNorm(nn.Module):
@@ -74,8 +81,10 @@ class LayerNorm(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         cfg = self.config
-        scale = self.param("scale", ones_init((self.axis,)), (x.shape[-1],), jnp.dtype(cfg.param_dtype))
-        bias = self.param("bias", zeros_init((self.axis,)), (x.shape[-1],), jnp.dtype(cfg.param_dtype))
+        names = (self.axis,)
+        scale = self.param("scale", ones_init(names), (x.shape[-1],), jnp.dtype(cfg.param_dtype))
+        bias = self.param("bias", zeros_init(names), (x.shape[-1],), jnp.dtype(cfg.param_dtype))
+        scale, bias = gathered(scale, names), gathered(bias, names)
         x = x.astype(jnp.float32)
         mean = jnp.mean(x, axis=-1, keepdims=True)
         variance = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
@@ -92,6 +101,7 @@ class RMSNorm(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         cfg = self.config
         scale = self.param("scale", ones_init(("embed",)), (x.shape[-1],), jnp.dtype(cfg.param_dtype))
+        scale = gathered(scale, ("embed",))
         x = x.astype(jnp.float32)
         y = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + cfg.layer_norm_eps) * scale
         return y.astype(jnp.dtype(cfg.dtype))
@@ -117,7 +127,7 @@ class Mlp(nn.Module):
     def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
         cfg = self.config
         h = Dense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), name="intermediate")(x)
-        h = nn.with_logical_constraint(ACTIVATIONS[cfg.activation](h), ("batch", "length", "mlp"))
+        h = constrain(ACTIVATIONS[cfg.activation](h), ("batch", "length", "mlp"))
         h = nn.Dropout(cfg.activation_dropout)(h, deterministic=deterministic)
         h = Dense(cfg, cfg.hidden_size, ("mlp",), ("embed",), name="output")(h)
         return nn.Dropout(cfg.hidden_dropout)(h, deterministic=deterministic)
@@ -133,7 +143,7 @@ class GatedMlp(nn.Module):
         cfg = self.config
         gate = Dense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), name="gate")(x)
         up = Dense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), name="up")(x)
-        h = nn.with_logical_constraint(GATES[cfg.activation](gate) * up, ("batch", "length", "mlp"))
+        h = constrain(GATES[cfg.activation](gate) * up, ("batch", "length", "mlp"))
         h = nn.Dropout(cfg.activation_dropout)(h, deterministic=deterministic)
         h = Dense(cfg, cfg.hidden_size, ("mlp",), ("embed",), name="down")(h)
         return nn.Dropout(cfg.hidden_dropout)(h, deterministic=deterministic)

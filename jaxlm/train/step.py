@@ -1,11 +1,11 @@
 """Pure train and eval steps: (state, batch, rng) -> (state, metrics); built for any objective."""
 from __future__ import annotations
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
+from jaxlm.parallel.logical import constrain
 from jaxlm.train.state import TrainState
 
 COUNT_SUFFIX = "_count"
@@ -18,7 +18,7 @@ def micro_batches(batch: dict, grad_accum: int, batch_axes: dict) -> dict:
     micro-batches, so each device keeps its own rows and no activation moves between devices."""
     def split(x, axes):
         x = x.reshape(x.shape[0] // grad_accum, grad_accum, *x.shape[1:]).swapaxes(0, 1)
-        return nn.with_logical_constraint(x, (None, *axes))
+        return constrain(x, (None, *axes))
 
     return {name: split(x, batch_axes[name]) for name, x in batch.items()}
 
@@ -53,7 +53,7 @@ def make_gradients(objective, grad_accum: int = 1):
 
         def add(carry, inputs):
             index, one = inputs
-            one = {k: nn.with_logical_constraint(v, objective.batch_axes[k]) for k, v in one.items()}
+            one = {k: constrain(v, objective.batch_axes[k]) for k, v in one.items()}
             (_, stats), grads = grad_fn(params, one, jax.random.fold_in(rng, index), counts)
             return jax.tree.map(jnp.add, carry, (grads, stats)), None
 
