@@ -1,14 +1,22 @@
-"""The README's library example runs as written."""
+"""The README's library examples run as written."""
 import re
 
 from conftest import ROOT
 
 
+def library_examples() -> list[str]:
+    """The python blocks of the README's "As a library" section, in order."""
+    section = (ROOT / "README.md").read_text().split("## As a library", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
 def test_readme_library_example_runs(capsys):
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## As a library", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+    exec(compile(library_examples()[0], "README.md", "exec"), {"__name__": "readme"})
     printed = capsys.readouterr().out
     assert re.search(r"loss \d+\.\d+, grad norm \d+\.\d+", printed)
     assert "(2, 2, 1000) (2, 2)" in printed
+
+
+def test_readme_nnx_example_runs(capsys):
+    exec(compile(library_examples()[1], "README.md", "exec"), {"__name__": "readme"})
+    assert "nnx (2, 2, 1000) (2, 16, 1000)" in capsys.readouterr().out
