@@ -14,7 +14,7 @@ from jax.sharding import AxisType, PartitionSpec as P
 
 from jaxlm import config as config_lib
 from jaxlm.models import BertForPreTraining, CausalLM
-from jaxlm.objectives import make_objective
+from jaxlm.families import make_objective
 from jaxlm.parallel.mesh import logical_sharding, tree_shardings
 from jaxlm.parallel.rules import MESH_AXES, PRESETS
 from jaxlm.train.loop import build, compile_steps
