@@ -7,6 +7,8 @@ import re
 from typing import Mapping
 
 import numpy as np
+from gguf import GGUFReader
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from jaxlm.convert.hf_decoder import llama_config_from_hf, llama_params_from_hf
 from jaxlm.convert.names import listed
@@ -21,8 +23,6 @@ _REQUIRED = object()
 
 def open_gguf(path):
     """A `gguf.GGUFReader` over `path`, after checking that the file is a little-endian GGUF."""
-    from gguf import GGUFReader
-
     path = pathlib.Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no GGUF file at {path}")
@@ -234,8 +234,6 @@ LLAMA3_PRE = ("llama-bpe", "llama3", "llama-v3", "smaug-bpe", "dbrx", "falcon3")
 
 def _pre_tokenizer(pre: str | None):
     """The pre-tokenizer llama.cpp (llama-vocab.cpp) uses for `tokenizer.ggml.pre`."""
-    from tokenizers import Regex, pre_tokenizers
-
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     if pre is None or pre in GPT2_PRE:
         return byte_level
@@ -263,8 +261,6 @@ def byte_level_tokens(tokens: list[str]) -> list[str]:
 
 def post_processor(tokens: list[str], info: Mapping):
     """BOS/EOS around each sequence where the file asks for them (`add_bos_token`/`add_eos_token`)."""
-    from tokenizers import processors
-
     first = [info["bos_token_id"]] if info.get("add_bos_token") and info.get("bos_token_id") is not None else []
     last = [info["eos_token_id"]] if info.get("add_eos_token") and info.get("eos_token_id") is not None else []
     if not first and not last:
@@ -279,8 +275,6 @@ def post_processor(tokens: list[str], info: Mapping):
 
 def gguf_tokenizer(path_or_reader):
     """A Hugging Face `tokenizers.Tokenizer` built from the file's byte-level BPE vocabulary."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models
-
     reader = _reader(path_or_reader)
     info = tokenizer_info(reader)
     if info["model"] != "gpt2":

@@ -15,11 +15,17 @@ import json
 import pathlib
 from typing import Mapping
 
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
 import numpy as np
+import safetensors.flax
+import safetensors.numpy
 
 from jaxlm.convert.names import (Entry, dense, encoder_layer, flatten, has_group, norm, params_from_hf, params_to_hf,
                                  plain, prefixed, unflatten)
 from jaxlm.models.config import TransformerConfig
+from jaxlm.models.heads import BertForPreTraining
 from jaxlm.models.presets import model_config
 
 CONFIG_FIELDS = {
@@ -142,19 +148,15 @@ def read_config(model_dir) -> dict:
 # ---------------------------------------------------------------- reading tensors
 
 def _read_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:
-    import safetensors.numpy
-
     try:
         return safetensors.numpy.load_file(str(path))
     except TypeError:
-        import safetensors.flax
-
         return {k: np.asarray(v.astype("float32")) for k, v in safetensors.flax.load_file(str(path)).items()}
 
 
 def _read_torch_bin(path: pathlib.Path) -> dict[str, np.ndarray]:
     try:
-        import torch
+        import torch  # not a dependency: only PyTorch .bin checkpoints need it
     except ImportError as err:
         raise ImportError(
             f"{path} is a PyTorch checkpoint and reading it needs torch; install torch or convert "
@@ -191,10 +193,6 @@ def read_tensors(model_dir) -> dict[str, np.ndarray]:
 def param_shapes(module_cls, config: TransformerConfig, num_inputs: int) -> dict[str, tuple[int, ...]]:
     """'/'-joined loop-layout path -> shape of every parameter `module_cls(config)` creates when
     initialised on `num_inputs` [1, 1] id arrays (no allocation)."""
-    import flax.linen as nn
-    import jax
-    import jax.numpy as jnp
-
     model = module_cls(dataclasses.replace(config, scan_layers=False, remat="none"))
     ids = jnp.zeros((1, 1), jnp.int32)
     shapes = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.PRNGKey(0), *[ids] * num_inputs)))["params"]
@@ -275,8 +273,6 @@ BERT = EncoderNames(
 
 def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     """'/'-joined path -> shape of every parameter of our BertForPreTraining (no allocation)."""
-    from jaxlm.models.heads import BertForPreTraining
-
     return param_shapes(BertForPreTraining, config, 4)
 
 

@@ -8,6 +8,7 @@ import numpy as np
 from jaxlm.convert.hf import (CONFIG_FIELDS, EncoderNames, build_config, check_family, check_representable, mlm_head,
                               param_shapes)
 from jaxlm.convert.names import Entry, dense, encoder_layer
+from jaxlm.models.albert import AlbertForPreTraining
 from jaxlm.models.config import TransformerConfig
 
 TIED = {"predictions.decoder.weight": "albert.embeddings.word_embeddings.weight",
@@ -82,8 +83,6 @@ ALBERT = AlbertNames(
 
 def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     """'/'-joined path -> shape of every parameter of our AlbertForPreTraining (no allocation)."""
-    from jaxlm.models.albert import AlbertForPreTraining
-
     return param_shapes(AlbertForPreTraining, config, 4)
 
 

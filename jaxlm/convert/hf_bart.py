@@ -8,6 +8,7 @@ import numpy as np
 from jaxlm.convert.hf import build_config, check_family, check_representable, param_shapes, read_config, read_tensors
 from jaxlm.convert.names import (Entry, attention, dense, encoder_layer, norm, params_from_hf, params_to_hf,
                                  prefixed)
+from jaxlm.models.bart import BartForConditionalGeneration
 from jaxlm.models.config import TransformerConfig
 
 SHARED = "model.shared.weight"
@@ -130,8 +131,6 @@ def bart_name_map(config: TransformerConfig) -> dict[str, list[Entry]]:
 
 def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     """'/'-joined path -> shape of every parameter of our BART (no allocation)."""
-    from jaxlm.models.bart import BartForConditionalGeneration
-
     return param_shapes(BartForConditionalGeneration, config, 2)
 
 

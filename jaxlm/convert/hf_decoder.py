@@ -14,6 +14,7 @@ import numpy as np
 from jaxlm.convert.hf import build_config, check_family, check_representable, param_shapes, read_config, read_tensors
 from jaxlm.convert.names import Entry, attention, dense, norm, params_from_hf, params_to_hf, prefixed
 from jaxlm.models.config import TransformerConfig
+from jaxlm.models.decoder import CausalLM
 
 GPT2_BUFFERS = (".attn.bias", ".attn.masked_bias")
 LLAMA_BUFFERS = (".rotary_emb.inv_freq",)
@@ -161,8 +162,6 @@ def _head(config: TransformerConfig) -> list[Entry]:
 
 def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     """'/'-joined path -> shape of every parameter of our CausalLM (no allocation)."""
-    from jaxlm.models.decoder import CausalLM
-
     return param_shapes(CausalLM, config, 1)
 
 

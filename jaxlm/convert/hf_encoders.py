@@ -19,6 +19,7 @@ import numpy as np
 from jaxlm.convert.hf import (CONFIG_FIELDS, EncoderNames, bert_like_config_to_hf, build_config, check_bert_layers,
                               check_family, check_representable, mlm_head, param_shapes)
 from jaxlm.models.config import TransformerConfig
+from jaxlm.models.heads import MaskedLM
 
 DISTILBERT_FIELDS = {"vocab_size": "vocab_size", "dim": "hidden_size", "n_layers": "num_layers", "n_heads": "num_heads",
                      "hidden_dim": "intermediate_size", "max_position_embeddings": "max_position_embeddings",
@@ -86,8 +87,6 @@ def distilbert_config_to_hf(config: TransformerConfig) -> dict:
 
 def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     """'/'-joined path -> shape of every parameter of our MaskedLM, plus the encoder's optional pooler."""
-    from jaxlm.models.heads import MaskedLM
-
     e = config.hidden_size
     return param_shapes(MaskedLM, config, 4) | {"encoder/pooler/kernel": (e, e), "encoder/pooler/bias": (e,)}
 

@@ -8,6 +8,7 @@ import numpy as np
 from jaxlm.convert.hf import build_config, check_family, check_representable, param_shapes
 from jaxlm.convert.names import Entry, attention, dense, fold_copies, params_from_hf, params_to_hf
 from jaxlm.models.config import TransformerConfig
+from jaxlm.models.t5 import T5ForConditionalGeneration
 
 SHARED, LM_HEAD = "shared.weight", "lm_head.weight"
 EMBED_COPIES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
@@ -118,8 +119,6 @@ def _model(config: TransformerConfig) -> str:
 
 def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     """'/'-joined path -> shape of every parameter of our T5 (no allocation)."""
-    from jaxlm.models.t5 import T5ForConditionalGeneration
-
     return param_shapes(T5ForConditionalGeneration, config, 2)
 
 

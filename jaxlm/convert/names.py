@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Iterator, Mapping, NamedTuple, Sequence
 
+import flax.linen as nn
 import numpy as np
 
 from jaxlm.convert.layout import stack_layers, unstack_layers
@@ -120,8 +121,6 @@ def unflatten(flat: Mapping[str, object]) -> dict:
 
 def plain(params: Mapping) -> Mapping:
     """A parameter tree unboxed, without its `params` level if it has one."""
-    import flax.linen as nn
-
     params = nn.unbox(params)
     return params["params"] if "params" in params else params
 

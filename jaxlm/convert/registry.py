@@ -44,11 +44,8 @@ def from_hf(model_dir, *, scan_layers: bool = False, **overrides) -> tuple[Trans
 
 def from_gguf(path, *, scan_layers: bool = False, **overrides) -> tuple[TransformerConfig, dict, dict[str, str]]:
     """(config, parameter tree, tokenizer files by name) of a llama.cpp GGUF file, via jaxlm.convert.gguf."""
-    try:
-        config, params, info = gguf.load_gguf(path, **overrides)
-        tokenizer = gguf.gguf_tokenizer(path)
-    except ModuleNotFoundError as err:
-        raise ValueError(f"reading GGUF files needs the {err.name!r} package; install it") from err
+    config, params, info = gguf.load_gguf(path, **overrides)
+    tokenizer = gguf.gguf_tokenizer(path)
     settings = {f"{kind}_token": tokenizer.id_to_token(info[f"{kind}_token_id"])
                 for kind in ("bos", "eos") if info.get(f"{kind}_token_id") is not None}
     if info.get("chat_template"):

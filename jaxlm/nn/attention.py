@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from jaxlm.nn.embed import rotary_embedding
 from jaxlm.nn.layers import Dense
+from jaxlm.nn.splash import splash_attention
 from jaxlm.parallel.logical import constrain
 
 if TYPE_CHECKING:
@@ -74,8 +75,6 @@ def dot_product_attention(
         if bias is not None or mask is not None:
             raise ValueError("attention_kernel='splash' takes no logit bias or extra mask: use 'xla' for "
                              "relative positions (T5) and for cached decoding")
-        from jaxlm.nn.splash import splash_attention
-
         return splash_attention(query, key, value, padding_mask=padding_mask, causal=causal,
                                 segment_ids=segment_ids, scale=scale)
     if kernel != "xla":
