@@ -26,16 +26,24 @@ _PYTHON_DOCS = "usr/share/doc/python3.11/html/_sources"
 
 # ---------------------------------------------------------------- fetchers (each caches its corpus as BERT text)
 
+def _from_debian(name: str, package: str, text: Callable[[pathlib.Path], str]) -> pathlib.Path:
+    """Corpus `name`, cached as BERT text: `text` of Debian's `package` unpacked (downloaded once)."""
+    path = corpus_path(name)
+    if not path.exists():
+        with tempfile.TemporaryDirectory() as tmp:
+            write_atomic(path, text(apt_download(package, tmp)))
+    return path
+
+
+def _austen_text(root: pathlib.Path) -> str:
+    data = root / _JANEAUSTENR_DATA
+    novels = read_r_lazyload(data.with_suffix(".rdb").read_bytes(), data.with_suffix(".rdx").read_bytes())
+    return format_documents(chapter for lines in novels.values() for chapter in austen_chapters(lines))
+
+
 def fetch_austen() -> pathlib.Path:
     """Six Jane Austen novels (Debian r-cran-janeaustenr), one document per chapter."""
-    path = corpus_path("austen")
-    if path.exists():
-        return path
-    with tempfile.TemporaryDirectory() as tmp:
-        data = apt_download("r-cran-janeaustenr", tmp) / _JANEAUSTENR_DATA
-        novels = read_r_lazyload(data.with_suffix(".rdb").read_bytes(), data.with_suffix(".rdx").read_bytes())
-    return write_atomic(path, format_documents(
-        chapter for lines in novels.values() for chapter in austen_chapters(lines)))
+    return _from_debian("austen", "r-cran-janeaustenr", _austen_text)
 
 
 def fetch_wikipedia() -> pathlib.Path:
@@ -56,33 +64,28 @@ def fetch_news() -> pathlib.Path:
     return write_atomic(path, format_documents(split_sentences(a) for a in articles))
 
 
+def _rst_text(files: list[pathlib.Path], package: str, where: str) -> str:
+    if not files:
+        raise RuntimeError(f"{package} has no reST files under {where}.")
+    return rst_corpus(files)
+
+
+def _kernel_docs_text(root: pathlib.Path) -> str:
+    docs = root / _KERNEL_DOCS
+    files = sorted(p for p in docs.rglob("*") if p.name.endswith((".rst", ".rst.gz")) and p.is_file()
+                   and "translations" not in p.relative_to(docs).parts)
+    return _rst_text(files, "linux-doc-6.12", _KERNEL_DOCS)
+
+
 def fetch_kernel_docs() -> pathlib.Path:
     """Linux kernel documentation (Debian linux-doc-6.12): the English .rst(.gz) files, as prose."""
-    path = corpus_path("kernel-docs")
-    if path.exists():
-        return path
-    with tempfile.TemporaryDirectory() as tmp:
-        docs = apt_download("linux-doc-6.12", tmp) / _KERNEL_DOCS
-        files = sorted(
-            p for p in docs.rglob("*") if p.name.endswith((".rst", ".rst.gz")) and p.is_file()
-            and "translations" not in p.relative_to(docs).parts)
-        if not files:
-            raise RuntimeError(f"linux-doc-6.12 has no .rst files under {_KERNEL_DOCS}.")
-        text = rst_corpus(files)
-    return write_atomic(path, text)
+    return _from_debian("kernel-docs", "linux-doc-6.12", _kernel_docs_text)
 
 
 def fetch_python_docs() -> pathlib.Path:
     """Python 3.11 documentation (Debian python3.11-doc): the reST sources, as prose."""
-    path = corpus_path("python-docs")
-    if path.exists():
-        return path
-    with tempfile.TemporaryDirectory() as tmp:
-        files = sorted((apt_download("python3.11-doc", tmp) / _PYTHON_DOCS).rglob("*.rst.txt"))
-        if not files:
-            raise RuntimeError(f"python3.11-doc has no .rst.txt files under {_PYTHON_DOCS}.")
-        text = rst_corpus(files)
-    return write_atomic(path, text)
+    return _from_debian("python-docs", "python3.11-doc", lambda root: _rst_text(
+        sorted((root / _PYTHON_DOCS).rglob("*.rst.txt")), "python3.11-doc", _PYTHON_DOCS))
 
 
 # ---------------------------------------------------------------- the registry
