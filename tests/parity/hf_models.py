@@ -58,26 +58,31 @@ LLAMA = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attentio
 
 
 class Family(NamedTuple):
-    """A family on both sides: the transformers classes, a small config, our converters."""
+    """A family on both sides: the transformers classes (by name, imported when used), a small config,
+    our converters."""
 
-    model_cls: type
-    config_cls: type
+    model_class: str
+    config_class: str
     small: dict
     config_from_hf: Callable
     params_from_hf: Callable
     params_to_hf: Callable
 
+    @property
+    def model_cls(self) -> type:
+        return getattr(transformers, self.model_class)
+
     def random_model(self, noise: float = 0.05, noise_seed: int | None = None, **fields):
         """A small random model of this family (`fields` change the small config) with eager attention:
         see :func:`random_model`."""
-        return random_model(self.model_cls, self.config_cls(**{**self.small, **fields}, attn_implementation="eager"),
-                            noise, noise_seed=noise_seed)
+        config = getattr(transformers, self.config_class)(**{**self.small, **fields}, attn_implementation="eager")
+        return random_model(self.model_cls, config, noise, noise_seed=noise_seed)
 
 
 DECODERS = {
-    "gpt2": Family(transformers.GPT2LMHeadModel, transformers.GPT2Config, GPT2, hf_decoder.gpt2_config_from_hf,
-                    hf_decoder.gpt2_params_from_hf, hf_decoder.gpt2_params_to_hf),
-    "llama": Family(transformers.LlamaForCausalLM, transformers.LlamaConfig, LLAMA, hf_decoder.llama_config_from_hf,
+    "gpt2": Family("GPT2LMHeadModel", "GPT2Config", GPT2, hf_decoder.gpt2_config_from_hf,
+                   hf_decoder.gpt2_params_from_hf, hf_decoder.gpt2_params_to_hf),
+    "llama": Family("LlamaForCausalLM", "LlamaConfig", LLAMA, hf_decoder.llama_config_from_hf,
                     hf_decoder.llama_params_from_hf, hf_decoder.llama_params_to_hf),
 }
 

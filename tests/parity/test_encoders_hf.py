@@ -22,10 +22,10 @@ ROBERTA = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attenti
 DISTILBERT = dict(vocab_size=1000, dim=64, n_layers=2, n_heads=4, hidden_dim=128, max_position_embeddings=64,
                   activation="gelu", pad_token_id=0)
 FAMILIES = {
-    "roberta": Family(transformers.RobertaForMaskedLM, transformers.RobertaConfig, ROBERTA, enc.roberta_config_from_hf,
+    "roberta": Family("RobertaForMaskedLM", "RobertaConfig", ROBERTA, enc.roberta_config_from_hf,
                       enc.roberta_params_from_hf, enc.roberta_params_to_hf),
-    "distilbert": Family(transformers.DistilBertForMaskedLM, transformers.DistilBertConfig, DISTILBERT,
-                         enc.distilbert_config_from_hf, enc.distilbert_params_from_hf, enc.distilbert_params_to_hf),
+    "distilbert": Family("DistilBertForMaskedLM", "DistilBertConfig", DISTILBERT, enc.distilbert_config_from_hf,
+                         enc.distilbert_params_from_hf, enc.distilbert_params_to_hf),
 }
 # family -> (its tied copies, config fields its small config gives, a misshapen tensor and the error it raises)
 EXPECTED = {
