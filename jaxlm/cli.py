@@ -15,7 +15,7 @@ from jaxlm import config as config_lib
 from jaxlm import generate
 from jaxlm.config import ConfigError
 from jaxlm.convert import registry, store
-from jaxlm.convert.hf import flatten
+from jaxlm.convert.names import flatten
 from jaxlm.data.bench import bench_data, format_data_table
 from jaxlm.data.pipeline import open_data
 from jaxlm.data.prepare import already_prepared, prepare, preparation_settings
