@@ -265,8 +265,13 @@ def test_ctrl_c_stops_prepare_between_batches(tmp_path, austen, monkeypatch):
             return super().encode_batch(batch)
 
     out = tmp_path / "out"
-    with pytest.raises(KeyboardInterrupt):
-        prepare(austen, out, Interrupting(bert_vocab_path()), progress=False)
+    # a job started in the background inherits SIGINT ignored, and prepare rightly leaves it so
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            prepare(austen, out, Interrupting(bert_vocab_path()), progress=False)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     kept = len(list(partial_dir(out).glob("tokens-*.npz")))
     assert not out.exists() and 0 < kept < -(-269 // 40)
     assert prepare(austen, out, WordPieceTokenizer(bert_vocab_path()), progress=False)["splits"]["train"]["examples"] > 0
