@@ -21,6 +21,8 @@ from jaxlm.data.pipeline import open_data
 from jaxlm.data.prepare import already_prepared, prepare, preparation_settings
 from jaxlm.data.sources import model_tokenizer, resolve_corpus
 from jaxlm.data.tokenizers import tokenize_cli, trainer_cli
+from jaxlm.eval import sweep
+from jaxlm.parallel import distributed
 from jaxlm.sentence_embedding import embed_file
 from jaxlm.train import aot
 from jaxlm.train.bench import bench, format_table
@@ -144,6 +146,20 @@ def cmd_generate(args) -> None:
         print(json.dumps(line), flush=True)
 
 
+def cmd_eval(args) -> None:
+    _quiet_orbax()
+    paths = [a for a in args.inputs if "=" not in a]
+    overrides = [a for a in args.inputs if "=" in a]
+    extra = config_lib.parse_overrides(overrides).get("distributed") or {}
+    distributed.initialize(config_lib.section(config_lib.DistributedConfig, extra, "distributed"))
+    plan = sweep.plan(paths, args.tasks or ["heldout"], args.select, args.out, overrides, args.batch_size,
+                      args.encoder_input, args.watch)
+    progress = sweep.run(plan, watch=args.watch, idle_timeout=args.idle_timeout, poll=args.poll)
+    if jax.process_index() == 0:
+        print(sweep.summary(progress))
+        print(f"results: {plan.out / 'results.jsonl'}, {plan.out / 'results.csv'}, {plan.out / 'curves.png'}")
+
+
 def cmd_compile(args) -> None:
     if "JAX_PLATFORMS" not in os.environ:
         # The compile needs no accelerator runtime (the TPU devices are compile-only); don't probe for one.
@@ -233,6 +249,26 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--num-beams", type=int, default=1, help="beam search when above 1 (temperature 0)")
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(handler=cmd_generate)
+
+    text = ("evaluate checkpoints of runs and converted models: held-out metrics, perplexity of a text file, "
+            "BIG-bench multiple choice; one row per run and step")
+    ev = commands.add_parser("eval", help=text, description=text)
+    ev.add_argument("inputs", nargs="+", metavar="RUN_OR_CKPT",
+                    help="run directories, checkpoints/<step> directories or converted checkpoints; then "
+                         "key=value overrides (mesh, train.global_batch, train.eval_batches, model.attention_kernel, "
+                         "data.prepared_dir, ...)")
+    ev.add_argument("--select", default="all", help="all, latest, every:N or steps:A,B,... (default all)")
+    ev.add_argument("--tasks", action="append", metavar="TASKS",
+                    help="comma-separated: heldout, ppl:FILE, choice:FILE.json[@K] (default heldout)")
+    ev.add_argument("--out", default="eval", help="output directory, never inside a run (default eval/)")
+    ev.add_argument("--watch", action="store_true", help="keep evaluating new checkpoints until the run's final step")
+    ev.add_argument("--idle-timeout", type=float, default=1800.0,
+                    help="with --watch: stop after this many seconds without a new checkpoint (default 1800)")
+    ev.add_argument("--poll", type=float, default=2.0, help="with --watch: seconds between looks (default 2)")
+    ev.add_argument("--batch-size", type=int, default=32, help="ppl/choice: rows per batch (default 32)")
+    ev.add_argument("--encoder-input", default="",
+                    help="ppl on an encoder-decoder: the input each line is the target of (default empty)")
+    ev.set_defaults(handler=cmd_eval)
 
     text = "compile the train step for a TPU topology (no TPU needed) and print its memory per device"
     comp = command(commands, "compile", cmd_compile, text)

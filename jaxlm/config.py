@@ -137,7 +137,8 @@ def _number(value, kind: type, where: str):
     return float(value)
 
 
-def _section(cls, values: dict, name: str):
+def section(cls, values: dict, name: str):
+    """One section's dataclass from a mapping, each value checked against its default's type."""
     valid = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(valid))
     if unknown:
@@ -170,7 +171,7 @@ def from_dict(tree: dict) -> RunConfig:
         families.get(model.family)
     except (ValueError, TypeError) as err:
         raise ConfigError(str(err)) from None
-    sections = {name: _section(cls, tree.get(name) or {}, name) for name, cls in SECTION_TYPES.items()}
+    sections = {name: section(cls, tree.get(name) or {}, name) for name, cls in SECTION_TYPES.items()}
     config = RunConfig(model=model, **sections)
     validate(config)
     return config

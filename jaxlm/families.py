@@ -56,7 +56,9 @@ class Family:
     # abilities
     embeds: bool = False  # jaxlm embed: pooled encoder states
     generates: str = ""  # jaxlm generate: "causal", "seq2seq" or "" (cannot)
-    scores_choices: bool = False  # likelihood of continuations (choice tasks, perplexity)
+    # jaxlm eval: how it scores continuations (perplexity, choices): "causal" (next-token likelihood),
+    # "masked" (pseudo-log-likelihood through the masked-LM head) or "seq2seq" (target likelihood)
+    scores: str = ""
     heads: tuple[str, ...] = ()  # fine-tuning heads that fit
 
     def make_objective(self, config: TransformerConfig, data: DataConfig) -> Objective:
@@ -91,9 +93,9 @@ def _seq2seq(target_length: Callable[[DataConfig], int]) -> ObjectiveFactory:
                                                            target_length(data))
 
 
-ENCODER = dict(embeds=True, heads=ENCODER_HEADS)
-DECODER = dict(generates="causal", scores_choices=True, heads=DECODER_HEADS)
-ENCODER_DECODER = dict(generates="seq2seq", scores_choices=True)
+ENCODER = dict(embeds=True, scores="masked", heads=ENCODER_HEADS)
+DECODER = dict(generates="causal", scores="causal", heads=DECODER_HEADS)
+ENCODER_DECODER = dict(generates="seq2seq", scores="seq2seq")
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("bert", BertForPreTraining, _pairs("nsp"), "nsp_pairs", examples.nsp_transform, MLM_ROLES,

@@ -70,23 +70,29 @@ def build(config: RunConfig, devices=None) -> Setup:
     return Setup(config, mesh, rules, objective, optimizer, lr, shardings, abstract, batch_shardings)
 
 
+def batch_structs(setup: Setup) -> dict:
+    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=setup.batch_shardings[k])
+            for k, v in setup.objective.batch_shapes(setup.config.train.global_batch).items()}
+
+
+def compile_eval(setup: Setup):
+    """The AOT-compiled held-out step: (params, batch) -> summed stats, replicated."""
+    with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+        evaluate = jax.jit(make_eval_step(setup.objective),
+                           in_shardings=(setup.shardings.params, setup.batch_shardings),
+                           out_shardings=replicated(setup.mesh))
+        return evaluate.lower(setup.abstract.params, batch_structs(setup)).compile()
+
+
 def compile_steps(setup: Setup, with_eval: bool = True):
     """AOT-compiled train (and eval) steps with explicit shardings; the state is donated."""
-    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=setup.batch_shardings[k])
-             for k, v in setup.objective.batch_shapes(setup.config.train.global_batch).items()}
     rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated(setup.mesh))
     train_step = make_train_step(setup.objective, setup.optimizer, setup.schedule, setup.config.optim.grad_accum)
     with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
         train = jax.jit(train_step, in_shardings=(setup.shardings, setup.batch_shardings, replicated(setup.mesh)),
                         out_shardings=(setup.shardings, replicated(setup.mesh)), donate_argnums=0)
-        compiled_train = train.lower(setup.abstract, batch, rng).compile()
-        if not with_eval:
-            return compiled_train, None
-        evaluate = jax.jit(make_eval_step(setup.objective),
-                           in_shardings=(setup.shardings.params, setup.batch_shardings),
-                           out_shardings=replicated(setup.mesh))
-        compiled_eval = evaluate.lower(setup.abstract.params, batch).compile()
-    return compiled_train, compiled_eval
+        compiled_train = train.lower(setup.abstract, batch_structs(setup), rng).compile()
+    return compiled_train, compile_eval(setup) if with_eval else None
 
 
 def memory_summary(compiled) -> str:
@@ -191,27 +197,40 @@ def train(config: RunConfig) -> dict:
     return final | {"step": step}
 
 
+def heldout_baselines(valid, final: dict) -> dict:
+    """The trivial baseline of each held-out accuracy in `final`: the most frequent masked token for
+    MLM (over the examples evaluated), 0.5 for NSP and SOP."""
+    baselines = {}
+    if "mlm_acc" in final:
+        baselines["mlm_acc"] = most_frequent_token_baseline(valid, epoch=0, limit=final.get("examples"))
+    return baselines | {f"{name}_acc": 0.5 for name in ("nsp", "sop") if f"{name}_acc" in final}
+
+
+def with_perplexity(final: dict) -> dict:
+    """Held-out metrics plus the perplexity of token-level objectives (exp of the mean loss)."""
+    return final | ({"perplexity": float(np.exp(final["loss"]))} if "lm_acc" in final else {})
+
+
 def report(config: RunConfig, final: dict) -> str:
-    """Held-out accuracy next to its trivial baselines (MLM: the most frequent masked token; NSP/SOP:
-    0.5), perplexity for token-level objectives, and the plot of the curves."""
+    """Held-out accuracy next to its trivial baselines, perplexity for token-level objectives, and the
+    plot of the curves."""
     run_dir = pathlib.Path(config.train.run_dir)
     summary = {"step": final["step"], "loss": final["loss"], "examples": final["examples"]}
-    lines, baselines = [f"  held-out loss {final['loss']:.4f}"], {}
+    lines = [f"  held-out loss {final['loss']:.4f}"]
+    valid = open_data(config)[2] if "mlm_acc" in final else None  # the MLM baseline counts its tokens
+    baselines = heldout_baselines(valid, final)
     if "mlm_acc" in final:
-        _, _, valid = open_data(config)
-        baseline = most_frequent_token_baseline(valid, epoch=0, limit=final.get("examples"))
-        baselines["mlm_acc"] = baseline
+        baseline = baselines["mlm_acc"]
         summary |= {"mlm_acc": final["mlm_acc"], "mlm_baseline": baseline,
                     "mlm_ratio": final["mlm_acc"] / max(baseline, 1e-9)}
         lines.append(f"  MLM accuracy {final['mlm_acc']:.4f}   most-frequent-token baseline {baseline:.4f}"
                      f"   ({summary['mlm_ratio']:.2f}x)")
     for name in ("nsp", "sop"):
         if f"{name}_acc" in final:
-            baselines[f"{name}_acc"] = 0.5
             summary |= {f"{name}_acc": final[f"{name}_acc"], f"{name}_baseline": 0.5}
             lines.append(f"  {name.upper()} accuracy {final[f'{name}_acc']:.4f}   baseline 0.5000")
     if "lm_acc" in final:
-        summary |= {"lm_acc": final["lm_acc"], "perplexity": float(np.exp(final["loss"]))}
+        summary |= {"lm_acc": final["lm_acc"], "perplexity": with_perplexity(final)["perplexity"]}
         lines.append(f"  token accuracy {final['lm_acc']:.4f}   perplexity {summary['perplexity']:.2f}")
     plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png", baselines)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

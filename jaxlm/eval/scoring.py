@@ -1,0 +1,288 @@
+"""Log-likelihoods of continuations after contexts, batched in a few bucketed shapes over a device mesh:
+the one scoring engine of perplexity and choice tasks, for decoders (next-token likelihood), encoders
+(pseudo-log-likelihood: each continuation token masked in turn) and encoder-decoders (target likelihood)."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Callable, Iterable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from jaxlm import families
+from jaxlm.data.settings import DataConfig
+from jaxlm.models.config import TransformerConfig
+from jaxlm.models.heads import gather_positions
+from jaxlm.config import MeshConfig
+from jaxlm.parallel.mesh import logical_sharding, make_mesh, replicated, tree_shardings
+from jaxlm.parallel.rules import rules_for
+
+# Sequence lengths are padded up to one of these (capped at the model's positions): few shapes, few compiles.
+MIN_BUCKET = 16
+# Top-level parameter groups pseudo-log-likelihood reads: the encoder and its masked-LM head.
+MASKED_GROUPS = ("encoder", "mlm")
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    """One scored continuation. Decoders read context + continuation left to right; encoders see
+    context + continuation + suffix with one continuation token masked at a time; encoder-decoders
+    encode the context and decode the continuation. Every id sequence includes the tokenizer's own
+    special tokens where it adds them (BOS, [CLS] ... [SEP], </s>)."""
+
+    context: tuple[int, ...]
+    continuation: tuple[int, ...]
+    suffix: tuple[int, ...] = ()
+
+    def record(self) -> dict:
+        out = {"context": list(self.context), "continuation": list(self.continuation)}
+        return out | ({"suffix": list(self.suffix)} if self.suffix else {})
+
+
+def kind_of(config: TransformerConfig) -> str:
+    """How the family scores: "causal", "masked" or "seq2seq"."""
+    return families.get(config.family).scores
+
+
+def position_limit(config: TransformerConfig) -> int | None:
+    """Tokens a sequence may hold (None: relative positions, no limit)."""
+    if config.position_embedding == "relative":
+        return None
+    return config.max_position_embeddings - config.position_offset
+
+
+def bucket(length: int, limit: int | None) -> int:
+    size = max(MIN_BUCKET, 1 << max(0, length - 1).bit_length())
+    return size if limit is None else max(length, min(size, limit))
+
+
+def check_fits(items: Sequence[Item], config: TransformerConfig, kind: str) -> None:
+    """Raise ValueError for a continuation longer than the model can read at once."""
+    limit = position_limit(config)
+    if limit is None:
+        return
+    for index, item in enumerate(items):
+        need = len(item.continuation) + (len(item.context) + len(item.suffix) if kind == "masked" else 1)
+        if need > limit:
+            raise ValueError(f"item {index}: a continuation of {len(item.continuation)} tokens does not fit the "
+                             f"model's {limit} positions; shorten it")
+
+
+# ---------------------------------------------------------------- rows: numpy, one batch at a time
+
+def causal_rows(items: Sequence[Item], limit: int | None) -> list[dict]:
+    """Input, targets and weights per item: context + continuation shifted by one, the context cut
+    from the left where the whole does not fit."""
+    rows = []
+    for item in items:
+        tokens = list(item.context) + list(item.continuation)
+        if limit is not None and len(tokens) - 1 > limit:
+            tokens = tokens[len(tokens) - 1 - limit:]
+        inputs, targets = tokens[:-1], tokens[1:]
+        weights = [0.0] * (len(targets) - len(item.continuation)) + [1.0] * len(item.continuation)
+        rows.append({"input_ids": inputs, "targets": targets, "weights": weights})
+    return rows
+
+
+def seq2seq_rows(items: Sequence[Item], limit: int | None, start_id: int) -> list[dict]:
+    rows = []
+    for item in items:
+        source = list(item.context)[-limit:] if limit is not None else list(item.context)
+        target = list(item.continuation)
+        rows.append({"input_ids": source, "decoder_input_ids": [start_id] + target[:-1], "targets": target,
+                     "weights": [1.0] * len(target)})
+    return rows
+
+
+def masked_rows(items: Sequence[Item], mask_id: int) -> list[dict]:
+    """One row per continuation token: the whole sequence with that token masked."""
+    rows = []
+    for item in items:
+        sequence = list(item.context) + list(item.continuation) + list(item.suffix)
+        for offset, token in enumerate(item.continuation):
+            position = len(item.context) + offset
+            masked = sequence.copy()
+            masked[position] = mask_id
+            rows.append({"input_ids": masked, "positions": [position], "targets": [token], "weights": [1.0]})
+    return rows
+
+
+def pad_rows(rows: list[dict], size: int, pad_id: int, limit: int | None) -> dict[str, np.ndarray]:
+    """[size, bucket] arrays from up to `size` rows; absent rows weigh nothing."""
+    widths = {key: bucket(max(len(r[key]) for r in rows), limit) for key in rows[0]}
+    if "positions" in widths:
+        widths["positions"] = widths["targets"] = widths["weights"] = 1
+    out = {}
+    for key, width in widths.items():
+        fill = pad_id if key.endswith("input_ids") else 0
+        array = np.full((size, width), fill, np.float32 if key == "weights" else np.int32)
+        for i, row in enumerate(rows):
+            array[i, :len(row[key])] = row[key]
+        out[key] = array
+    out["input_mask"] = np.zeros(out["input_ids"].shape, np.int32)
+    for i, row in enumerate(rows):
+        out["input_mask"][i, :len(row["input_ids"])] = 1
+    out["input_mask"][len(rows):, 0] = 1  # an absent row holds one pad token: attention needs a key
+    return out
+
+
+# ---------------------------------------------------------------- the compiled scorers
+
+def _masked_logits(module, input_ids, input_mask, positions):
+    hidden = module.encoder.hidden_states(input_ids, None, input_mask, True)
+    return module.mlm(gather_positions(hidden, positions), module.encoder.word_embeddings)
+
+
+def _forward(model: nn.Module, kind: str, params, batch: dict) -> jax.Array:
+    """Logits at every target of the batch [B, T, V]."""
+    variables = {"params": params}
+    if kind == "causal":
+        mask = batch["input_mask"]
+        return model.apply(variables, batch["input_ids"], None, mask, mask > 0, deterministic=True)
+    if kind == "seq2seq":
+        return model.apply(variables, batch["input_ids"], batch["decoder_input_ids"], batch["input_mask"],
+                           deterministic=True)
+    return model.apply(variables, batch["input_ids"], batch["input_mask"], batch["positions"],
+                       method=_masked_logits)
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_scorer(config: TransformerConfig, mesh: Mesh, rules: tuple) -> Callable:
+    """(params, batch) -> weighted target log-probabilities [B, T], replicated. One jitted function per
+    model config and mesh, so every checkpoint of a model reuses its compilations."""
+    model, kind = families.get(config.family).network(config), kind_of(config)
+
+    def score(params, batch):
+        logits = _forward(model, kind, params, batch).astype(jnp.float32)
+        log_probs = jax.nn.log_softmax(logits, axis=-1)
+        picked = jnp.take_along_axis(log_probs, batch["targets"][..., None], axis=-1)[..., 0]
+        return picked * batch["weights"]
+
+    jitted = jax.jit(score, out_shardings=replicated(mesh))
+
+    def run(params, batch):
+        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+            return jitted(params, batch)
+
+    return run
+
+
+def batch_shards(mesh: Mesh, rules: tuple) -> int:
+    axes = nn.logical_to_mesh_axes(("batch",), rules)[0]
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    return math.prod(mesh.shape[a] for a in axes)
+
+
+def global_arrays(batch: dict[str, np.ndarray], mesh: Mesh, rules: tuple) -> dict[str, jax.Array]:
+    """Host arrays (the same on every process) as arrays sharded over the batch axes."""
+    sharding = logical_sharding(mesh, rules, ("batch", None))
+    return {k: jax.make_array_from_callback(v.shape, sharding, lambda index, v=v: v[index]) for k, v in batch.items()}
+
+
+def host_value(array: jax.Array) -> np.ndarray:
+    """A replicated array on this host, also where other processes hold some of its devices."""
+    return np.asarray(array.addressable_data(0))
+
+
+# ---------------------------------------------------------------- parameters on a mesh
+
+def abstract_params(config: TransformerConfig, mesh: Mesh, rules: tuple, groups: Iterable[str] | None = None):
+    """ShapeDtypeStructs of the family's parameters with their mesh shardings (only the top-level
+    `groups` when given): the target that Orbax restores into."""
+    objective = families.make_objective(config, DataConfig(max_seq_length=16, max_predictions=2))
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        boxed = jax.eval_shape(objective.init, jax.random.key(0))
+        shardings = tree_shardings(mesh, rules, boxed)
+    tree = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), nn.unbox(boxed), shardings)
+    return tree if groups is None else {k: v for k, v in tree.items() if k in groups}
+
+
+def scoring_groups(config: TransformerConfig) -> tuple[str, ...] | None:
+    """The parameter groups scoring reads (None: all of them)."""
+    return MASKED_GROUPS if kind_of(config) == "masked" else None
+
+
+def place_params(params, config: TransformerConfig, mesh: Mesh, rules: tuple):
+    """A caller's parameter tree (numpy or jax arrays) on the mesh by its logical axes."""
+    target = abstract_params(config, mesh, rules, scoring_groups(config))
+    missing = [k for k in target if k not in params]
+    if missing:
+        raise ValueError(f"the parameters lack {', '.join(missing)}, which scoring a {config.family} model needs"
+                         + (" (its masked-LM head)" if "mlm" in missing else ""))
+    return jax.tree.map(lambda x, t: jax.device_put(x, t.sharding), {k: params[k] for k in target}, target)
+
+
+# ---------------------------------------------------------------- scoring
+
+@dataclasses.dataclass
+class Scorer:
+    """Token log-likelihoods of Items under one model config on one mesh; `batch_size` rows per call
+    (rounded up to the mesh's batch shards). `pad_id` defaults to the config's; encoders need
+    `mask_id`, encoder-decoders use the config's decoder start id."""
+
+    config: TransformerConfig
+    mesh: Mesh
+    rules: tuple = ()
+    batch_size: int = 32
+    mask_id: int | None = None
+    pad_id: int | None = None
+
+    def __post_init__(self):
+        self.kind = kind_of(self.config)
+        if self.kind == "masked" and self.mask_id is None:
+            raise ValueError(f"pseudo-log-likelihood needs the tokenizer's mask token; this {self.config.family} "
+                             "tokenizer has none")
+        shards = batch_shards(self.mesh, self.rules)
+        self.batch_size = max(shards, -(-self.batch_size // shards) * shards)
+        self.limit = position_limit(self.config)
+        self.pad = self.config.pad_token_id if self.pad_id is None else self.pad_id
+        self.score_fn = compiled_scorer(self.config, self.mesh, tuple(self.rules))
+
+    def rows(self, items: Sequence[Item]) -> list[dict]:
+        if self.kind == "causal":
+            return causal_rows(items, self.limit)
+        if self.kind == "seq2seq":
+            return seq2seq_rows(items, self.limit, self.config.decoder_start_token_id)
+        return masked_rows(items, self.mask_id)
+
+    def row_count(self, items: Sequence[Item]) -> int:
+        """Rows the items take: one each, or one per continuation token for encoders."""
+        return sum(len(i.continuation) for i in items) if self.kind == "masked" else len(items)
+
+    def __call__(self, params, items: Sequence[Item], progress: Callable[[int], None] | None = None
+                 ) -> list[np.ndarray]:
+        """Per item, the log-probability of each continuation token (float32 [len(continuation)]);
+        `progress` is told how many rows each batch finished."""
+        check_fits(items, self.config, self.kind)
+        rows = self.rows(items)
+        order = sorted(range(len(rows)), key=lambda r: -len(rows[r]["input_ids"]))
+        per_row: list[np.ndarray] = [np.zeros(0, np.float32)] * len(rows)
+        for start in range(0, len(order), self.batch_size):
+            chosen = order[start:start + self.batch_size]
+            batch = pad_rows([rows[r] for r in chosen], self.batch_size, self.pad, self.limit)
+            scores = host_value(self.score_fn(params, global_arrays(batch, self.mesh, self.rules)))
+            for slot, r in enumerate(chosen):
+                per_row[r] = scores[slot][batch["weights"][slot] > 0]
+            if progress is not None:
+                progress(len(chosen))
+        if self.kind != "masked":
+            return per_row
+        bounds = np.cumsum([0] + [len(i.continuation) for i in items])
+        return [np.concatenate(per_row[a:b] or [np.zeros(0, np.float32)]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def loglikelihoods(config: TransformerConfig, params, items: Sequence[Item], *, mesh: Mesh | None = None,
+                   rules: tuple = (), batch_size: int = 32, mask_id: int | None = None) -> np.ndarray:
+    """Summed log-likelihood of each item's continuation (float64 [len(items)]): for decoders and
+    encoder-decoders the exact likelihood, for encoders the pseudo-log-likelihood. `params` is the
+    model's tree as the caller holds it; it is placed on `mesh` (default: every device, data-parallel)."""
+    if mesh is None:
+        mesh, rules = make_mesh(MeshConfig()), rules_for(MeshConfig().rules)
+    placed = place_params(params, config, mesh, tuple(rules))
+    scorer = Scorer(config, mesh, tuple(rules), batch_size, mask_id)
+    return np.array([float(np.sum(s, dtype=np.float64)) for s in scorer(placed, items)])

@@ -1,0 +1,276 @@
+"""`jaxlm eval`: every selected committed checkpoint of each source evaluated on each task, resumable,
+optionally watching a run that is still training; everything checked before any compute."""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import time
+from typing import Callable
+
+import jax
+import numpy as np
+from tqdm.auto import tqdm
+
+from jaxlm.data.pipeline import open_data
+from jaxlm.data.sources import model_tokenizer
+from jaxlm.data.tokenizers.load import load_tokenizer
+from jaxlm.data.tokenizers.roles import special_ids
+from jaxlm.eval import results, tasks as tasks_lib
+from jaxlm.eval.scoring import Item, Scorer, abstract_params, kind_of, position_limit, scoring_groups
+from jaxlm.eval.sources import Selection, Source, check_out, open_source, parse_selection
+from jaxlm.eval.tasks import Task
+from jaxlm.parallel.mesh import make_mesh
+from jaxlm.parallel.rules import rules_for
+from jaxlm.train import checkpoint
+from jaxlm.train.loop import build, compile_eval, evaluate, heldout_baselines, with_perplexity
+
+TOKENIZER_DIR = "tokenizer"
+
+
+@dataclasses.dataclass
+class Plan:
+    """A checked sweep: nothing in it has touched a device."""
+
+    sources: list[Source]
+    tasks: list[Task]
+    selection: Selection
+    out: pathlib.Path
+    batch_size: int = 32
+    encoder_input: str = ""
+
+
+def source_tokenizer(source: Source):
+    """The tokenizer a source's checkpoints were made with: a run's data.vocab (with its lowercase and
+    sentinels settings), or a converted checkpoint's tokenizer/ directory."""
+    if source.is_run:
+        return model_tokenizer(source.config)
+    directory = source.directory / TOKENIZER_DIR
+    if not directory.is_dir():
+        raise ValueError(f"{source.path} has no tokenizer/ directory, so text cannot become ids; convert it with "
+                         "its tokenizer files")
+    return load_tokenizer(directory)
+
+
+def check_task(source: Source, task: Task, first_step: int | None) -> None:
+    """Raise ValueError unless `source` can run `task` (before any compute)."""
+    if task.kind == "heldout":
+        if not source.is_run:
+            raise ValueError(f"heldout needs a training run's data and objective; {source.path} is a converted "
+                             "checkpoint (use ppl:FILE or choice:FILE.json)")
+        if not pathlib.Path(source.config.data.prepared_dir).is_dir():
+            raise ValueError(f"heldout: {source.path} was trained on {source.config.data.prepared_dir}, which is not "
+                             "here; pass data.prepared_dir=DIR (the prepared data of that run)")
+        return
+    tokenizer = source_tokenizer(source)
+    kind = kind_of(source.config.model)
+    if kind == "masked" and special_ids(tokenizer)["mask"] is None:
+        raise ValueError(f"{task.name}: {source.path}'s tokenizer has no mask token, which pseudo-log-likelihood needs")
+    groups = scoring_groups(source.config.model)
+    if groups and first_step is not None:
+        lacking = [g for g in groups if g not in source.stored_params(first_step)]
+        if lacking:
+            raise ValueError(f"{task.name}: {source.path} cannot score text: its checkpoint has no "
+                             f"{', '.join(lacking)} parameters (an encoder converted without its masked-LM head); "
+                             "convert a checkpoint that has one (e.g. from BertForMaskedLM)")
+
+
+def plan(paths: list[str], task_specs: list[str], select: str = "all", out: str = "eval",
+         overrides: list[str] = (), batch_size: int = 32, encoder_input: str = "", watch: bool = False) -> Plan:
+    """Every input, task, selection and the output place checked; ValueError/ConfigError otherwise."""
+    if not paths:
+        raise ValueError("give at least one run directory, checkpoint or converted checkpoint to evaluate")
+    if batch_size < 1:
+        raise ValueError(f"--batch-size {batch_size} must be at least 1")
+    selection = parse_selection(select)
+    task_list = tasks_lib.parse_tasks(task_specs)
+    sources = [open_source(p, list(overrides)) for p in paths]
+    labels = [s.label for s in sources]
+    for source in sources:
+        if labels.count(source.label) > 1:
+            source.label = f"{source.label}@{source.path.parent.name}"
+    out_path = pathlib.Path(out)
+    check_out(out_path, sources)
+    if out_path.exists() and not out_path.is_dir():
+        raise ValueError(f"--out {out} is a file; give a directory")
+    for source in sources:
+        chosen = selection.pick(source.committed_steps())
+        if not chosen and not watch:
+            raise ValueError(f"--select {select} matches none of {source.path}'s committed steps "
+                             f"({', '.join(map(str, source.committed_steps()))})")
+        for task in task_list:
+            check_task(source, task, chosen[0] if chosen else None)
+    return Plan(sources, task_list, selection, out_path, batch_size, encoder_input)
+
+
+# ---------------------------------------------------------------- one source, compiled once
+
+class SourceEvaluator:
+    """Evaluates the checkpoints of one source: builds the mesh, compiles and tokenizes once, then
+    restores each step onto the mesh and runs each task."""
+
+    def __init__(self, source: Source, task_list: list[Task], batch_size: int, encoder_input: str):
+        config = source.config
+        self.source, self.tasks = source, task_list
+        self.mesh, self.rules = make_mesh(config.mesh), rules_for(config.mesh.rules)
+        self.setup = self.compiled = self.valid = self.scorer = None
+        self.baselines: dict | None = None
+        self.items: dict[str, list] = {}
+        if any(t.kind == "heldout" for t in task_list):
+            self.setup = build(config)
+            self.compiled = compile_eval(self.setup)
+            self.valid = open_data(config)[2]
+            self.target = self.setup.abstract.params
+        else:
+            self.target = abstract_params(config.model, self.mesh, self.rules, scoring_groups(config.model))
+        scoring = [t for t in task_list if t.kind != "heldout"]
+        if scoring:
+            tokenizer = source_tokenizer(source)
+            self.scorer = Scorer(config.model, self.mesh, self.rules, batch_size, special_ids(tokenizer)["mask"])
+            for task in scoring:
+                self.items[task.name] = self.task_items(task, tokenizer, encoder_input)
+
+    def task_items(self, task: Task, tokenizer, encoder_input: str) -> list:
+        kind, limit = self.scorer.kind, position_limit(self.source.config.model)
+        if task.kind == "ppl":
+            source = tokenizer.encode(encoder_input, add_special_tokens=True) if kind == "seq2seq" else ()
+            return [tasks_lib.line_items(tokenizer, line, kind, limit, source)
+                    for line in tasks_lib.read_lines(task.path)]
+        choice = tasks_lib.load_choice_task(task.path)
+        return tasks_lib.choice_items(tokenizer, kind, choice, task.shots)
+
+    def restore(self, step: int):
+        return checkpoint.restore_params(self.source.directory, self.target, step)
+
+    def rows(self, task: Task) -> int:
+        if task.kind == "heldout":
+            return 0
+        return self.scorer.row_count([i for group in self.items[task.name] for i in group])
+
+    def evaluate(self, task: Task, params, progress: Callable[[int], None]) -> tuple[dict, int, dict, list]:
+        """(metrics, examples, baselines by metric, per-item records) of one task on `params`."""
+        if task.kind == "heldout":
+            final = with_perplexity(evaluate(self.setup, self.compiled, params, self.valid))
+            if self.baselines is None:
+                self.baselines = heldout_baselines(self.valid, final)
+            examples = int(final.pop("examples", 0))
+            return final, examples, self.baselines, []
+        groups: list[list[Item]] = self.items[task.name]
+        flat = [i for group in groups for i in group]
+        scores = self.scorer(params, flat, progress)
+        records, bounds = [], np.cumsum([0] + [len(g) for g in groups])
+        per_group = [scores[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        if task.kind == "ppl":
+            metrics = tasks_lib.perplexity_metrics(self.scorer.kind, scores, len(groups))
+            for line, (group, group_scores) in enumerate(zip(groups, per_group)):
+                for window, (item, s) in enumerate(zip(group, group_scores)):
+                    records.append({"line": line, "window": window, **item.record(),
+                                    "loglik": float(np.sum(s, dtype=np.float64)), "token_logliks": s.tolist()})
+            return metrics, len(groups), {}, records
+        choice = tasks_lib.load_choice_task(task.path)
+        logliks = [np.array([np.sum(s, dtype=np.float64) for s in g]) for g in per_group]
+        counts = [np.array([len(i.continuation) for i in g]) for g in groups]
+        metrics, picks = tasks_lib.choice_metrics(choice, logliks, counts)
+        for index, (group, ll, pick) in enumerate(zip(groups, logliks, picks)):
+            for number, (item, value) in enumerate(zip(group, ll)):
+                records.append({"example": index, "choice": number, **item.record(), "loglik": float(value),
+                                "chosen": number == pick["pick"], "example_correct": pick["correct"]})
+        return metrics, len(groups), {"accuracy": metrics["random_baseline"],
+                                      "accuracy_norm": metrics["random_baseline"]}, records
+
+
+# ---------------------------------------------------------------- the sweep
+
+@dataclasses.dataclass
+class Progress:
+    records: list[dict]
+    errors: list[str]
+    speed: dict  # task -> [items, seconds]
+
+
+def evaluate_step(evaluator: SourceEvaluator, plan_: Plan, step: int, finished: set, progress: Progress,
+                  writer: bool) -> None:
+    """Every task not yet done at one step of one source; a checkpoint that cannot be restored is
+    reported and skipped."""
+    source = evaluator.source
+    todo = [t for t in plan_.tasks if (str(source.path), step, t.name) not in finished]
+    if not todo:
+        return
+    try:
+        params = evaluator.restore(step)
+    except Exception as err:  # a broken or vanished checkpoint must not end the sweep
+        progress.errors.append(f"{source.label} step {step}: could not restore ({type(err).__name__}: "
+                               f"{str(err).splitlines()[0][:200]})")
+        print(f"jaxlm eval: skipped {progress.errors[-1]}", flush=True)
+        return
+    for task in todo:
+        rows = evaluator.rows(task)
+        bar = tqdm(total=rows or None, desc=f"{source.label}@{step} {task.name}", unit="row", leave=False,
+                   disable=not writer or rows == 0, dynamic_ncols=True)
+        began = time.time()
+        metrics, examples, baselines, items = evaluator.evaluate(task, params, bar.update)
+        bar.close()
+        elapsed = time.time() - began
+        speed = progress.speed.setdefault(task.name, [0, 0.0])
+        speed[0], speed[1] = speed[0] + (len(items) if items else examples), speed[1] + elapsed
+        new = [{"run": source.label, "source": str(source.path), "step": step, "task": task.name, "metric": name,
+                "value": value, "examples": examples} | ({"baseline": baselines[name]} if name in baselines else {})
+               for name, value in metrics.items()]
+        if writer:
+            if items:
+                results.write_examples(plan_.out / source.label / f"examples-{task.file_name}-{step}.jsonl", items)
+            results.append_records(plan_.out, new)
+        progress.records.extend(new)
+        finished.add((str(source.path), step, task.name))
+
+
+def run(plan_: Plan, watch: bool = False, idle_timeout: float = 1800.0, poll: float = 2.0) -> Progress:
+    """Evaluate what the plan selects that --out does not hold yet; with `watch`, keep evaluating new
+    committed checkpoints until each run has written its final step or none came for `idle_timeout` s.
+    (A multi-process evaluation starts `jax.distributed` before planning: see jaxlm.cli.)"""
+    writer = jax.process_index() == 0
+    if writer:
+        plan_.out.mkdir(parents=True, exist_ok=True)
+    finished = results.done(results.read_records(plan_.out))
+    keys = {str(s.path) for s in plan_.sources}
+    progress = Progress([r for r in results.read_records(plan_.out) if r["source"] in keys], [], {})
+    evaluators: dict[str, SourceEvaluator] = {}
+    seen: dict[str, set[int]] = {key: set() for key in keys}
+    last_new = time.time()
+    while True:
+        for source in plan_.sources:
+            key = str(source.path)
+            committed = source.committed_steps()
+            chosen = set(plan_.selection.pick(committed))
+            for step in sorted(set(committed) - seen[key]):
+                pending = any((key, step, t.name) not in finished for t in plan_.tasks)
+                if step in chosen and pending:
+                    if key not in evaluators:
+                        evaluators[key] = SourceEvaluator(source, plan_.tasks, plan_.batch_size, plan_.encoder_input)
+                    evaluate_step(evaluators[key], plan_, step, finished, progress, writer)
+                seen[key].add(step)
+                last_new = time.time()
+        if not watch or all(source_finished(s, seen[str(s.path)]) for s in plan_.sources):
+            break
+        if time.time() - last_new > idle_timeout:
+            print(f"jaxlm eval: no new checkpoint for {idle_timeout:g} s; stopping", flush=True)
+            break
+        time.sleep(poll)
+    if writer:
+        everything = results.read_records(plan_.out)
+        if everything:
+            results.write_csv(plan_.out, everything)
+            results.plot_curves(plan_.out, everything)
+    return progress
+
+
+def source_finished(source: Source, seen: set[int]) -> bool:
+    """A run is finished once its final step has been seen; a converted checkpoint or one named step
+    at once."""
+    return not source.is_run or source.own_step is not None or any(s >= source.final_step for s in seen)
+
+
+def summary(progress: Progress) -> str:
+    lines = [results.format_table(progress.records, progress.errors)]
+    for task, (items, seconds) in progress.speed.items():
+        lines.append(f"{task}: {items} items in {seconds:.1f} s ({items / max(seconds, 1e-9):.1f} items/s)")
+    return "\n".join(lines)

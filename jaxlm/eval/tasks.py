@@ -1,0 +1,244 @@
+"""Evaluation tasks: their specs (`heldout`, `ppl:FILE`, `choice:FILE.json[@K]`), the items a text file
+or a BIG-bench JSON task turns into for each way of scoring, and the metrics of their scores."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+import re
+from typing import Sequence
+
+import numpy as np
+
+from jaxlm.eval.scoring import Item
+
+# BIG-bench's own defaults for JSON tasks (bigbench/api/json_task.py).
+BIGBENCH_DEFAULTS = {"task_prefix": "", "example_input_prefix": "\nQ: ", "example_output_prefix": "\nA: ",
+                     "choice_prefix": "\n  choice: ", "few_shot_example_separator": "\n",
+                     "append_choices_to_input": True}
+SHOT_SEED = 1234
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One task of a sweep: `kind` heldout, ppl or choice; `path` its file; `shots` for choices."""
+
+    kind: str
+    path: pathlib.Path | None = None
+    shots: int = 0
+    name: str = "heldout"  # what results and file names call it
+
+    @property
+    def file_name(self) -> str:
+        return re.sub(r"[^A-Za-z0-9_.@-]+", "-", self.name)
+
+
+def parse_task(spec: str) -> Task:
+    """A Task from `heldout`, `ppl:FILE` or `choice:FILE.json[@K]`, its file checked (ValueError)."""
+    spec = spec.strip()
+    if spec == "heldout":
+        return Task("heldout")
+    kind, _, rest = spec.partition(":")
+    if kind == "ppl" and rest:
+        path = pathlib.Path(rest)
+        read_lines(path)
+        return Task("ppl", path, name=f"ppl:{path.stem}")
+    if kind == "choice" and rest:
+        file, shots = rest, 0
+        match = re.fullmatch(r"(.+)@(\d+)", rest)
+        if match:
+            file, shots = match.group(1), int(match.group(2))
+        path = pathlib.Path(file)
+        task = load_choice_task(path)
+        if shots and len(task.examples) < shots + 1:
+            raise ValueError(f"{path}: {shots}-shot needs at least {shots + 1} examples, it has {len(task.examples)}")
+        return Task("choice", path, shots, f"choice:{task.name}@{shots}")
+    raise ValueError(f"unknown task {spec!r}; tasks are heldout, ppl:FILE (a text file, one sequence per line) "
+                     "and choice:FILE.json[@K] (a BIG-bench JSON task, K shots)")
+
+
+def parse_tasks(specs: Sequence[str]) -> list[Task]:
+    """Tasks from comma-separated specs, in order, without repeats."""
+    tasks: list[Task] = []
+    for spec in specs:
+        for part in spec.split(","):
+            if part.strip():
+                task = parse_task(part)
+                if task not in tasks:
+                    tasks.append(task)
+    if not tasks:
+        raise ValueError("no task given; pass --tasks heldout, ppl:FILE or choice:FILE.json[@K]")
+    return tasks
+
+
+# ---------------------------------------------------------------- perplexity files
+
+def read_lines(path: pathlib.Path) -> list[str]:
+    """The non-blank lines of a text file."""
+    if not path.is_file():
+        raise FileNotFoundError(f"ppl:{path}: no such file; give a text file with one sequence per line")
+    try:
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except UnicodeDecodeError:
+        raise ValueError(f"ppl:{path} is not UTF-8 text; give a text file with one sequence per line") from None
+    if not lines:
+        raise ValueError(f"ppl:{path} holds no text; give one sequence per line")
+    return lines
+
+
+def split_specials(tokenizer, text: str) -> tuple[list[int], list[int], list[int]]:
+    """(the special ids the tokenizer puts before `text`, its ids, those it puts after)."""
+    core = list(tokenizer.encode(text, add_special_tokens=False))
+    full = list(tokenizer.encode(text, add_special_tokens=True))
+    for start in range(len(full) - len(core) + 1):
+        if full[start:start + len(core)] == core:
+            return full[:start], core, full[start + len(core):]
+    return [], core, []
+
+
+def windows(ids: list[int], size: int) -> list[list[int]]:
+    return [ids[i:i + size] for i in range(0, len(ids), max(1, size))]
+
+
+def line_items(tokenizer, line: str, kind: str, limit: int | None, source: Sequence[int] = ()) -> list[Item]:
+    """The items of one line of a perplexity file, in non-overlapping windows of what the model reads
+    at once. Decoders: the tokenizer's ids (BOS where it adds one), each window's first token the
+    context of the rest. Encoders: every token between the tokenizer's special tokens, masked in turn.
+    Encoder-decoders: the ids, EOS included, as the target of the `source` ids."""
+    if kind == "causal":
+        ids = list(tokenizer.encode(line, add_special_tokens=True))
+        return [Item(tuple(w[:1]), tuple(w[1:])) for w in windows(ids, limit or len(ids)) if len(w) > 1]
+    if kind == "seq2seq":
+        ids = list(tokenizer.encode(line, add_special_tokens=True))
+        return [Item(tuple(source), tuple(w)) for w in windows(ids, limit or len(ids))]
+    before, core, after = split_specials(tokenizer, line)
+    room = (limit or len(core) + len(before) + len(after)) - len(before) - len(after)
+    return [Item(tuple(before), tuple(w), tuple(after)) for w in windows(core, room) if w]
+
+
+def perplexity_metrics(kind: str, scores: Sequence[np.ndarray], lines: int) -> dict:
+    tokens = sum(len(s) for s in scores)
+    nll = -float(sum(np.sum(s, dtype=np.float64) for s in scores))
+    name = "pseudo_perplexity" if kind == "masked" else "perplexity"
+    per_token = nll / max(tokens, 1)
+    return {name: math.exp(per_token), "nll_per_token": per_token, "tokens": tokens, "lines": lines}
+
+
+# ---------------------------------------------------------------- BIG-bench multiple choice
+
+@dataclasses.dataclass(frozen=True)
+class ChoiceTask:
+    name: str
+    examples: list[dict]  # {"input": str, "target_scores": {choice: score}}
+    settings: dict  # BIGBENCH_DEFAULTS, as the task sets them
+
+
+def _missing(path, where: str, field: str, what: str) -> ValueError:
+    return ValueError(f"{path} is not a BIG-bench JSON task: {where} has no {field!r} ({what})")
+
+
+def load_choice_task(path: pathlib.Path) -> ChoiceTask:
+    """A BIG-bench JSON task's multiple-choice examples, each checked (ValueError naming the field)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"choice:{path}: no such file; give a BIG-bench JSON task (task.json)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not a BIG-bench JSON task: not JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is not a BIG-bench JSON task: it holds a {type(data).__name__}, not an object "
+                         "with 'examples'")
+    examples = data.get("examples")
+    if not isinstance(examples, list) or not examples:
+        raise _missing(path, "the task", "examples", "a non-empty list of {input, target_scores}")
+    for index, example in enumerate(examples):
+        where = f"examples[{index}]"
+        if not isinstance(example, dict) or not isinstance(example.get("input"), str):
+            raise _missing(path, where, "input", "the question text")
+        scores = example.get("target_scores")
+        if not isinstance(scores, dict) or len(scores) < 2:
+            raise _missing(path, where, "target_scores", "a mapping of at least two choices to scores; "
+                           "choice tasks need multiple-choice examples")
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in scores.values()):
+            raise ValueError(f"{path}: {where}.target_scores must map each choice to a number")
+        if max(scores.values()) <= min(scores.values()):
+            raise ValueError(f"{path}: {where}.target_scores has no correct choice (all scores equal)")
+    name = data.get("name") or (path.parent.name if path.stem == "task" else path.stem)
+    settings = {k: data.get(k, default) for k, default in BIGBENCH_DEFAULTS.items()}
+    # a few tasks spell the flag as a string ("false")
+    settings["append_choices_to_input"] = str(settings["append_choices_to_input"]).lower() != "false"
+    return ChoiceTask(str(name).replace(" ", "_"), examples, settings)
+
+
+def correct_choice(example: dict) -> str:
+    scores = example["target_scores"]
+    return next(k for k, v in scores.items() if v == max(scores.values()))
+
+
+def formatted_input(example: dict, settings: dict, index: int) -> str:
+    """BIG-bench's default format: input prefix, the question, the choices (shuffled once per example,
+    seeded by its index) when the task appends them, then the output prefix."""
+    text = example["input"]
+    if settings["append_choices_to_input"]:
+        choices = np.random.RandomState(index).permutation(sorted(example["target_scores"]))
+        text += settings["choice_prefix"] + settings["choice_prefix"].join(choices)
+    return settings["example_input_prefix"] + text + settings["example_output_prefix"]
+
+
+def prompts(task: ChoiceTask, shots: int) -> list[str]:
+    """Each example's prompt: the task prefix, then `shots` other examples (drawn by a generator seeded
+    with the example's index) each followed by its correct choice, then the example."""
+    settings = task.settings
+    out = []
+    for index, example in enumerate(task.examples):
+        parts = []
+        if shots:
+            others = [i for i in range(len(task.examples)) if i != index]
+            for shot in np.random.default_rng([SHOT_SEED, index]).choice(others, shots, replace=False):
+                parts.append(formatted_input(task.examples[shot], settings, int(shot))
+                             + correct_choice(task.examples[shot]))
+        parts.append(formatted_input(example, settings, index))
+        out.append(settings["task_prefix"] + settings["few_shot_example_separator"].join(parts))
+    return out
+
+
+def continuation_item(tokenizer, kind: str, context: str, continuation: str) -> Item:
+    """`continuation` after `context` as ids, split where the whole text's tokens pass the context's.
+    Trailing whitespace of the context moves to the continuation (" yes" after "A:", as
+    lm-evaluation-harness does), so that the continuation's first token carries its space."""
+    stripped = context.rstrip()
+    continuation = context[len(stripped):] + continuation
+    if kind == "seq2seq":
+        return Item(tuple(tokenizer.encode(stripped, add_special_tokens=True)),
+                    tuple(tokenizer.encode(continuation.strip(), add_special_tokens=True)))
+    before, whole, after = split_specials(tokenizer, stripped + continuation)
+    head = list(tokenizer.encode(stripped, add_special_tokens=False))
+    if whole[:len(head)] != head:  # the boundary merged into one token: score the continuation alone
+        whole = head + list(tokenizer.encode(continuation, add_special_tokens=False))
+    if kind == "causal":
+        return Item(tuple(before + head), tuple(whole[len(head):]))
+    return Item(tuple(before + head), tuple(whole[len(head):]), tuple(after))
+
+
+def choice_items(tokenizer, kind: str, task: ChoiceTask, shots: int) -> list[list[Item]]:
+    """Per example, one item per choice (in the file's order)."""
+    return [[continuation_item(tokenizer, kind, prompt, choice) for choice in example["target_scores"]]
+            for prompt, example in zip(prompts(task, shots), task.examples)]
+
+
+def choice_metrics(task: ChoiceTask, logliks: list[np.ndarray], tokens: list[np.ndarray]) -> tuple[dict, list]:
+    """Accuracy (the highest summed log-likelihood is a correct choice), the same per token, and the
+    random baseline; plus each example's chosen index and correctness."""
+    hits, hits_norm, chance, picks = [], [], [], []
+    for example, scores, counts in zip(task.examples, logliks, tokens):
+        targets = np.array(list(example["target_scores"].values()), np.float64)
+        best = targets == targets.max()
+        pick, pick_norm = int(np.argmax(scores)), int(np.argmax(scores / np.maximum(counts, 1)))
+        hits.append(bool(best[pick]))
+        hits_norm.append(bool(best[pick_norm]))
+        chance.append(best.mean())
+        picks.append({"pick": pick, "correct": hits[-1]})
+    metrics = {"accuracy": float(np.mean(hits)), "accuracy_norm": float(np.mean(hits_norm)),
+               "random_baseline": float(np.mean(chance))}
+    return metrics, picks
