@@ -153,7 +153,7 @@ def cmd_eval(args) -> None:
     extra = config_lib.parse_overrides(overrides).get("distributed") or {}
     distributed.initialize(config_lib.section(config_lib.DistributedConfig, extra, "distributed"))
     plan = sweep.plan(paths, args.tasks or ["heldout"], args.select, args.out, overrides, args.batch_size,
-                      args.encoder_input, args.watch)
+                      args.encoder_input, args.watch, args.idle_timeout, args.poll)
     progress = sweep.run(plan, watch=args.watch, idle_timeout=args.idle_timeout, poll=args.poll)
     if jax.process_index() == 0:
         print(sweep.summary(progress))

@@ -65,7 +65,7 @@ def write_csv(out: pathlib.Path, records: list[dict]) -> None:
     write_atomic(out / "results.csv", buffer.getvalue())
 
 
-def _cell(value) -> str:
+def cell(value) -> str:
     if isinstance(value, float):
         return f"{value:.4f}" if math.isfinite(value) and abs(value) < 1e6 else f"{value:.4g}"
     return str(value)
@@ -82,7 +82,7 @@ def format_table(records: list[dict], errors: list[str] = ()) -> str:
             rows.setdefault((r["run"], r["step"]), {"run": r["run"], "step": r["step"],
                                                      "examples": r.get("examples", "")})[r["metric"]] = r["value"]
         header = ["run", "step", "examples", *metrics]
-        body = [[_cell(row.get(c, "")) for c in header] for row in (rows[k] for k in sorted(rows))]
+        body = [[cell(row.get(c, "")) for c in header] for row in (rows[k] for k in sorted(rows))]
         widths = [max(len(h), *(len(line[i]) for line in body)) for i, h in enumerate(header)]
         lines = [f"{task}", "  " + "  ".join(h.ljust(w) for h, w in zip(header, widths))]
         lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in body]

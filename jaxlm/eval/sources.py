@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import re
+import time
 
 import flax.linen as nn
 import jax
@@ -113,12 +114,27 @@ def _stored_config(directory: pathlib.Path, step: int, path: pathlib.Path) -> di
     return stored
 
 
-def open_source(path: str | pathlib.Path, overrides: list[str]) -> Source:
+class NoCheckpointYet(ValueError):
+    """The source (still) holds no committed checkpoint."""
+
+
+def open_source(path: str | pathlib.Path, overrides: list[str], wait: float = 0.0, poll: float = 2.0) -> Source:
     """A Source for a run directory, its checkpoints/ or checkpoints/<step>, or a converted checkpoint;
-    ValueError when it holds no committed checkpoint."""
-    given = pathlib.Path(path)
+    NoCheckpointYet when it holds no committed checkpoint (after waiting up to `wait` seconds for one
+    to appear: a watched run may not have written its first)."""
+    deadline = time.time() + wait
+    while True:
+        try:
+            return _open_source(pathlib.Path(path), overrides)
+        except NoCheckpointYet:
+            if time.time() >= deadline:
+                raise
+            time.sleep(poll)
+
+
+def _open_source(given: pathlib.Path, overrides: list[str]) -> Source:
     if not given.is_dir():
-        raise FileNotFoundError(f"{given}: no such directory; give a run directory (train.run_dir), one of its "
+        raise NoCheckpointYet(f"{given}: no such directory; give a run directory (train.run_dir), one of its "
                                 "checkpoints/<step> directories or a `jaxlm convert` output")
     directory, own = checkpoint.resolve(given)
     directory = directory.absolute()
@@ -130,7 +146,7 @@ def open_source(path: str | pathlib.Path, overrides: list[str]) -> Source:
     if own is not None and own not in steps:
         raise ValueError(f"{given}: step {own} is not a committed checkpoint (still being written, or broken)")
     if not steps:
-        raise ValueError(f"{given} holds no committed checkpoint; give a run directory with checkpoints/, one "
+        raise NoCheckpointYet(f"{given} holds no committed checkpoint; give a run directory with checkpoints/, one "
                          "checkpoints/<step> directory or a `jaxlm convert` output")
     stored = _stored_config(directory, own if own is not None else steps[-1], given)
     run_dir = directory.parent if "train" in stored else None

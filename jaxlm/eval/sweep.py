@@ -75,15 +75,18 @@ def check_task(source: Source, task: Task, first_step: int | None) -> None:
 
 
 def plan(paths: list[str], task_specs: list[str], select: str = "all", out: str = "eval",
-         overrides: list[str] = (), batch_size: int = 32, encoder_input: str = "", watch: bool = False) -> Plan:
-    """Every input, task, selection and the output place checked; ValueError/ConfigError otherwise."""
+         overrides: list[str] = (), batch_size: int = 32, encoder_input: str = "", watch: bool = False,
+         idle_timeout: float = 0.0, poll: float = 2.0) -> Plan:
+    """Every input, task, selection and the output place checked; ValueError/ConfigError otherwise.
+    When watching, a run that has no committed checkpoint yet is waited for up to `idle_timeout` s."""
     if not paths:
         raise ValueError("give at least one run directory, checkpoint or converted checkpoint to evaluate")
     if batch_size < 1:
         raise ValueError(f"--batch-size {batch_size} must be at least 1")
     selection = parse_selection(select)
     task_list = tasks_lib.parse_tasks(task_specs)
-    sources = [open_source(p, list(overrides)) for p in paths]
+    wait = idle_timeout if watch else 0.0
+    sources = [open_source(p, list(overrides), wait, poll) for p in paths]
     labels = [s.label for s in sources]
     for source in sources:
         if labels.count(source.label) > 1:
@@ -220,6 +223,9 @@ def evaluate_step(evaluator: SourceEvaluator, plan_: Plan, step: int, finished: 
                 results.write_examples(plan_.out / source.label / f"examples-{task.file_name}-{step}.jsonl", items)
             results.append_records(plan_.out, new)
         progress.records.extend(new)
+        if writer:
+            shown = ", ".join(f"{k} {results.cell(v)}" for k, v in metrics.items())
+            tqdm.write(f"jaxlm eval: {source.label} step {step} {task.name}: {shown}")
         finished.add((str(source.path), step, task.name))
 
 

@@ -1,0 +1,192 @@
+"""`jaxlm eval` over the checkpoints of real tiny runs: selection, the run's own final evaluation
+reproduced, other device counts, watching a run while it trains, resuming an interrupted sweep."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, run_cli, write_config
+from jaxlm.eval import results
+from jaxlm.train.metrics import read_jsonl
+
+STEPS, EVERY = 20, 5
+RUN = {"train": {"steps": STEPS, "checkpoint_every": EVERY, "keep_checkpoints": 10, "eval_batches": 2}}
+
+
+def make_config(directory, prepared_dir, run_dir, name="config.yaml"):
+    extra = {"data": {"prepared_dir": str(prepared_dir)}, "train": {**RUN["train"], "run_dir": str(run_dir)}}
+    return write_config(directory, extra, name)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, prepared_dir):
+    """(run directory, its config) of a tiny BERT trained alone for 20 steps, a checkpoint every 5."""
+    directory = tmp_path_factory.mktemp("eval-run")
+    config = make_config(directory, prepared_dir, directory / "run")
+    run_cli("train", config)
+    return directory / "run", config
+
+
+def records_of(out):
+    return results.read_records(out)
+
+
+def heldout(out, step):
+    return {r["metric"]: r["value"] for r in records_of(out) if r["step"] == step and r["task"] == "heldout"}
+
+
+def final_eval(run_dir):
+    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["split"] == "eval"][-1]
+
+
+def test_all_checkpoints_one_row_each_and_the_latest_is_the_runs_own_final_evaluation(trained, tmp_path):
+    run_dir, _ = trained
+    out = tmp_path / "eval"
+    proc = run_cli("eval", run_dir, "--select", "all", "--out", out)
+    steps = sorted({r["step"] for r in records_of(out)})
+    assert steps == [5, 10, 15, 20]
+    final = final_eval(run_dir)
+    assert final["step"] == STEPS
+    ours = heldout(out, STEPS)
+    for key in ("loss", "mlm_acc", "mlm_loss", "nsp_acc", "nsp_loss"):
+        assert ours[key] == final[key], key
+    assert {r["examples"] for r in records_of(out)} == {final["examples"]}
+    baselines = {r["metric"]: r["baseline"] for r in records_of(out) if "baseline" in r}
+    assert baselines["nsp_acc"] == 0.5 and 0 < baselines["mlm_acc"] < 1
+    rows = (out / "results.csv").read_text().splitlines()
+    assert len(rows) == 1 + 4 and rows[0].startswith("run,step,heldout/loss")
+    assert (out / "curves.png").stat().st_size > 0
+    assert "heldout" in proc.stdout and "items/s" in proc.stdout
+    assert not any(p.name.startswith("eval") for p in run_dir.iterdir()), "nothing is written into the run"
+
+
+@pytest.mark.parametrize("select, expected", [("latest", [20]), ("every:10", [10, 20]), ("steps:5,15", [5, 15])])
+def test_selection_picks_what_it_says(trained, tmp_path, select, expected):
+    from jaxlm.eval.sources import open_source, parse_selection
+    source = open_source(trained[0], [])
+    assert source.committed_steps() == [5, 10, 15, 20]
+    assert parse_selection(select).pick(source.committed_steps()) == expected
+
+
+def test_a_run_trained_on_8_devices_evaluates_the_same_on_1_and_4(trained, tmp_path):
+    run_dir, _ = trained
+    got = {}
+    for devices in (1, 4):
+        out = tmp_path / f"eval{devices}"
+        run_cli("eval", run_dir, "--select", "steps:10,20", "--out", out, devices=devices)
+        got[devices] = {step: heldout(out, step) for step in (10, 20)}
+    final = final_eval(run_dir)
+    for devices, by_step in got.items():
+        for key in ("loss", "mlm_acc", "nsp_acc"):
+            assert by_step[20][key] == pytest.approx(final[key], rel=1e-5, abs=1e-6), (devices, key)
+        assert by_step[10] == pytest.approx(got[1][10], rel=1e-5, abs=1e-6)
+
+
+def _env():
+    return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+
+
+def test_watch_evaluates_each_checkpoint_once_while_the_run_trains_and_leaves_it_unaffected(
+        trained, tmp_path, prepared_dir):
+    alone, _ = trained
+    run_dir = tmp_path / "watched"
+    config = make_config(tmp_path, prepared_dir, run_dir)
+    out = tmp_path / "eval"
+    trainer = subprocess.Popen([sys.executable, "-m", "jaxlm.cli", "train", str(config)], cwd=ROOT, env=_env(),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    watcher = subprocess.run([sys.executable, "-m", "jaxlm.cli", "eval", str(run_dir), "--watch", "--poll", "0.2",
+                              "--idle-timeout", "600", "--out", str(out)], cwd=ROOT, env=_env(),
+                             capture_output=True, text=True, timeout=900)
+    _, train_err = trainer.communicate(timeout=600)
+    assert trainer.returncode == 0, train_err[-2000:]
+    assert watcher.returncode == 0, watcher.stderr[-3000:]
+    evaluated = [(r["step"], r["metric"]) for r in records_of(out) if r["metric"] == "loss"]
+    assert sorted(evaluated) == [(5, "loss"), (10, "loss"), (15, "loss"), (20, "loss")]  # each once
+    losses = lambda d: {r["step"]: r["loss"] for r in read_jsonl(d / "metrics.jsonl") if r["split"] == "train"}
+    assert losses(run_dir) == losses(alone)
+    assert heldout(out, STEPS)["loss"] == final_eval(run_dir)["loss"]
+
+
+def test_an_interrupted_sweep_resumes_with_only_the_missing_checkpoints(trained, tmp_path):
+    run_dir, _ = trained
+    out = tmp_path / "eval"
+    sweep = subprocess.Popen([sys.executable, "-m", "jaxlm.cli", "eval", str(run_dir), "--out", str(out)],
+                             cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    while not records_of(out) and sweep.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    sweep.send_signal(signal.SIGKILL)
+    sweep.wait()
+    assert sweep.returncode == -signal.SIGKILL, "the sweep ended before it could be interrupted"
+    before = sorted({r["step"] for r in records_of(out)})
+    assert before and before != [5, 10, 15, 20]
+    again = run_cli("eval", run_dir, "--out", out)
+    redone = sorted(int(line.split(" step ")[1].split()[0]) for line in (again.stdout + again.stderr).splitlines()
+                    if line.startswith("jaxlm eval: ") and " step " in line)
+    assert redone == [s for s in (5, 10, 15, 20) if s not in before]
+    keys = [(r["step"], r["metric"]) for r in records_of(out)]
+    assert len(keys) == len(set(keys)) and sorted({s for s, _ in keys}) == [5, 10, 15, 20]
+
+
+# ---------------------------------------------------------------- bad input: a message, no compute, nothing written
+
+def _snapshot(directory):
+    return {p.relative_to(directory): p.stat().st_mtime_ns for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def minilm_converted(tmp_path_factory):
+    """all-MiniLM-L6-v2 converted: a BERT encoder without the masked-LM head."""
+    from jaxlm.cli import main
+    from jaxlm.corpora.models import minilm_dir
+    out = tmp_path_factory.mktemp("minilm") / "ckpt"
+    assert main(["convert", "from-hf", str(minilm_dir()), str(out)]) == 0
+    return out
+
+
+def bad_cases(run_dir, tmp_path, minilm):
+    not_bigbench = tmp_path / "task.json"
+    not_bigbench.write_text(json.dumps({"examples": [{"input": "2 + 2 =", "target": "4"}]}))
+    lines = tmp_path / "lines.txt"
+    lines.write_text("a line of text\n")
+    (tmp_path / "empty").mkdir()
+    return {
+        "no checkpoint": ([tmp_path / "empty"], ["holds no committed checkpoint"]),
+        "selection matches none": ([run_dir, "--select", "steps:7"], ["--select steps:7 matches none", "5, 10, 15, 20"]),
+        "unknown task": ([run_dir, "--tasks", "heldout,bleu"], ["unknown task 'bleu'", "ppl:FILE"]),
+        "not BIG-bench JSON": ([run_dir, "--tasks", f"choice:{not_bigbench}"],
+                               ["not a BIG-bench JSON task", "examples[0] has no 'target_scores'"]),
+        "no way to score": ([minilm, "--tasks", f"ppl:{lines}"], ["cannot score text", "no mlm parameters"]),
+        "heldout of a converted checkpoint": ([minilm], ["heldout needs a training run"]),
+        "shape-changing override": ([run_dir, "model.hidden_size=32"],
+                                    ["change the parameters' shapes", "['encoder']"]),
+        "out inside the run": ([run_dir, "--out", run_dir / "eval"], ["lies inside", "never writes into a run"]),
+        "bad selection": ([run_dir, "--select", "every:0"], ["--select 'every:0'", "every:N"]),
+    }
+
+
+CASE_NAMES = ["no checkpoint", "selection matches none", "unknown task", "not BIG-bench JSON", "no way to score",
+              "heldout of a converted checkpoint", "shape-changing override", "out inside the run", "bad selection"]
+
+
+@pytest.mark.parametrize("case", CASE_NAMES)
+def test_bad_input_is_refused_with_a_message_before_any_compute(case, trained, tmp_path, minilm_converted, capsys):
+    from jaxlm.cli import main
+    run_dir, _ = trained
+    args, expected = bad_cases(run_dir, tmp_path, minilm_converted)[case]
+    before = _snapshot(run_dir)
+    out = tmp_path / "out"
+    argv = ["eval", *map(str, args)]
+    if "--out" not in argv:
+        argv += ["--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    for text in expected:
+        assert text in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not out.exists() and not (run_dir / "eval").exists()
+    assert _snapshot(run_dir) == before
