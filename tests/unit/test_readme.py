@@ -20,3 +20,9 @@ def test_readme_library_example_runs(capsys):
 def test_readme_nnx_example_runs(capsys):
     exec(compile(library_examples()[1], "README.md", "exec"), {"__name__": "readme"})
     assert "nnx (2, 2, 1000) (2, 16, 1000)" in capsys.readouterr().out
+
+
+def test_readme_eval_example_runs(capsys):
+    exec(compile(library_examples()[2], "README.md", "exec"), {"__name__": "readme"})
+    printed = capsys.readouterr().out
+    assert re.search(r"log-likelihoods \[-\d+\.\d+ +-\d+\.\d+\]", printed), printed
