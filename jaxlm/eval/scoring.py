@@ -169,6 +169,7 @@ def compiled_scorer(config: TransformerConfig, mesh: Mesh, rules: tuple) -> Call
         with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
             return jitted(params, batch)
 
+    run.jitted = jitted  # its cache holds one compilation per padded shape
     return run
 
 

@@ -190,3 +190,38 @@ def test_bad_input_is_refused_with_a_message_before_any_compute(case, trained, t
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not out.exists() and not (run_dir / "eval").exists()
     assert _snapshot(run_dir) == before
+
+
+def test_two_processes_evaluate_as_one(trained, tmp_path):
+    run_dir, _ = trained
+    out = tmp_path / "eval"
+    env = dict(os.environ, JAXLM_TOTAL_DEVICES="4", JAXLM_COMMAND="eval",
+               JAXLM_BIN=str(ROOT / ".venv" / "bin" / "jaxlm"))
+    env.pop("XLA_FLAGS", None)
+    proc = subprocess.run(["bash", str(ROOT / "launch" / "local_multiprocess.sh"), "2", str(run_dir),
+                           "--select", "latest", "--out", str(out)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert [r["step"] for r in records_of(out) if r["metric"] == "loss"] == [STEPS]  # process 0 alone writes
+    final = final_eval(run_dir)
+    for key in ("loss", "mlm_acc", "nsp_acc"):
+        assert heldout(out, STEPS)[key] == pytest.approx(final[key], rel=1e-5, abs=1e-6), key
+
+
+def test_each_function_compiles_once_per_shape_not_once_per_checkpoint(trained, tmp_path):
+    from jaxlm.eval import sweep
+    from jaxlm.eval.scoring import compiled_scorer
+    run_dir, _ = trained
+    lines = tmp_path / "lines.txt"
+    lines.write_text("It is a truth universally acknowledged.\nThat a single man in possession of a good fortune, "
+                     "must be in want of a wife.\n")
+    plan = sweep.plan([str(run_dir)], [f"heldout,ppl:{lines}"], "steps:5", str(tmp_path / "one"))
+    sweep.run(plan)
+    source = plan.sources[0]
+    evaluator = sweep.SourceEvaluator(source, plan.tasks, plan.batch_size, "")
+    jitted = compiled_scorer(source.config.model, evaluator.mesh, tuple(evaluator.rules)).jitted
+    after_one = jitted._cache_size()
+    assert after_one >= 1
+    progress = sweep.run(sweep.plan([str(run_dir)], [f"heldout,ppl:{lines}"], "all", str(tmp_path / "four")))
+    assert sorted({r["step"] for r in progress.records}) == [5, 10, 15, 20]
+    assert jitted._cache_size() == after_one
