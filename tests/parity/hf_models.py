@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import transformers
 
-from jaxlm.convert import hf_decoder
+from jaxlm.convert import hf_bart, hf_decoder, hf_t5
 from jaxlm.convert.gguf import load_gguf
 from jaxlm.corpora.models import minilm_dir, smollm2_gguf_path
 
@@ -86,6 +86,19 @@ DECODERS = {
                     hf_decoder.llama_params_from_hf, hf_decoder.llama_params_to_hf),
 }
 
+SEQ2SEQ_VOCAB = 500
+T5 = dict(vocab_size=SEQ2SEQ_VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4,
+          relative_attention_num_buckets=16, relative_attention_max_distance=20, feed_forward_proj="relu",
+          tie_word_embeddings=True, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+BART = dict(vocab_size=SEQ2SEQ_VOCAB, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+            decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=64,
+            pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=2)
+SEQ2SEQ = {
+    "t5": Family("T5ForConditionalGeneration", "T5Config", T5, hf_t5.t5_config_from_hf, hf_t5.t5_params_from_hf,
+                 hf_t5.t5_params_to_hf),
+    "bart": Family("BartForConditionalGeneration", "BartConfig", BART, hf_bart.bart_config_from_hf,
+                   hf_bart.bart_params_from_hf, hf_bart.bart_params_to_hf),
+}
 
 # ---------------------------------------------------------------- real checkpoints, loaded once
 

@@ -1,5 +1,5 @@
 """Target log-likelihoods of `jaxlm.eval` for encoder-decoders equal transformers' (PyTorch, CPU, fp32):
-a random T5 v1.1 and a random BART, items of different lengths scored in one padded batch."""
+a random T5 and a random BART, items of different lengths scored in padded batches."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,28 +8,13 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from hf_models import random_model, torch_tensors  # noqa: E402
-from jaxlm.convert import hf_bart, hf_t5  # noqa: E402
+from hf_models import SEQ2SEQ, SEQ2SEQ_VOCAB, torch_tensors  # noqa: E402
 from jaxlm.eval import Item, loglikelihoods  # noqa: E402
-
-VOCAB = 500
-T5 = dict(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4,
-          relative_attention_num_buckets=16, relative_attention_max_distance=20, feed_forward_proj="gated-gelu",
-          tie_word_embeddings=False, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
-BART = dict(vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-            decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=64,
-            pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=2)
-MODELS = {
-    "t5": (transformers.T5ForConditionalGeneration, transformers.T5Config, T5, hf_t5.t5_config_from_hf,
-           hf_t5.t5_params_from_hf),
-    "bart": (transformers.BartForConditionalGeneration, transformers.BartConfig, BART,
-             hf_bart.bart_config_from_hf, hf_bart.bart_params_from_hf),
-}
 
 
 def items(seed: int = 0) -> list[Item]:
     rng = np.random.default_rng(seed)
-    return [Item(tuple(rng.integers(3, VOCAB, n).tolist()), tuple(rng.integers(3, VOCAB, m).tolist()))
+    return [Item(tuple(rng.integers(3, SEQ2SEQ_VOCAB, n).tolist()), tuple(rng.integers(3, SEQ2SEQ_VOCAB, m).tolist()))
             for n, m in ((12, 5), (3, 9), (20, 1), (7, 7), (1, 3))]
 
 
@@ -42,13 +27,13 @@ def reference(model, item: Item, start: int) -> float:
     return float(log_probs.gather(-1, target[..., None]).sum())
 
 
-@pytest.mark.parametrize("family", sorted(MODELS))
-def test_target_loglikelihoods_equal_transformers(family):
-    model_cls, config_cls, small, config_from_hf, params_from_hf = MODELS[family]
-    model = random_model(model_cls, config_cls(**small, attn_implementation="eager"))
-    config = config_from_hf(model.config.to_dict(), dtype="float32")
-    params = params_from_hf(torch_tensors(model), config)
+@pytest.mark.parametrize("name", sorted(SEQ2SEQ))
+def test_target_loglikelihoods_equal_transformers(name):
+    family = SEQ2SEQ[name]
+    model = family.random_model(0.2)
+    config = family.config_from_hf(model.config.to_dict(), dtype="float32")
+    params = family.params_from_hf(torch_tensors(model), config)
     scored = items()
     ours = loglikelihoods(config, params, scored, batch_size=3)
-    theirs = np.array([reference(model, item, small["decoder_start_token_id"]) for item in scored])
+    theirs = np.array([reference(model, item, family.small["decoder_start_token_id"]) for item in scored])
     np.testing.assert_allclose(ours, theirs, rtol=1e-4)

@@ -16,11 +16,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 stats = pytest.importorskip("scipy.stats")
 
-from hf_models import (DECODERS, VOCAB, random_model, right_padded, smollm2_ours, smollm2_transformers,  # noqa: E402
-                       torch_tensors)
+from hf_models import (DECODERS, SEQ2SEQ, SEQ2SEQ_VOCAB, VOCAB, right_padded, smollm2_ours,  # noqa: E402
+                       smollm2_transformers, torch_tensors)
 from jaxlm import cli  # noqa: E402
 from jaxlm import generate as gen  # noqa: E402
-from jaxlm.convert import hf_bart, hf_t5  # noqa: E402
 from jaxlm.convert.layout import stack_layers  # noqa: E402
 from jaxlm.models.bart import BartForConditionalGeneration  # noqa: E402
 from jaxlm.models.decoder import CausalLM  # noqa: E402
@@ -29,20 +28,8 @@ from jaxlm.parallel.rules import rules_for  # noqa: E402
 
 NEW = 20
 PROMPT_LENGTHS = (7, 3, 5)
-SEQ2SEQ_VOCAB = 500
 SOURCE_LENGTHS = (9, 4)
-T5 = dict(vocab_size=SEQ2SEQ_VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4,
-          relative_attention_num_buckets=16, relative_attention_max_distance=20, feed_forward_proj="relu",
-          tie_word_embeddings=True, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
-BART = dict(vocab_size=SEQ2SEQ_VOCAB, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-            decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=64,
-            pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=2)
-SEQ2SEQ = {
-    "t5": (transformers.T5ForConditionalGeneration, transformers.T5Config, T5, hf_t5.t5_config_from_hf,
-           hf_t5.t5_params_from_hf, T5ForConditionalGeneration),
-    "bart": (transformers.BartForConditionalGeneration, transformers.BartConfig, BART, hf_bart.bart_config_from_hf,
-             hf_bart.bart_params_from_hf, BartForConditionalGeneration),
-}
+NETWORKS = {"t5": T5ForConditionalGeneration, "bart": BartForConditionalGeneration}
 
 
 def hf_new_tokens(model, ids, mask, pad, **kwargs) -> np.ndarray:
@@ -147,11 +134,12 @@ def test_beam_search_matches_transformers(decoder, prompts, greedy, early_stoppi
 
 @pytest.fixture(scope="module", params=sorted(SEQ2SEQ))
 def seq2seq(request):
-    model_cls, config_cls, small, config_from_hf, from_hf, ours_cls = SEQ2SEQ[request.param]
-    model = random_model(model_cls, config_cls(**small, attn_implementation="eager"), 0.2)
-    config = config_from_hf(model.config.to_dict(), dtype="float32")
+    family = SEQ2SEQ[request.param]
+    model = family.random_model(0.2)
+    config = family.config_from_hf(model.config.to_dict(), dtype="float32")
     inputs = right_padded(SOURCE_LENGTHS, SEQ2SEQ_VOCAB, config.pad_token_id, np.random.default_rng(0), low=3)
-    return request.param, model, config, from_hf(torch_tensors(model), config), ours_cls(config), inputs
+    params = family.params_from_hf(torch_tensors(model), config)
+    return request.param, model, config, params, NETWORKS[request.param](config), inputs
 
 
 def test_seq2seq_greedy_matches_transformers(seq2seq):
