@@ -22,7 +22,7 @@ from jaxlm.eval.tasks import Task
 from jaxlm.parallel.mesh import make_mesh
 from jaxlm.parallel.rules import rules_for
 from jaxlm.train import checkpoint
-from jaxlm.train.loop import build, compile_eval, evaluate, heldout_baselines, with_perplexity
+from jaxlm.train.loop import build, check_batch, compile_eval, evaluate, heldout_baselines, with_perplexity
 
 TOKENIZER_DIR = "tokenizer"
 
@@ -96,6 +96,9 @@ def plan(paths: list[str], task_specs: list[str], select: str = "all", out: str 
     if out_path.exists() and not out_path.is_dir():
         raise ValueError(f"--out {out} is a file; give a directory")
     for source in sources:
+        mesh = make_mesh(source.config.mesh)  # a mesh that does not fit the devices fails here
+        if any(t.kind == "heldout" for t in task_list) and source.is_run:
+            check_batch(source.config, mesh)
         chosen = selection.pick(source.committed_steps())
         if not chosen and not watch:
             raise ValueError(f"--select {select} matches none of {source.path}'s committed steps "
@@ -113,17 +116,17 @@ class SourceEvaluator:
 
     def __init__(self, source: Source, task_list: list[Task], batch_size: int, encoder_input: str):
         config = source.config
-        self.source, self.tasks = source, task_list
-        self.mesh, self.rules = make_mesh(config.mesh), rules_for(config.mesh.rules)
-        self.setup = self.compiled = self.valid = self.scorer = None
-        self.baselines: dict | None = None
-        self.items: dict[str, list] = {}
+        self.source = source
+        self.setup = self.compiled = self.valid = self.scorer = self.baselines = None
+        self.items: dict[str, list[list[Item]]] = {}
+        self.choices: dict[str, tasks_lib.ChoiceTask] = {}
         if any(t.kind == "heldout" for t in task_list):
             self.setup = build(config)
             self.compiled = compile_eval(self.setup)
             self.valid = open_data(config)[2]
-            self.target = self.setup.abstract.params
+            self.mesh, self.rules, self.target = self.setup.mesh, self.setup.rules, self.setup.abstract.params
         else:
+            self.mesh, self.rules = make_mesh(config.mesh), rules_for(config.mesh.rules)
             self.target = abstract_params(config.model, self.mesh, self.rules, scoring_groups(config.model))
         scoring = [t for t in task_list if t.kind != "heldout"]
         if scoring:
@@ -132,14 +135,15 @@ class SourceEvaluator:
             for task in scoring:
                 self.items[task.name] = self.task_items(task, tokenizer, encoder_input)
 
-    def task_items(self, task: Task, tokenizer, encoder_input: str) -> list:
+    def task_items(self, task: Task, tokenizer, encoder_input: str) -> list[list[Item]]:
+        """Per line (ppl) or per example (choice), its items."""
         kind, limit = self.scorer.kind, position_limit(self.source.config.model)
         if task.kind == "ppl":
             source = tokenizer.encode(encoder_input, add_special_tokens=True) if kind == "seq2seq" else ()
             return [tasks_lib.line_items(tokenizer, line, kind, limit, source)
                     for line in tasks_lib.read_lines(task.path)]
-        choice = tasks_lib.load_choice_task(task.path)
-        return tasks_lib.choice_items(tokenizer, kind, choice, task.shots)
+        self.choices[task.name] = tasks_lib.load_choice_task(task.path)
+        return tasks_lib.choice_items(tokenizer, kind, self.choices[task.name], task.shots)
 
     def restore(self, step: int):
         return checkpoint.restore_params(self.source.directory, self.target, step)
@@ -155,30 +159,17 @@ class SourceEvaluator:
             final = with_perplexity(evaluate(self.setup, self.compiled, params, self.valid))
             if self.baselines is None:
                 self.baselines = heldout_baselines(self.valid, final)
-            examples = int(final.pop("examples", 0))
-            return final, examples, self.baselines, []
-        groups: list[list[Item]] = self.items[task.name]
-        flat = [i for group in groups for i in group]
-        scores = self.scorer(params, flat, progress)
-        records, bounds = [], np.cumsum([0] + [len(g) for g in groups])
+            return final, int(final.pop("examples", 0)), self.baselines, []
+        groups = self.items[task.name]
+        scores = self.scorer(params, [i for group in groups for i in group], progress)
+        bounds = np.cumsum([0] + [len(g) for g in groups])
         per_group = [scores[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
         if task.kind == "ppl":
             metrics = tasks_lib.perplexity_metrics(self.scorer.kind, scores, len(groups))
-            for line, (group, group_scores) in enumerate(zip(groups, per_group)):
-                for window, (item, s) in enumerate(zip(group, group_scores)):
-                    records.append({"line": line, "window": window, **item.record(),
-                                    "loglik": float(np.sum(s, dtype=np.float64)), "token_logliks": s.tolist()})
-            return metrics, len(groups), {}, records
-        choice = tasks_lib.load_choice_task(task.path)
-        logliks = [np.array([np.sum(s, dtype=np.float64) for s in g]) for g in per_group]
-        counts = [np.array([len(i.continuation) for i in g]) for g in groups]
-        metrics, picks = tasks_lib.choice_metrics(choice, logliks, counts)
-        for index, (group, ll, pick) in enumerate(zip(groups, logliks, picks)):
-            for number, (item, value) in enumerate(zip(group, ll)):
-                records.append({"example": index, "choice": number, **item.record(), "loglik": float(value),
-                                "chosen": number == pick["pick"], "example_correct": pick["correct"]})
-        return metrics, len(groups), {"accuracy": metrics["random_baseline"],
-                                      "accuracy_norm": metrics["random_baseline"]}, records
+            return metrics, len(groups), {}, tasks_lib.perplexity_records(groups, per_group)
+        metrics, records = tasks_lib.choice_results(self.choices[task.name], groups, per_group)
+        chance = metrics["random_baseline"]
+        return metrics, len(groups), {"accuracy": chance, "accuracy_norm": chance}, records
 
 
 # ---------------------------------------------------------------- the sweep
@@ -187,7 +178,7 @@ class SourceEvaluator:
 class Progress:
     records: list[dict]
     errors: list[str]
-    speed: dict  # task -> [items, seconds]
+    throughput: dict  # task -> [items scored, seconds]
 
 
 def evaluate_step(evaluator: SourceEvaluator, plan_: Plan, step: int, finished: set, progress: Progress,
@@ -213,7 +204,7 @@ def evaluate_step(evaluator: SourceEvaluator, plan_: Plan, step: int, finished: 
         metrics, examples, baselines, items = evaluator.evaluate(task, params, bar.update)
         bar.close()
         elapsed = time.time() - began
-        speed = progress.speed.setdefault(task.name, [0, 0.0])
+        speed = progress.throughput.setdefault(task.name, [0, 0.0])
         speed[0], speed[1] = speed[0] + (len(items) if items else examples), speed[1] + elapsed
         new = [{"run": source.label, "source": str(source.path), "step": step, "task": task.name, "metric": name,
                 "value": value, "examples": examples} | ({"baseline": baselines[name]} if name in baselines else {})
@@ -277,6 +268,6 @@ def source_finished(source: Source, seen: set[int]) -> bool:
 
 def summary(progress: Progress) -> str:
     lines = [results.format_table(progress.records, progress.errors)]
-    for task, (items, seconds) in progress.speed.items():
+    for task, (items, seconds) in progress.throughput.items():
         lines.append(f"{task}: {items} items in {seconds:.1f} s ({items / max(seconds, 1e-9):.1f} items/s)")
     return "\n".join(lines)

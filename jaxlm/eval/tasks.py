@@ -125,6 +125,14 @@ def perplexity_metrics(kind: str, scores: Sequence[np.ndarray], lines: int) -> d
     return {name: math.exp(per_token), "nll_per_token": per_token, "tokens": tokens, "lines": lines}
 
 
+def perplexity_records(groups: list[list[Item]], scores: list[list[np.ndarray]]) -> list[dict]:
+    """One record per window of each line: its ids, summed and per-token log-likelihoods."""
+    return [{"line": line, "window": window, **item.record(), "loglik": float(np.sum(s, dtype=np.float64)),
+             "token_logliks": s.tolist()}
+            for line, (group, group_scores) in enumerate(zip(groups, scores))
+            for window, (item, s) in enumerate(zip(group, group_scores))]
+
+
 # ---------------------------------------------------------------- BIG-bench multiple choice
 
 @dataclasses.dataclass(frozen=True)
@@ -242,3 +250,15 @@ def choice_metrics(task: ChoiceTask, logliks: list[np.ndarray], tokens: list[np.
     metrics = {"accuracy": float(np.mean(hits)), "accuracy_norm": float(np.mean(hits_norm)),
                "random_baseline": float(np.mean(chance))}
     return metrics, picks
+
+
+def choice_results(task: ChoiceTask, groups: list[list[Item]], scores: list[list[np.ndarray]]) -> tuple[dict, list]:
+    """(metrics, one record per choice of each example: its ids, log-likelihood, whether it was chosen)."""
+    logliks = [np.array([np.sum(s, dtype=np.float64) for s in g]) for g in scores]
+    counts = [np.array([len(i.continuation) for i in g]) for g in groups]
+    metrics, picks = choice_metrics(task, logliks, counts)
+    records = [{"example": index, "choice": number, **item.record(), "loglik": float(value),
+                "chosen": number == pick["pick"], "example_correct": pick["correct"]}
+               for index, (group, values, pick) in enumerate(zip(groups, logliks, picks))
+               for number, (item, value) in enumerate(zip(group, values))]
+    return metrics, records
