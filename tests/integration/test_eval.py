@@ -225,3 +225,24 @@ def test_each_function_compiles_once_per_shape_not_once_per_checkpoint(trained, 
     progress = sweep.run(sweep.plan([str(run_dir)], [f"heldout,ppl:{lines}"], "all", str(tmp_path / "four")))
     assert sorted({r["step"] for r in progress.records}) == [5, 10, 15, 20]
     assert jitted._cache_size() == after_one
+
+
+def test_a_broken_checkpoint_is_reported_and_skipped(trained, tmp_path, capsys):
+    import shutil
+    from jaxlm.cli import main
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained[0], run_dir)
+    for data in (run_dir / "checkpoints" / "10" / "state").rglob("d/*"):
+        data.write_bytes(b"")
+    out = tmp_path / "eval"
+    assert main(["eval", str(run_dir), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "skipped:" in printed and "run step 10: could not restore" in printed
+    assert sorted({r["step"] for r in records_of(out)}) == [5, 15, 20]
+
+
+def test_one_checkpoint_directory_is_evaluated_alone(trained, tmp_path):
+    from jaxlm.eval import sweep
+    progress = sweep.run(sweep.plan([str(trained[0] / "checkpoints" / "10")], ["heldout"], "all", str(tmp_path)))
+    assert {r["step"] for r in progress.records} == {10}
+    assert {r["run"] for r in progress.records} == {"run"}
