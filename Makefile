@@ -17,9 +17,10 @@ install: $(VENV)/.installed
 demo: install
 	JAX_PLATFORMS=$${JAX_PLATFORMS:-cpu} $(JAXLM) prepare $(DEMO_CONFIG)
 	JAX_PLATFORMS=$${JAX_PLATFORMS:-cpu} $(JAXLM) train $(DEMO_CONFIG)
+	JAX_PLATFORMS=$${JAX_PLATFORMS:-cpu} $(JAXLM) eval runs/bert-tiny --out eval/bert-tiny
 
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 clean-demo:
-	rm -rf runs/bert-tiny data/bert-tiny
+	rm -rf runs/bert-tiny data/bert-tiny eval/bert-tiny
