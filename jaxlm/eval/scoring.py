@@ -67,7 +67,8 @@ def check_fits(items: Sequence[Item], config: TransformerConfig, kind: str) -> N
     if limit is None:
         return
     for index, item in enumerate(items):
-        need = len(item.continuation) + (len(item.context) + len(item.suffix) if kind == "masked" else 1)
+        # encoders read the whole sequence; decoders and encoder-decoders at least the continuation
+        need = len(item.continuation) + (len(item.context) + len(item.suffix) if kind == "masked" else 0)
         if need > limit:
             raise ValueError(f"item {index}: a continuation of {len(item.continuation)} tokens does not fit the "
                              f"model's {limit} positions; shorten it")
