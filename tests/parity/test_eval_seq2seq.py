@@ -10,6 +10,7 @@ transformers = pytest.importorskip("transformers")
 
 from hf_models import SEQ2SEQ, SEQ2SEQ_VOCAB, torch_tensors  # noqa: E402
 from jaxlm.eval import Item, loglikelihoods  # noqa: E402
+from jaxlm.eval.scoring import position_limit  # noqa: E402
 
 
 def items(seed: int = 0) -> list[Item]:
@@ -34,6 +35,9 @@ def test_target_loglikelihoods_equal_transformers(name):
     config = family.config_from_hf(model.config.to_dict(), dtype="float32")
     params = family.params_from_hf(torch_tensors(model), config)
     scored = items()
+    limit = position_limit(config)
+    if limit is not None:  # BART: a continuation as long as the decoder's positions
+        scored.append(Item((5, 6), tuple(np.random.default_rng(1).integers(3, SEQ2SEQ_VOCAB, limit).tolist())))
     ours = loglikelihoods(config, params, scored, batch_size=3)
     theirs = np.array([reference(model, item, family.small["decoder_start_token_id"]) for item in scored])
     np.testing.assert_allclose(ours, theirs, rtol=1e-4)
