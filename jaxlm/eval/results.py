@@ -11,6 +11,8 @@ import pathlib
 from jaxlm.corpora.download import write_atomic
 
 RESULTS = "results.jsonl"
+# counts and baselines, which are records but not curves
+NOT_PLOTTED = ("tokens", "lines", "random_baseline")
 
 
 def read_records(out: pathlib.Path) -> list[dict]:
@@ -96,9 +98,11 @@ def plot_curves(out: pathlib.Path, records: list[dict]) -> None:
     """curves.png: each task/metric against step, one line per run, its baseline dashed."""
     from matplotlib.figure import Figure  # here: 0.5 s that only the end of a sweep needs
 
-    panels = list(dict.fromkeys((r["task"], r["metric"]) for r in records if isinstance(r["value"], (int, float))))
+    panels = list(dict.fromkeys((r["task"], r["metric"]) for r in records
+                                if isinstance(r["value"], (int, float)) and r["metric"] not in NOT_PLOTTED))
     if not panels:
         return
+    colors = {run: f"C{i % 10}" for i, run in enumerate(dict.fromkeys(r["run"] for r in records))}
     columns = min(4, len(panels))
     rows = -(-len(panels) // columns)
     fig = Figure(figsize=(4.5 * columns, 3.5 * rows))
@@ -107,10 +111,10 @@ def plot_curves(out: pathlib.Path, records: list[dict]) -> None:
         mine = [r for r in records if r["task"] == task and r["metric"] == metric]
         for run in dict.fromkeys(r["run"] for r in mine):
             points = sorted((r["step"], r["value"]) for r in mine if r["run"] == run)
-            line, = ax.plot(*zip(*points), "o-", markersize=3, label=run)
+            ax.plot(*zip(*points), "o-", markersize=3, label=run, color=colors[run])
             baselines = [r["baseline"] for r in mine if r["run"] == run and "baseline" in r]
             if baselines:
-                ax.axhline(baselines[-1], color=line.get_color(), linestyle="--", linewidth=1)
+                ax.axhline(baselines[-1], color=colors[run], linestyle="--", linewidth=1)
         ax.set_title(f"{task} {metric}", fontsize=9)
         ax.set_xlabel("step")
         ax.legend(fontsize=7)

@@ -19,7 +19,8 @@ from jaxlm.data.settings import DataConfig
 from jaxlm.models.presets import model_config
 from jaxlm.train import checkpoint
 
-# sections a converted checkpoint (a model and nothing else) takes overrides for
+# a converted checkpoint is a model and nothing else: overrides of these apply to it (those of the
+# sections a run has, such as data.prepared_dir, are for the runs evaluated beside it)
 CONVERTED_SECTIONS = ("model", "mesh", "distributed")
 
 
@@ -162,10 +163,9 @@ def eval_config(stored: dict, overrides: list[str], where) -> RunConfig:
         config = config_lib.from_dict(config_lib.merge(stored, extra))
         original = config_lib.from_dict(stored).model
     else:
-        other = sorted(set(extra) - set(CONVERTED_SECTIONS))
-        if other:
-            raise ConfigError(f"{where} is a converted checkpoint (a model, no {', '.join(other)} section); "
-                              f"it takes overrides of {', '.join(CONVERTED_SECTIONS)} only")
+        unknown = sorted(set(extra) - set(config_lib.SECTIONS))
+        if unknown:
+            raise ConfigError(f"unknown section(s) {unknown}; valid sections: {', '.join(config_lib.SECTIONS)}")
         try:
             original = model_config(**stored["model"])
             model = model_config(**config_lib.merge(stored["model"], extra.get("model", {})))
