@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -24,8 +24,6 @@ from jaxlm.parallel.rules import rules_for
 
 # Sequence lengths are padded up to one of these (capped at the model's positions): few shapes, few compiles.
 MIN_BUCKET = 16
-# Top-level parameter groups pseudo-log-likelihood reads: the encoder and its masked-LM head.
-MASKED_GROUPS = ("encoder", "mlm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +60,14 @@ def bucket(length: int, limit: int | None) -> int:
 
 
 def check_fits(items: Sequence[Item], config: TransformerConfig, kind: str) -> None:
-    """Raise ValueError for a continuation longer than the model can read at once."""
+    """Raise ValueError for a continuation longer than the model can read at once, or one a decoder
+    would have to predict from nothing."""
+    if kind == "causal":
+        for index, item in enumerate(items):
+            if item.continuation and not item.context:
+                raise ValueError(f"item {index}: a decoder predicts each token from those before it, and this "
+                                 "continuation has no context; begin the context with the tokenizer's BOS "
+                                 "(or end-of-text) id")
     limit = position_limit(config)
     if limit is None:
         return
@@ -193,30 +198,49 @@ def host_value(array: jax.Array) -> np.ndarray:
 
 # ---------------------------------------------------------------- parameters on a mesh
 
-def abstract_params(config: TransformerConfig, mesh: Mesh, rules: tuple, groups: Iterable[str] | None = None):
-    """ShapeDtypeStructs of the family's parameters with their mesh shardings (only the top-level
-    `groups` when given): the target that Orbax restores into."""
-    objective = families.make_objective(config, DataConfig(max_seq_length=16, max_predictions=2))
+def scoring_init(config: TransformerConfig) -> Callable:
+    """rng -> the parameters scoring reads: the whole network, but for encoders only the encoder
+    (without its pooler, which BertForMaskedLM checkpoints lack) and the masked-LM head."""
+    if kind_of(config) != "masked":
+        return families.make_objective(config, DataConfig(max_seq_length=MIN_BUCKET, max_predictions=2)).init
+    model, ids = families.get(config.family).network(config), jnp.zeros((1, MIN_BUCKET), jnp.int32)
+    return lambda rng: model.init(rng, ids, jnp.ones_like(ids), jnp.zeros((1, 1), jnp.int32),
+                                  method=_masked_logits)["params"]
+
+
+def abstract_params(config: TransformerConfig, mesh: Mesh, rules: tuple):
+    """ShapeDtypeStructs of the parameters scoring reads, with their mesh shardings: the target Orbax
+    restores into."""
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        boxed = jax.eval_shape(objective.init, jax.random.key(0))
+        boxed = jax.eval_shape(scoring_init(config), jax.random.key(0))
         shardings = tree_shardings(mesh, rules, boxed)
-    tree = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), nn.unbox(boxed), shardings)
-    return tree if groups is None else {k: v for k, v in tree.items() if k in groups}
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), nn.unbox(boxed), shardings)
 
 
-def scoring_groups(config: TransformerConfig) -> tuple[str, ...] | None:
-    """The parameter groups scoring reads (None: all of them)."""
-    return MASKED_GROUPS if kind_of(config) == "masked" else None
+def required_groups(config: TransformerConfig) -> list[str]:
+    """The top-level parameter groups scoring reads (e.g. encoder, mlm)."""
+    return list(jax.eval_shape(scoring_init(config), jax.random.key(0)))
+
+
+def select_like(tree, target):
+    """The part of a nested dict `tree` that `target` has (ValueError naming what it lacks)."""
+    if not isinstance(target, dict):
+        return tree
+    missing = [k for k in target if not isinstance(tree, dict) or k not in tree]
+    if missing:
+        raise ValueError(f"the parameters lack {', '.join(missing)}")
+    return {k: select_like(tree[k], v) for k, v in target.items()}
 
 
 def place_params(params, config: TransformerConfig, mesh: Mesh, rules: tuple):
-    """A caller's parameter tree (numpy or jax arrays) on the mesh by its logical axes."""
-    target = abstract_params(config, mesh, rules, scoring_groups(config))
-    missing = [k for k in target if k not in params]
-    if missing:
-        raise ValueError(f"the parameters lack {', '.join(missing)}, which scoring a {config.family} model needs"
-                         + (" (its masked-LM head)" if "mlm" in missing else ""))
-    return jax.tree.map(lambda x, t: jax.device_put(x, t.sharding), {k: params[k] for k in target}, target)
+    """A caller's parameter tree (numpy or jax arrays) on the mesh by its logical axes, keeping what
+    scoring reads."""
+    target = abstract_params(config, mesh, rules)
+    try:
+        chosen = select_like(params, target)
+    except ValueError as err:
+        raise ValueError(f"{err}, which scoring a {config.family} model needs") from None
+    return jax.tree.map(lambda x, t: jax.device_put(x, t.sharding), chosen, target)
 
 
 # ---------------------------------------------------------------- scoring

@@ -16,7 +16,7 @@ from jaxlm.data.sources import model_tokenizer
 from jaxlm.data.tokenizers.load import load_tokenizer
 from jaxlm.data.tokenizers.roles import special_ids
 from jaxlm.eval import results, tasks as tasks_lib
-from jaxlm.eval.scoring import Item, Scorer, abstract_params, kind_of, position_limit, scoring_groups
+from jaxlm.eval.scoring import Item, Scorer, abstract_params, kind_of, position_limit, required_groups
 from jaxlm.eval.sources import Selection, Source, check_out, open_source, parse_selection
 from jaxlm.eval.tasks import Task
 from jaxlm.parallel.mesh import make_mesh
@@ -65,9 +65,8 @@ def check_task(source: Source, task: Task, first_step: int | None) -> None:
     kind = kind_of(source.config.model)
     if kind == "masked" and special_ids(tokenizer)["mask"] is None:
         raise ValueError(f"{task.name}: {source.path}'s tokenizer has no mask token, which pseudo-log-likelihood needs")
-    groups = scoring_groups(source.config.model)
-    if groups and first_step is not None:
-        lacking = [g for g in groups if g not in source.stored_params(first_step)]
+    if first_step is not None:
+        lacking = [g for g in required_groups(source.config.model) if g not in source.stored_params(first_step)]
         if lacking:
             raise ValueError(f"{task.name}: {source.path} cannot score text: its checkpoint has no "
                              f"{', '.join(lacking)} parameters (an encoder converted without its masked-LM head); "
@@ -127,7 +126,7 @@ class SourceEvaluator:
             self.mesh, self.rules, self.target = self.setup.mesh, self.setup.rules, self.setup.abstract.params
         else:
             self.mesh, self.rules = make_mesh(config.mesh), rules_for(config.mesh.rules)
-            self.target = abstract_params(config.model, self.mesh, self.rules, scoring_groups(config.model))
+            self.target = abstract_params(config.model, self.mesh, self.rules)
         scoring = [t for t in task_list if t.kind != "heldout"]
         if scoring:
             tokenizer = source_tokenizer(source)

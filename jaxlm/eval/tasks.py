@@ -102,13 +102,15 @@ def windows(ids: list[int], size: int) -> list[list[int]]:
 
 
 def line_items(tokenizer, line: str, kind: str, limit: int | None, source: Sequence[int] = ()) -> list[Item]:
-    """The items of one line of a perplexity file, in non-overlapping windows of what the model reads
-    at once. Decoders: the tokenizer's ids (BOS where it adds one), each window's first token the
-    context of the rest. Encoders: every token between the tokenizer's special tokens, masked in turn.
-    Encoder-decoders: the ids, EOS included, as the target of the `source` ids."""
+    """The items of one line of a perplexity file, in windows of what the model reads at once, each
+    token scored once. Decoders: the tokenizer's ids (BOS where it adds one), every one after the
+    first predicted, each window conditioned on the one token before it. Encoders: every token
+    between the tokenizer's special tokens, masked in turn. Encoder-decoders: the ids, EOS included,
+    as the target of the `source` ids."""
     if kind == "causal":
         ids = list(tokenizer.encode(line, add_special_tokens=True))
-        return [Item(tuple(w[:1]), tuple(w[1:])) for w in windows(ids, limit or len(ids)) if len(w) > 1]
+        size = limit or len(ids)
+        return [Item((ids[start],), tuple(ids[start + 1:start + 1 + size])) for start in range(0, len(ids) - 1, size)]
     if kind == "seq2seq":
         ids = list(tokenizer.encode(line, add_special_tokens=True))
         return [Item(tuple(source), tuple(w)) for w in windows(ids, limit or len(ids))]

@@ -277,15 +277,17 @@ def test_random_gpt2_sweep_matches_transformers(gpt2, gpt2_checkpoint, gpt2_hf_t
     model = gpt2[0]
     swept = run_sweep(gpt2_checkpoint, task_specs(choice_path, texts["with_long"]), tmp_path / "eval", batch_size=8)
 
-    # The ppl items: transformers' GPT-2 ids of each line (no BOS), in non-overlapping windows of 64,
-    # each window's first token the context of the rest.
+    # The ppl items: transformers' GPT-2 ids of each line (no BOS), every id after the first scored once,
+    # in windows of 64 predicted ids, each conditioned on the one id before it.
     rows = swept.examples["ppl:austen_with_long"]
     expected = []
     for number, line in enumerate(austen_lines["with_long"]):
         ids = gpt2_hf_tokenizer(line)["input_ids"]
-        windows = [ids[i:i + GPT2_POSITIONS] for i in range(0, len(ids), GPT2_POSITIONS)]
-        expected += [(number, w, window[:1], window[1:]) for w, window in enumerate(windows) if len(window) > 1]
+        starts = range(0, len(ids) - 1, GPT2_POSITIONS)
+        expected += [(number, w, ids[i:i + 1], ids[i + 1:i + 1 + GPT2_POSITIONS]) for w, i in enumerate(starts)]
     assert [(r["line"], r["window"], r["context"], r["continuation"]) for r in rows] == expected
+    assert sum(len(r["continuation"]) for r in rows) == sum(len(gpt2_hf_tokenizer(line)["input_ids"]) - 1
+                                                             for line in austen_lines["with_long"])
     assert max(r["window"] for r in rows) >= 2
     # 2-shot prompts are longer than the model reads: their context loses its start
     assert any(len(r["context"]) + len(r["continuation"]) > GPT2_POSITIONS + 1
@@ -335,11 +337,7 @@ def bert_checkpoint(tmp_path_factory):
 def test_random_bert_pseudo_logliks_match_transformers(bert_checkpoint, choice_path, texts, tmp_path):
     model, checkpoint = bert_checkpoint
     swept = run_sweep(checkpoint, task_specs(choice_path, texts["with_long"]), tmp_path / "eval", batch_size=64)
-    if any("['encoder']['pooler']" in error and "missing" in error for error in swept.errors):
-        # Only this known failure is excused: once the sweep restores the checkpoint, every check below runs.
-        pytest.xfail("jaxlm.eval.scoring.abstract_params restores an encoder's pooler, which pseudo-log-likelihood "
-                     "never reads and a checkpoint converted from BertForMaskedLM lacks: the sweep skips it "
-                     f"({swept.errors[0][:160]})")
+    assert not swept.errors
     tokenizer = load_tokenizer(checkpoint / "tokenizer")
     mask_id = tokenizer.token_to_id("[MASK]")
     rows = swept.examples["ppl:austen_with_long"]

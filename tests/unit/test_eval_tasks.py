@@ -76,13 +76,14 @@ def test_continuation_carries_the_prompts_trailing_space_and_splits_the_whole_te
     assert bert.decode(list(item.continuation)) == "paris"
 
 
-def test_perplexity_lines_become_non_overlapping_windows():
+def test_perplexity_lines_become_windows_that_score_each_token_once():
     gpt2 = load_tokenizer(gpt2_tokenizer_dir())
     line = "It is a truth universally acknowledged, that a single man in possession of a good fortune"
     ids = gpt2.encode(line, add_special_tokens=True)
     items = tasks.line_items(gpt2, line, "causal", 8)
-    assert [list(i.context) + list(i.continuation) for i in items] == [ids[k:k + 8] for k in range(0, len(ids), 8)
-                                                                         if len(ids[k:k + 8]) > 1]
+    assert sum((list(i.continuation) for i in items), []) == ids[1:]
+    assert all(len(i.context) == 1 and len(i.continuation) <= 8 for i in items) and len(items) >= 2
+    assert [i.context[0] for i in items] == ids[:-1:8]
     bert = load_tokenizer(bert_vocab_path())
     items = tasks.line_items(bert, line, "masked", 10)
     assert all(len(i.context) + len(i.continuation) + len(i.suffix) <= 10 for i in items)
