@@ -161,8 +161,7 @@ class SourceEvaluator:
             return final, int(final.pop("examples", 0)), self.baselines, []
         groups = self.items[task.name]
         scores = self.scorer(params, [i for group in groups for i in group], progress)
-        bounds = np.cumsum([0] + [len(g) for g in groups])
-        per_group = [scores[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        per_group = tasks_lib.grouped(scores, groups)
         if task.kind == "ppl":
             metrics = tasks_lib.perplexity_metrics(self.scorer.kind, scores, len(groups))
             return metrics, len(groups), {}, tasks_lib.perplexity_records(groups, per_group)

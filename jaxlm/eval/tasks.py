@@ -127,6 +127,12 @@ def perplexity_metrics(kind: str, scores: Sequence[np.ndarray], lines: int) -> d
     return {name: math.exp(per_token), "nll_per_token": per_token, "tokens": tokens, "lines": lines}
 
 
+def grouped(scores: list, groups: list[list[Item]]) -> list[list]:
+    """Flat per-item scores split back into the groups (lines, examples) the items came in."""
+    starts = np.cumsum([0] + [len(g) for g in groups])
+    return [scores[a:b] for a, b in zip(starts[:-1], starts[1:])]
+
+
 def perplexity_records(groups: list[list[Item]], scores: list[list[np.ndarray]]) -> list[dict]:
     """One record per window of each line: its ids, summed and per-token log-likelihoods."""
     return [{"line": line, "window": window, **item.record(), "loglik": float(np.sum(s, dtype=np.float64)),

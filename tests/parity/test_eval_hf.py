@@ -26,7 +26,7 @@ from jaxlm.corpora.bigbench import bigbench_task  # noqa: E402
 from jaxlm.corpora.models import bert_vocab_path, gpt2_tokenizer_dir, smollm2_gguf_path  # noqa: E402
 from jaxlm.corpora.registry import fetch_austen  # noqa: E402
 from jaxlm.data.tokenizers.load import load_tokenizer  # noqa: E402
-from jaxlm.eval import Item, loglikelihoods, sweep  # noqa: E402
+from jaxlm.eval import Item, choice_accuracy, loglikelihoods, perplexity, sweep  # noqa: E402
 
 RTOL = 1e-4
 TASK = "simple_arithmetic_json_multiple_choice"  # 8 examples, 4 choices each
@@ -317,6 +317,21 @@ def test_loglikelihoods_on_params_in_memory_match_transformers(gpt2, gpt2_hf_tok
     rel = relative(ours, theirs)
     print(f"loglikelihoods (random GPT-2, params in memory): max relative difference {rel.max():.2e}")
     assert rel.max() <= RTOL, (ours, theirs)
+
+
+def test_library_tasks_on_params_in_memory_equal_the_sweeps(gpt2, gpt2_checkpoint, choice_path, texts,
+                                                             austen_lines, tmp_path):
+    """jaxlm.eval.perplexity and choice_accuracy on the tree as held give the sweep's numbers."""
+    _, config, params = gpt2
+    tokenizer = load_tokenizer(gpt2_checkpoint / "tokenizer")
+    swept = run_sweep(gpt2_checkpoint, task_specs(choice_path, texts["with_long"]), tmp_path / "eval", batch_size=8)
+    ppl = perplexity(config, params, tokenizer, austen_lines["with_long"])
+    assert ppl["perplexity"] == pytest.approx(record(swept, "ppl:austen_with_long", "perplexity")["value"], rel=1e-6)
+    assert ppl["tokens"] == record(swept, "ppl:austen_with_long", "tokens")["value"]
+    metrics, rows = choice_accuracy(config, params, tokenizer, choice_path, 2)
+    assert metrics["accuracy"] == record(swept, f"choice:{TASK}@2", "accuracy")["value"]
+    assert [r["loglik"] for r in rows] == pytest.approx([r["loglik"] for r in swept.examples[f"choice:{TASK}@2"]],
+                                                         rel=1e-6)
 
 
 # ---------------------------------------------------------------- a random BertForMaskedLM
