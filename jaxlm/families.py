@@ -11,10 +11,11 @@ import flax.linen as nn
 from jaxlm.data import examples
 from jaxlm.data.denoising import bart_target_length, t5_lengths
 from jaxlm.data.settings import DataConfig
-from jaxlm.models.albert import AlbertForPreTraining
+from jaxlm.models.albert import AlbertEncoder, AlbertForPreTraining
 from jaxlm.models.bart import BartForConditionalGeneration
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.decoder import CausalLM
+from jaxlm.models.encoder import BertEncoder
 from jaxlm.models.heads import BertForPreTraining, MaskedLM
 from jaxlm.models.spanbert import SpanBertForPreTraining
 from jaxlm.models.t5 import T5ForConditionalGeneration
@@ -60,6 +61,10 @@ class Family:
     # "masked" (pseudo-log-likelihood through the masked-LM head) or "seq2seq" (target likelihood)
     scores: str = ""
     heads: tuple[str, ...] = ()  # fine-tuning heads that fit
+    # the encoder the fine-tuning heads sit on (jaxlm/models/task_heads.py), and how their sequence
+    # heads pool it, as the family's Hugging Face heads do
+    backbone: Callable[..., nn.Module] | None = None
+    pooling: str = "pooler"
 
     def make_objective(self, config: TransformerConfig, data: DataConfig) -> Objective:
         return self.objective(config, data, self.network)
@@ -93,7 +98,7 @@ def _seq2seq(target_length: Callable[[DataConfig], int]) -> ObjectiveFactory:
                                                            target_length(data))
 
 
-ENCODER = dict(embeds=True, scores="masked", heads=ENCODER_HEADS)
+ENCODER = dict(embeds=True, scores="masked", heads=ENCODER_HEADS, backbone=BertEncoder)
 DECODER = dict(generates="causal", scores="causal", heads=DECODER_HEADS)
 ENCODER_DECODER = dict(generates="seq2seq", scores="seq2seq")
 
@@ -101,11 +106,13 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("bert", BertForPreTraining, _pairs("nsp"), "nsp_pairs", examples.nsp_transform, MLM_ROLES,
            "jaxlm.convert.hf", "AutoModelForPreTraining", ("mlm", "nsp"), "BertModel", **ENCODER),
     Family("roberta", MaskedLM, _masked_lm, "sentence_rows", examples.sentence_mlm_transform, MLM_ROLES,
-           "jaxlm.convert.hf_encoders", "AutoModelForMaskedLM", ("mlm",), "RobertaModel", **ENCODER),
+           "jaxlm.convert.hf_encoders", "AutoModelForMaskedLM", ("mlm",), "RobertaModel", **ENCODER,
+           pooling="first_dense_tanh"),
     Family("distilbert", MaskedLM, _masked_lm, "sentence_rows", examples.sentence_mlm_transform, MLM_ROLES,
-           "jaxlm.convert.hf_encoders", "AutoModelForMaskedLM", ("mlm",), "DistilBertModel", **ENCODER),
+           "jaxlm.convert.hf_encoders", "AutoModelForMaskedLM", ("mlm",), "DistilBertModel", **ENCODER,
+           pooling="first_dense_relu"),
     Family("albert", AlbertForPreTraining, _pairs("sop"), "sop_pairs", examples.sop_transform, MLM_ROLES,
-           "jaxlm.convert.hf_albert", "AutoModelForPreTraining", **ENCODER),
+           "jaxlm.convert.hf_albert", "AutoModelForPreTraining", **(ENCODER | dict(backbone=AlbertEncoder))),
     Family("spanbert", SpanBertForPreTraining, _span_mlm_sbo, "sentence_rows", examples.span_transform, MLM_ROLES,
            **ENCODER),
     Family("gpt2", CausalLM, _causal_lm, "causal", examples.causal_transform, CAUSAL_ROLES,

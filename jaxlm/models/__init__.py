@@ -9,7 +9,10 @@ from jaxlm.models.decoder import CausalLM, Decoder
 from jaxlm.models.seq2seq import EncoderDecoder
 from jaxlm.models.t5 import T5ForConditionalGeneration
 from jaxlm.models.bart import BartForConditionalGeneration, shift_tokens_right
+from jaxlm.models.task_heads import MultipleChoice, QuestionAnswering, SequenceClassifier, TokenClassifier
 
 __all__ = ["PRESETS", "AlbertEncoder", "AlbertForPreTraining", "BartForConditionalGeneration", "BertEncoder",
-           "BertForPreTraining", "CausalLM", "Decoder", "EncoderDecoder", "MaskedLM", "SpanBertForPreTraining",
-           "SpanBoundaryHead", "T5ForConditionalGeneration", "TransformerConfig", "model_config", "shift_tokens_right"]
+           "BertForPreTraining", "CausalLM", "Decoder", "EncoderDecoder", "MaskedLM", "MultipleChoice", "QuestionAnswering",
+           "SequenceClassifier", "SpanBertForPreTraining",
+           "SpanBoundaryHead", "T5ForConditionalGeneration", "TokenClassifier", "TransformerConfig", "model_config",
+           "shift_tokens_right"]

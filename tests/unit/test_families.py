@@ -2,13 +2,16 @@
 import pathlib
 import re
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import pytest
 
 from jaxlm import families
 from jaxlm.data.layouts import LAYOUTS
 from jaxlm.data.settings import DataConfig
 from jaxlm.models.presets import PRESETS, model_config
+from jaxlm.models.task_heads import SequenceClassifier
 
 PACKAGE = pathlib.Path(families.__file__).parent
 FAMILY_NAMES = "|".join(families.FAMILIES)
@@ -53,3 +56,19 @@ def test_no_module_but_the_registry_compares_family_names():
             if COMPARISON.search(line):
                 offenders.append(f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}")
     assert offenders == []
+
+
+@pytest.mark.parametrize("name", families.names(embeds=True))
+def test_a_pretrained_encoder_loads_into_the_family_fine_tuning_heads(name):
+    """Every parameter of the pretraining network's encoder is in the sequence head's, with its shape."""
+    family = families.get(name)
+    preset = min((p for p, c in PRESETS.items() if c.family == name), key=lambda p: PRESETS[p].hidden_size)
+    config = model_config(preset, max_position_embeddings=32, num_layers=2, dtype="float32")
+    pretrained = jax.eval_shape(families.make_objective(config, DataConfig(max_seq_length=16, max_predictions=2)).init,
+                                jax.random.key(0))
+    head = SequenceClassifier(config, 3, family.pooling, family.backbone)
+    ids = jnp.zeros((1, 8), jnp.int32)
+    tuned = jax.eval_shape(lambda: nn.unbox(head.init(jax.random.key(0), ids, ids, ids > -1))["params"])
+    shapes = lambda tree: {jax.tree_util.keystr(k): v.shape for k, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    ours = shapes(tuned["encoder"])
+    assert shapes(nn.unbox(pretrained)["encoder"]).items() <= ours.items()

@@ -1,0 +1,112 @@
+"""Fine-tuning heads on an encoder backbone (BertEncoder, or AlbertEncoder for ALBERT; its parameters
+under `encoder`, as in pretraining): sequence classification and regression, token classification,
+extractive question answering and multiple choice, each pooling as its Hugging Face counterpart does."""
+from __future__ import annotations
+
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxlm.models.config import TransformerConfig
+from jaxlm.models.encoder import BertEncoder
+from jaxlm.nn.layers import Dense
+
+# How a sequence is summarised before the classifier: BERT's and ALBERT's tanh pooler; RoBERTa's
+# dense + tanh on the first token's state; DistilBERT's dense + ReLU on it; that state alone; the
+# mean of the real tokens' states.
+POOLINGS = ("pooler", "first_dense_tanh", "first_dense_relu", "first", "mean")
+
+
+def mean_states(hidden: jax.Array, mask: jax.Array) -> jax.Array:
+    weights = mask[..., None].astype(hidden.dtype)
+    return (hidden * weights).sum(1) / jnp.maximum(weights.sum(1), 1)
+
+
+def summarize(config: TransformerConfig, encoder: nn.Module, pooling: str, input_ids, segment_ids, padding_mask,
+              deterministic: bool) -> jax.Array:
+    """One vector per sequence [B, E] by `pooling`, dropout applied; called inside a head's compact
+    `__call__`, so the dense layer of the first-token poolings is the head's `dense`."""
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling={pooling!r}; choose one of {', '.join(POOLINGS)}")
+    dropout = nn.Dropout(config.hidden_dropout)
+    if padding_mask is None:
+        padding_mask = jnp.ones(input_ids.shape, bool)
+    if pooling == "pooler":
+        return dropout(encoder(input_ids, segment_ids, padding_mask, deterministic)[1], deterministic=deterministic)
+    hidden = encoder.hidden_states(input_ids, segment_ids, padding_mask, deterministic)
+    if pooling == "mean":
+        return dropout(mean_states(hidden, padding_mask), deterministic=deterministic)
+    first = hidden[:, 0]
+    if pooling == "first":
+        return dropout(first, deterministic=deterministic)
+    if pooling == "first_dense_tanh":  # RoBERTa drops out before its dense layer too
+        first = dropout(first, deterministic=deterministic)
+    dense = Dense(config, config.hidden_size, ("embed",), ("embed_out",), name="dense")(first)
+    return dropout(jnp.tanh(dense) if pooling == "first_dense_tanh" else jax.nn.relu(dense),
+                   deterministic=deterministic)
+
+
+class SequenceClassifier(nn.Module):
+    """Logits [B, num_labels] of single sequences or segment-A/B pairs (num_labels=1: regression)."""
+
+    config: TransformerConfig
+    num_labels: int
+    pooling: str = "pooler"
+    backbone: Callable[..., nn.Module] = BertEncoder
+
+    @nn.compact
+    def __call__(self, input_ids, segment_ids=None, padding_mask=None, deterministic: bool = True):
+        encoder = self.backbone(self.config, name="encoder")
+        summary = summarize(self.config, encoder, self.pooling, input_ids, segment_ids, padding_mask, deterministic)
+        logits = Dense(self.config, self.num_labels, ("embed",), ("classes",), name="classifier")(summary)
+        return logits.astype(jnp.float32)
+
+
+class TokenClassifier(nn.Module):
+    """Logits [B, T, num_labels] at every token."""
+
+    config: TransformerConfig
+    num_labels: int
+    backbone: Callable[..., nn.Module] = BertEncoder
+
+    @nn.compact
+    def __call__(self, input_ids, segment_ids=None, padding_mask=None, deterministic: bool = True):
+        cfg = self.config
+        hidden = self.backbone(cfg, name="encoder").hidden_states(input_ids, segment_ids, padding_mask, deterministic)
+        hidden = nn.Dropout(cfg.hidden_dropout)(hidden, deterministic=deterministic)
+        logits = Dense(cfg, self.num_labels, ("embed",), ("classes",), name="classifier")(hidden)
+        return logits.astype(jnp.float32)
+
+
+class QuestionAnswering(nn.Module):
+    """(start logits, end logits), each [B, T], over the tokens of question + passage."""
+
+    config: TransformerConfig
+    backbone: Callable[..., nn.Module] = BertEncoder
+
+    @nn.compact
+    def __call__(self, input_ids, segment_ids=None, padding_mask=None, deterministic: bool = True):
+        cfg = self.config
+        hidden = self.backbone(cfg, name="encoder").hidden_states(input_ids, segment_ids, padding_mask, deterministic)
+        logits = Dense(cfg, 2, ("embed",), ("classes",), name="qa_outputs")(hidden).astype(jnp.float32)
+        return logits[..., 0], logits[..., 1]
+
+
+class MultipleChoice(nn.Module):
+    """Scores [B, C] of C (context, choice) pairs per example; inputs are [B, C, T]."""
+
+    config: TransformerConfig
+    pooling: str = "pooler"
+    backbone: Callable[..., nn.Module] = BertEncoder
+
+    @nn.compact
+    def __call__(self, input_ids, segment_ids=None, padding_mask=None, deterministic: bool = True):
+        batch, choices, length = input_ids.shape
+        flat = lambda x: None if x is None else x.reshape(batch * choices, length)
+        encoder = self.backbone(self.config, name="encoder")
+        summary = summarize(self.config, encoder, self.pooling, flat(input_ids), flat(segment_ids),
+                            flat(padding_mask), deterministic)
+        scores = Dense(self.config, 1, ("embed",), ("classes",), name="classifier")(summary)
+        return scores.astype(jnp.float32).reshape(batch, choices)

@@ -1,0 +1,124 @@
+"""Fine-tuning heads on the BERT-like backbones against transformers (PyTorch, CPU, fp32): logits of
+BertForSequenceClassification (single sequences and pairs, classification and regression),
+BertForTokenClassification, BertForQuestionAnswering, BertForMultipleChoice, and the sequence heads
+of RoBERTa (dense + tanh on <s>) and DistilBERT (dense + ReLU on [CLS]), for the same weights."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from hf_models import random_model, right_padded, torch_tensors  # noqa: E402
+from jaxlm.convert import hf, hf_encoders  # noqa: E402
+from jaxlm.models.task_heads import (MultipleChoice, QuestionAnswering, SequenceClassifier,  # noqa: E402
+                                     TokenClassifier)
+
+ATOL = 1e-4
+VOCAB = 1000
+LENGTHS = np.array([16, 11, 7, 13])
+BERT = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+            max_position_embeddings=64, type_vocab_size=2, hidden_act="gelu")
+ROBERTA = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+               max_position_embeddings=66, type_vocab_size=1, hidden_act="gelu", layer_norm_eps=1e-5,
+               pad_token_id=1, bos_token_id=0, eos_token_id=2)
+DISTILBERT = dict(vocab_size=VOCAB, dim=64, n_layers=2, n_heads=4, hidden_dim=128, max_position_embeddings=64,
+                  activation="gelu", pad_token_id=0)
+
+
+def linear(tensors: dict, name: str) -> dict:
+    return {"kernel": tensors[f"{name}.weight"].T, "bias": tensors[f"{name}.bias"]}
+
+
+def backbone_only(tensors: dict, prefix: str) -> dict:
+    return {k: v for k, v in tensors.items() if k.startswith(prefix)}
+
+
+def bert(model_class: str, **fields):
+    """(transformers model, our config, our encoder params) of a small random BERT with that head."""
+    model = random_model(getattr(transformers, model_class),
+                         transformers.BertConfig(**BERT, **fields, attn_implementation="eager"))
+    config = hf.bert_config_from_hf(model.config.to_dict(), dtype="float32")
+    tensors = torch_tensors(model)
+    encoder = hf.bert_params_from_hf(backbone_only(tensors, "bert."), config)["encoder"]
+    return model, config, tensors, encoder
+
+
+def inputs(pairs: bool, pad: int = 0, seed: int = 0):
+    ids, mask = right_padded(LENGTHS, VOCAB, pad, np.random.default_rng(seed), low=5)
+    segments = (np.arange(ids.shape[1])[None, :] >= (LENGTHS[:, None] // 2)) & mask if pairs else np.zeros_like(ids)
+    return ids.astype(np.int32), segments.astype(np.int32), mask
+
+
+def torch_inputs(ids, segments, mask, with_segments: bool = True):
+    out = {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask.astype(np.int64))}
+    return out | ({"token_type_ids": torch.tensor(segments)} if with_segments else {})
+
+
+@pytest.mark.parametrize("labels, pairs", [(3, False), (3, True), (1, True)])
+def test_bert_sequence_classification(labels, pairs):
+    model, config, tensors, encoder = bert("BertForSequenceClassification", num_labels=labels)
+    ids, segments, mask = inputs(pairs)
+    params = {"encoder": encoder, "classifier": linear(tensors, "classifier")}
+    ours = SequenceClassifier(config, labels).apply({"params": params}, ids, segments, mask)
+    with torch.no_grad():
+        theirs = model(**torch_inputs(ids, segments, mask)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(ours), theirs, atol=ATOL)
+
+
+def test_bert_token_classification():
+    model, config, tensors, encoder = bert("BertForTokenClassification", num_labels=5)
+    ids, segments, mask = inputs(False)
+    params = {"encoder": encoder, "classifier": linear(tensors, "classifier")}
+    ours = np.asarray(TokenClassifier(config, 5).apply({"params": params}, ids, segments, mask))
+    with torch.no_grad():
+        theirs = model(**torch_inputs(ids, segments, mask)).logits.numpy()
+    np.testing.assert_allclose(ours[mask], theirs[mask], atol=ATOL)
+
+
+def test_bert_question_answering():
+    model, config, tensors, encoder = bert("BertForQuestionAnswering")
+    ids, segments, mask = inputs(True)
+    params = {"encoder": encoder, "qa_outputs": linear(tensors, "qa_outputs")}
+    start, end = QuestionAnswering(config).apply({"params": params}, ids, segments, mask)
+    with torch.no_grad():
+        out = model(**torch_inputs(ids, segments, mask))
+    np.testing.assert_allclose(np.asarray(start)[mask], out.start_logits.numpy()[mask], atol=ATOL)
+    np.testing.assert_allclose(np.asarray(end)[mask], out.end_logits.numpy()[mask], atol=ATOL)
+
+
+def test_bert_multiple_choice():
+    model, config, tensors, encoder = bert("BertForMultipleChoice")
+    ids, segments, mask = inputs(True)
+    as_choices = lambda x: x.reshape(2, 2, -1)  # 2 examples of 2 choices
+    params = {"encoder": encoder, "classifier": linear(tensors, "classifier")}
+    ours = MultipleChoice(config).apply({"params": params}, as_choices(ids), as_choices(segments), as_choices(mask))
+    with torch.no_grad():
+        theirs = model(**{k: v.reshape(2, 2, -1) for k, v in torch_inputs(ids, segments, mask).items()}).logits
+    np.testing.assert_allclose(np.asarray(ours), theirs.numpy(), atol=ATOL)
+
+
+@pytest.mark.parametrize("family", ["roberta", "distilbert"])
+def test_roberta_and_distilbert_sequence_heads(family):
+    if family == "roberta":
+        model = random_model(transformers.RobertaForSequenceClassification,
+                             transformers.RobertaConfig(**ROBERTA, num_labels=3, attn_implementation="eager"))
+        config = hf_encoders.roberta_config_from_hf(model.config.to_dict(), dtype="float32")
+        tensors = torch_tensors(model)
+        encoder = hf_encoders.roberta_params_from_hf(backbone_only(tensors, "roberta."), config)["encoder"]
+        head = {"dense": linear(tensors, "classifier.dense"), "classifier": linear(tensors, "classifier.out_proj")}
+        pooling, pad = "first_dense_tanh", 1
+    else:
+        model = random_model(transformers.DistilBertForSequenceClassification,
+                             transformers.DistilBertConfig(**DISTILBERT, num_labels=3, attn_implementation="eager"))
+        config = hf_encoders.distilbert_config_from_hf(model.config.to_dict(), dtype="float32")
+        tensors = torch_tensors(model)
+        encoder = hf_encoders.distilbert_params_from_hf(backbone_only(tensors, "distilbert."), config)["encoder"]
+        head = {"dense": linear(tensors, "pre_classifier"), "classifier": linear(tensors, "classifier")}
+        pooling, pad = "first_dense_relu", 0
+    ids, _, mask = inputs(False, pad=pad)
+    ours = SequenceClassifier(config, 3, pooling).apply({"params": {"encoder": encoder, **head}}, ids, None, mask)
+    with torch.no_grad():
+        theirs = model(**torch_inputs(ids, None, mask, with_segments=False)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(ours), theirs, atol=ATOL)
