@@ -12,7 +12,6 @@ from jaxlm.models.bart import BartForConditionalGeneration, shift_tokens_right
 from jaxlm.models.task_heads import MultipleChoice, QuestionAnswering, SequenceClassifier, TokenClassifier
 
 __all__ = ["PRESETS", "AlbertEncoder", "AlbertForPreTraining", "BartForConditionalGeneration", "BertEncoder",
-           "BertForPreTraining", "CausalLM", "Decoder", "EncoderDecoder", "MaskedLM", "MultipleChoice", "QuestionAnswering",
-           "SequenceClassifier", "SpanBertForPreTraining",
-           "SpanBoundaryHead", "T5ForConditionalGeneration", "TokenClassifier", "TransformerConfig", "model_config",
-           "shift_tokens_right"]
+           "BertForPreTraining", "CausalLM", "Decoder", "EncoderDecoder", "MaskedLM", "MultipleChoice",
+           "QuestionAnswering", "SequenceClassifier", "SpanBertForPreTraining", "SpanBoundaryHead",
+           "T5ForConditionalGeneration", "TokenClassifier", "TransformerConfig", "model_config", "shift_tokens_right"]
