@@ -1,9 +1,13 @@
 """Fine-tuning heads on the BERT-like backbones against transformers (PyTorch, CPU, fp32): logits of
 BertForSequenceClassification (single sequences and pairs, classification and regression),
 BertForTokenClassification, BertForQuestionAnswering, BertForMultipleChoice, and the sequence heads
-of RoBERTa (dense + tanh on <s>) and DistilBERT (dense + ReLU on [CLS]), for the same weights."""
+of RoBERTa (dense + tanh on <s>) and DistilBERT (dense + ReLU on [CLS]), for the same weights; and the
+fine-tuning objectives' losses and gradients against the same heads' `loss.backward()`."""
 from __future__ import annotations
 
+import functools
+
+import jax
 import numpy as np
 import pytest
 
@@ -14,6 +18,8 @@ from hf_models import random_model, right_padded, torch_tensors  # noqa: E402
 from jaxlm.convert import hf, hf_encoders  # noqa: E402
 from jaxlm.models.task_heads import (MultipleChoice, QuestionAnswering, SequenceClassifier,  # noqa: E402
                                      TokenClassifier)
+from jaxlm.objectives.finetune import (MultipleChoiceObjective, QuestionAnsweringObjective,  # noqa: E402
+                                       SequenceClassificationObjective, TokenClassificationObjective)
 
 ATOL = 1e-4
 VOCAB = 1000
@@ -122,3 +128,96 @@ def test_roberta_and_distilbert_sequence_heads(family):
     with torch.no_grad():
         theirs = model(**torch_inputs(ids, None, mask, with_segments=False)).logits.numpy()
     np.testing.assert_allclose(np.asarray(ours), theirs, atol=ATOL)
+
+
+# ---------------------------------------------------------------- losses and gradients, through the objectives
+
+def our_loss_and_grads(objective, params, batch):
+    """The objective's loss (deterministic: no dropout, as transformers in eval mode) and its gradient."""
+    loss = lambda p: objective.summarize(objective.stats(p, batch, None, deterministic=True))["loss"]
+    return jax.value_and_grad(loss)(params)
+
+
+def their_grads(model) -> dict[str, np.ndarray]:
+    return {name: p.grad.numpy() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def check_grads(ours, theirs, names):
+    """Our gradient leaf (path within `ours`, transposed for a Linear) against transformers' by name."""
+    for path, theirs_name, transpose in names:
+        leaf = ours
+        for key in path.split("/"):
+            leaf = leaf[key]
+        leaf, reference = np.asarray(leaf).T if transpose else np.asarray(leaf), theirs[theirs_name]
+        if path.endswith("word/embedding"):  # torch's Embedding(padding_idx=0) never gives the pad row a gradient
+            leaf, reference = leaf[1:], reference[1:]
+        np.testing.assert_allclose(leaf, reference, atol=1e-5, err_msg=path)
+
+
+SHARED_GRADS = [("encoder/embeddings/word/embedding", "bert.embeddings.word_embeddings.weight", False)]
+
+
+@pytest.mark.parametrize("labels", [3, 1])
+def test_sequence_classification_loss_and_gradient(labels):
+    model, config, tensors, encoder = bert("BertForSequenceClassification", num_labels=labels)
+    ids, segments, mask = inputs(True)
+    params = {"encoder": encoder, "classifier": linear(tensors, "classifier")}
+    targets = np.array([0, 2, 1, 2]) if labels > 1 else np.array([0.5, -1.0, 2.0, 0.25], np.float32)
+    objective = SequenceClassificationObjective(config, ids.shape[1], functools.partial(SequenceClassifier,
+                                                                                        num_labels=labels),
+                                                regression=labels == 1)
+    batch = {"input_ids": ids, "segment_ids": segments, "input_mask": mask.astype(np.int32), "label": targets}
+    loss, grads = our_loss_and_grads(objective, params, batch)
+    out = model(**torch_inputs(ids, segments, mask), labels=torch.tensor(targets))
+    out.loss.backward()
+    assert float(loss) == pytest.approx(out.loss.item(), rel=1e-5)
+    check_grads(grads, their_grads(model), SHARED_GRADS + [("classifier/kernel", "classifier.weight", True)])
+
+
+def test_token_classification_loss_and_gradient_ignore_unlabelled_tokens():
+    model, config, tensors, encoder = bert("BertForTokenClassification", num_labels=5)
+    ids, segments, mask = inputs(False)
+    labels = np.random.default_rng(1).integers(0, 5, ids.shape)
+    weights = mask & (np.random.default_rng(2).random(ids.shape) < 0.6)
+    params = {"encoder": encoder, "classifier": linear(tensors, "classifier")}
+    objective = TokenClassificationObjective(config, ids.shape[1], functools.partial(TokenClassifier, num_labels=5))
+    batch = {"input_ids": ids, "segment_ids": segments, "input_mask": mask.astype(np.int32), "labels": labels,
+             "label_weights": weights.astype(np.float32)}
+    loss, grads = our_loss_and_grads(objective, params, batch)
+    out = model(**torch_inputs(ids, segments, mask), labels=torch.tensor(np.where(weights, labels, -100)))
+    out.loss.backward()
+    assert float(loss) == pytest.approx(out.loss.item(), rel=1e-5)
+    check_grads(grads, their_grads(model), SHARED_GRADS + [("classifier/kernel", "classifier.weight", True)])
+
+
+def test_question_answering_loss_and_gradient():
+    model, config, tensors, encoder = bert("BertForQuestionAnswering")
+    ids, segments, mask = inputs(True)
+    start, end = np.array([3, 0, 2, 5]), np.array([6, 0, 4, 9])
+    params = {"encoder": encoder, "qa_outputs": linear(tensors, "qa_outputs")}
+    objective = QuestionAnsweringObjective(config, ids.shape[1], QuestionAnswering)
+    batch = {"input_ids": ids, "segment_ids": segments, "input_mask": mask.astype(np.int32),
+             "start_position": start, "end_position": end, "answer_weight": np.ones(4, np.float32)}
+    loss, grads = our_loss_and_grads(objective, params, batch)
+    out = model(**torch_inputs(ids, segments, mask), start_positions=torch.tensor(start),
+                end_positions=torch.tensor(end))
+    out.loss.backward()
+    assert float(loss) == pytest.approx(out.loss.item(), rel=1e-5)
+    check_grads(grads, their_grads(model), SHARED_GRADS + [("qa_outputs/kernel", "qa_outputs.weight", True)])
+
+
+def test_multiple_choice_loss_and_gradient():
+    model, config, tensors, encoder = bert("BertForMultipleChoice")
+    ids, segments, mask = inputs(True)
+    as_choices = lambda x: x.reshape(2, 2, -1)
+    label = np.array([1, 0])
+    params = {"encoder": encoder, "classifier": linear(tensors, "classifier")}
+    objective = MultipleChoiceObjective(config, ids.shape[1], MultipleChoice, choices=2)
+    batch = {"input_ids": as_choices(ids), "segment_ids": as_choices(segments),
+             "input_mask": as_choices(mask.astype(np.int32)), "label": label}
+    loss, grads = our_loss_and_grads(objective, params, batch)
+    out = model(**{k: v.reshape(2, 2, -1) for k, v in torch_inputs(ids, segments, mask).items()},
+                labels=torch.tensor(label))
+    out.loss.backward()
+    assert float(loss) == pytest.approx(out.loss.item(), rel=1e-5)
+    check_grads(grads, their_grads(model), SHARED_GRADS + [("classifier/kernel", "classifier.weight", True)])
