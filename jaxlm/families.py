@@ -61,10 +61,11 @@ class Family:
     # "masked" (pseudo-log-likelihood through the masked-LM head) or "seq2seq" (target likelihood)
     scores: str = ""
     heads: tuple[str, ...] = ()  # fine-tuning heads that fit
-    # the encoder the fine-tuning heads sit on (jaxlm/models/task_heads.py), and how their sequence
-    # heads pool it, as the family's Hugging Face heads do
+    # the encoder the fine-tuning heads sit on (jaxlm/models/task_heads.py), and how its sequence and
+    # multiple-choice heads pool it, as the family's Hugging Face heads do
     backbone: Callable[..., nn.Module] | None = None
     pooling: str = "pooler"
+    choice_pooling: str = "pooler"
 
     def make_objective(self, config: TransformerConfig, data: DataConfig) -> Objective:
         return self.objective(config, data, self.network)
@@ -110,7 +111,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            pooling="first_dense_tanh"),
     Family("distilbert", MaskedLM, _masked_lm, "sentence_rows", examples.sentence_mlm_transform, MLM_ROLES,
            "jaxlm.convert.hf_encoders", "AutoModelForMaskedLM", ("mlm",), "DistilBertModel", **ENCODER,
-           pooling="first_dense_relu"),
+           pooling="first_dense_relu", choice_pooling="first_dense_relu"),
     Family("albert", AlbertForPreTraining, _pairs("sop"), "sop_pairs", examples.sop_transform, MLM_ROLES,
            "jaxlm.convert.hf_albert", "AutoModelForPreTraining", **(ENCODER | dict(backbone=AlbertEncoder))),
     Family("spanbert", SpanBertForPreTraining, _span_mlm_sbo, "sentence_rows", examples.span_transform, MLM_ROLES,

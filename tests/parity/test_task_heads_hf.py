@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from hf_models import random_model, right_padded, torch_tensors  # noqa: E402
-from jaxlm.convert import hf, hf_encoders  # noqa: E402
+from jaxlm.convert import hf, hf_encoders, task_heads  # noqa: E402
 from jaxlm.models.task_heads import (MultipleChoice, QuestionAnswering, SequenceClassifier,  # noqa: E402
                                      TokenClassifier)
 from jaxlm.objectives.finetune import (MultipleChoiceObjective, QuestionAnsweringObjective,  # noqa: E402
@@ -33,22 +33,20 @@ DISTILBERT = dict(vocab_size=VOCAB, dim=64, n_layers=2, n_heads=4, hidden_dim=12
                   activation="gelu", pad_token_id=0)
 
 
-def linear(tensors: dict, name: str) -> dict:
-    return {"kernel": tensors[f"{name}.weight"].T, "bias": tensors[f"{name}.bias"]}
-
-
-def backbone_only(tensors: dict, prefix: str) -> dict:
-    return {k: v for k, v in tensors.items() if k.startswith(prefix)}
+HEAD_OF = {"BertForSequenceClassification": "sequence_classification",
+           "BertForTokenClassification": "token_classification",
+           "BertForQuestionAnswering": "question_answering", "BertForMultipleChoice": "multiple_choice"}
 
 
 def bert(model_class: str, **fields):
-    """(transformers model, our config, our encoder params) of a small random BERT with that head."""
+    """(transformers model, our config, its tensors, our head's params through jaxlm.convert.task_heads)
+    of a small random BERT with that head."""
     model = random_model(getattr(transformers, model_class),
                          transformers.BertConfig(**BERT, **fields, attn_implementation="eager"))
     config = hf.bert_config_from_hf(model.config.to_dict(), dtype="float32")
     tensors = torch_tensors(model)
-    encoder = hf.bert_params_from_hf(backbone_only(tensors, "bert."), config)["encoder"]
-    return model, config, tensors, encoder
+    params = task_heads.task_params_from_hf(tensors, config, HEAD_OF[model_class], fields.get("num_labels", 2))
+    return model, config, tensors, params
 
 
 def inputs(pairs: bool, pad: int = 0, seed: int = 0):
@@ -64,9 +62,8 @@ def torch_inputs(ids, segments, mask, with_segments: bool = True):
 
 @pytest.mark.parametrize("labels, pairs", [(3, False), (3, True), (1, True)])
 def test_bert_sequence_classification(labels, pairs):
-    model, config, tensors, encoder = bert("BertForSequenceClassification", num_labels=labels)
+    model, config, tensors, params = bert("BertForSequenceClassification", num_labels=labels)
     ids, segments, mask = inputs(pairs)
-    params = {"encoder": encoder, "classifier": linear(tensors, "classifier")}
     ours = SequenceClassifier(config, labels).apply({"params": params}, ids, segments, mask)
     with torch.no_grad():
         theirs = model(**torch_inputs(ids, segments, mask)).logits.numpy()
@@ -74,9 +71,8 @@ def test_bert_sequence_classification(labels, pairs):
 
 
 def test_bert_token_classification():
-    model, config, tensors, encoder = bert("BertForTokenClassification", num_labels=5)
+    model, config, tensors, params = bert("BertForTokenClassification", num_labels=5)
     ids, segments, mask = inputs(False)
-    params = {"encoder": encoder, "classifier": linear(tensors, "classifier")}
     ours = np.asarray(TokenClassifier(config, 5).apply({"params": params}, ids, segments, mask))
     with torch.no_grad():
         theirs = model(**torch_inputs(ids, segments, mask)).logits.numpy()
@@ -84,9 +80,8 @@ def test_bert_token_classification():
 
 
 def test_bert_question_answering():
-    model, config, tensors, encoder = bert("BertForQuestionAnswering")
+    model, config, tensors, params = bert("BertForQuestionAnswering")
     ids, segments, mask = inputs(True)
-    params = {"encoder": encoder, "qa_outputs": linear(tensors, "qa_outputs")}
     start, end = QuestionAnswering(config).apply({"params": params}, ids, segments, mask)
     with torch.no_grad():
         out = model(**torch_inputs(ids, segments, mask))
@@ -95,39 +90,59 @@ def test_bert_question_answering():
 
 
 def test_bert_multiple_choice():
-    model, config, tensors, encoder = bert("BertForMultipleChoice")
+    model, config, tensors, params = bert("BertForMultipleChoice")
     ids, segments, mask = inputs(True)
     as_choices = lambda x: x.reshape(2, 2, -1)  # 2 examples of 2 choices
-    params = {"encoder": encoder, "classifier": linear(tensors, "classifier")}
     ours = MultipleChoice(config).apply({"params": params}, as_choices(ids), as_choices(segments), as_choices(mask))
     with torch.no_grad():
         theirs = model(**{k: v.reshape(2, 2, -1) for k, v in torch_inputs(ids, segments, mask).items()}).logits
     np.testing.assert_allclose(np.asarray(ours), theirs.numpy(), atol=ATOL)
 
 
-@pytest.mark.parametrize("family", ["roberta", "distilbert"])
-def test_roberta_and_distilbert_sequence_heads(family):
-    if family == "roberta":
-        model = random_model(transformers.RobertaForSequenceClassification,
-                             transformers.RobertaConfig(**ROBERTA, num_labels=3, attn_implementation="eager"))
-        config = hf_encoders.roberta_config_from_hf(model.config.to_dict(), dtype="float32")
-        tensors = torch_tensors(model)
-        encoder = hf_encoders.roberta_params_from_hf(backbone_only(tensors, "roberta."), config)["encoder"]
-        head = {"dense": linear(tensors, "classifier.dense"), "classifier": linear(tensors, "classifier.out_proj")}
-        pooling, pad = "first_dense_tanh", 1
-    else:
-        model = random_model(transformers.DistilBertForSequenceClassification,
-                             transformers.DistilBertConfig(**DISTILBERT, num_labels=3, attn_implementation="eager"))
-        config = hf_encoders.distilbert_config_from_hf(model.config.to_dict(), dtype="float32")
-        tensors = torch_tensors(model)
-        encoder = hf_encoders.distilbert_params_from_hf(backbone_only(tensors, "distilbert."), config)["encoder"]
-        head = {"dense": linear(tensors, "pre_classifier"), "classifier": linear(tensors, "classifier")}
-        pooling, pad = "first_dense_relu", 0
+OTHERS = {  # family -> transformers classes, small config, our config converter, pad id
+    "roberta": ("RobertaForSequenceClassification", "RobertaForMultipleChoice", "RobertaConfig", ROBERTA,
+                hf_encoders.roberta_config_from_hf, 1),
+    "distilbert": ("DistilBertForSequenceClassification", "DistilBertForMultipleChoice", "DistilBertConfig",
+                   DISTILBERT, hf_encoders.distilbert_config_from_hf, 0),
+}
+
+
+@pytest.mark.parametrize("family", sorted(OTHERS))
+@pytest.mark.parametrize("head", ["sequence_classification", "multiple_choice"])
+def test_roberta_and_distilbert_heads_pool_as_theirs(family, head):
+    """RoBERTa: dense + tanh on <s> (sequence), its pooler (choices); DistilBERT: dense + ReLU on [CLS]."""
+    sequence_class, choice_class, config_class, small, config_from_hf, pad = OTHERS[family]
+    model_class = sequence_class if head == "sequence_classification" else choice_class
+    model = random_model(getattr(transformers, model_class),
+                         getattr(transformers, config_class)(**small, num_labels=3, attn_implementation="eager"))
+    config = config_from_hf(model.config.to_dict(), dtype="float32")
+    params = task_heads.task_params_from_hf(torch_tensors(model), config, head, 3)
     ids, _, mask = inputs(False, pad=pad)
-    ours = SequenceClassifier(config, 3, pooling).apply({"params": {"encoder": encoder, **head}}, ids, None, mask)
+    module = task_heads.head_module(config, head, 3)
+    shaped = (lambda x: x.reshape(2, 2, -1)) if head == "multiple_choice" else (lambda x: x)
+    ours = module.apply({"params": params}, shaped(ids), None, shaped(mask))
     with torch.no_grad():
-        theirs = model(**torch_inputs(ids, None, mask, with_segments=False)).logits.numpy()
-    np.testing.assert_allclose(np.asarray(ours), theirs, atol=ATOL)
+        theirs = model(**{k: shaped(v) for k, v in torch_inputs(ids, None, mask, with_segments=False).items()}).logits
+    np.testing.assert_allclose(np.asarray(ours), theirs.numpy(), atol=ATOL)
+
+
+@pytest.mark.parametrize("model_class", sorted(HEAD_OF))
+def test_bert_heads_convert_both_ways_exactly(model_class):
+    labels = {"num_labels": 4} if "Classification" in model_class else {}  # QA's two and choices' one are fixed
+    model, config, tensors, params = bert(model_class, **labels)
+    back = task_heads.task_params_to_hf(params, config, HEAD_OF[model_class], labels.get("num_labels", 2))
+    expected = {k: v for k, v in tensors.items() if not k.endswith(("position_ids", "token_type_ids"))}
+    assert sorted(back) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(back[name], value, err_msg=name)
+
+
+def test_a_head_the_family_lacks_and_a_misshapen_head_are_refused():
+    model, config, tensors, _ = bert("BertForSequenceClassification", num_labels=3)
+    with pytest.raises(ValueError, match="classifier.weight.*expected \\(4, 64\\), got \\(3, 64\\)"):
+        task_heads.task_params_from_hf(tensors, config, "sequence_classification", 4)
+    with pytest.raises(ValueError, match="has no span_labelling head"):
+        task_heads.head_module(config, "span_labelling")
 
 
 # ---------------------------------------------------------------- losses and gradients, through the objectives
@@ -159,9 +174,8 @@ SHARED_GRADS = [("encoder/embeddings/word/embedding", "bert.embeddings.word_embe
 
 @pytest.mark.parametrize("labels", [3, 1])
 def test_sequence_classification_loss_and_gradient(labels):
-    model, config, tensors, encoder = bert("BertForSequenceClassification", num_labels=labels)
+    model, config, tensors, params = bert("BertForSequenceClassification", num_labels=labels)
     ids, segments, mask = inputs(True)
-    params = {"encoder": encoder, "classifier": linear(tensors, "classifier")}
     targets = np.array([0, 2, 1, 2]) if labels > 1 else np.array([0.5, -1.0, 2.0, 0.25], np.float32)
     objective = SequenceClassificationObjective(config, ids.shape[1], functools.partial(SequenceClassifier,
                                                                                         num_labels=labels),
@@ -175,11 +189,10 @@ def test_sequence_classification_loss_and_gradient(labels):
 
 
 def test_token_classification_loss_and_gradient_ignore_unlabelled_tokens():
-    model, config, tensors, encoder = bert("BertForTokenClassification", num_labels=5)
+    model, config, tensors, params = bert("BertForTokenClassification", num_labels=5)
     ids, segments, mask = inputs(False)
     labels = np.random.default_rng(1).integers(0, 5, ids.shape)
     weights = mask & (np.random.default_rng(2).random(ids.shape) < 0.6)
-    params = {"encoder": encoder, "classifier": linear(tensors, "classifier")}
     objective = TokenClassificationObjective(config, ids.shape[1], functools.partial(TokenClassifier, num_labels=5))
     batch = {"input_ids": ids, "segment_ids": segments, "input_mask": mask.astype(np.int32), "labels": labels,
              "label_weights": weights.astype(np.float32)}
@@ -191,10 +204,9 @@ def test_token_classification_loss_and_gradient_ignore_unlabelled_tokens():
 
 
 def test_question_answering_loss_and_gradient():
-    model, config, tensors, encoder = bert("BertForQuestionAnswering")
+    model, config, tensors, params = bert("BertForQuestionAnswering")
     ids, segments, mask = inputs(True)
     start, end = np.array([3, 0, 2, 5]), np.array([6, 0, 4, 9])
-    params = {"encoder": encoder, "qa_outputs": linear(tensors, "qa_outputs")}
     objective = QuestionAnsweringObjective(config, ids.shape[1], QuestionAnswering)
     batch = {"input_ids": ids, "segment_ids": segments, "input_mask": mask.astype(np.int32),
              "start_position": start, "end_position": end, "answer_weight": np.ones(4, np.float32)}
@@ -207,11 +219,10 @@ def test_question_answering_loss_and_gradient():
 
 
 def test_multiple_choice_loss_and_gradient():
-    model, config, tensors, encoder = bert("BertForMultipleChoice")
+    model, config, tensors, params = bert("BertForMultipleChoice")
     ids, segments, mask = inputs(True)
     as_choices = lambda x: x.reshape(2, 2, -1)
     label = np.array([1, 0])
-    params = {"encoder": encoder, "classifier": linear(tensors, "classifier")}
     objective = MultipleChoiceObjective(config, ids.shape[1], MultipleChoice, choices=2)
     batch = {"input_ids": as_choices(ids), "segment_ids": as_choices(segments),
              "input_mask": as_choices(mask.astype(np.int32)), "label": label}
