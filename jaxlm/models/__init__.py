@@ -1,4 +1,5 @@
-"""jaxlm.models: the networks of every family, their config and named presets."""
+"""jaxlm.models: the networks of every family, their config and named presets, the fine-tuning heads and
+the linear-chain CRF."""
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.presets import PRESETS, model_config
 from jaxlm.models.encoder import BertEncoder
@@ -10,8 +11,10 @@ from jaxlm.models.seq2seq import EncoderDecoder
 from jaxlm.models.t5 import T5ForConditionalGeneration
 from jaxlm.models.bart import BartForConditionalGeneration, shift_tokens_right
 from jaxlm.models.task_heads import MultipleChoice, QuestionAnswering, SequenceClassifier, TokenClassifier
+from jaxlm.models.crf import CRF, crf_decode, crf_log_likelihood
 
-__all__ = ["PRESETS", "AlbertEncoder", "AlbertForPreTraining", "BartForConditionalGeneration", "BertEncoder",
+__all__ = ["CRF", "PRESETS", "AlbertEncoder", "AlbertForPreTraining", "BartForConditionalGeneration", "BertEncoder",
            "BertForPreTraining", "CausalLM", "Decoder", "EncoderDecoder", "MaskedLM", "MultipleChoice",
            "QuestionAnswering", "SequenceClassifier", "SpanBertForPreTraining", "SpanBoundaryHead",
-           "T5ForConditionalGeneration", "TokenClassifier", "TransformerConfig", "model_config", "shift_tokens_right"]
+           "T5ForConditionalGeneration", "TokenClassifier", "TransformerConfig", "crf_decode", "crf_log_likelihood",
+           "model_config", "shift_tokens_right"]
