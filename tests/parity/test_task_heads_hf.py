@@ -147,29 +147,19 @@ def test_a_head_the_family_lacks_and_a_misshapen_head_are_refused():
 
 # ---------------------------------------------------------------- losses and gradients, through the objectives
 
-def our_loss_and_grads(objective, params, batch):
-    """The objective's loss (deterministic: no dropout, as transformers in eval mode) and its gradient."""
-    loss = lambda p: objective.summarize(objective.stats(p, batch, None, deterministic=True))["loss"]
-    return jax.value_and_grad(loss)(params)
-
-
-def their_grads(model) -> dict[str, np.ndarray]:
-    return {name: p.grad.numpy() for name, p in model.named_parameters() if p.grad is not None}
-
-
-def check_grads(ours, theirs, names):
-    """Our gradient leaf (path within `ours`, transposed for a Linear) against transformers' by name."""
-    for path, theirs_name, transpose in names:
-        leaf = ours
-        for key in path.split("/"):
-            leaf = leaf[key]
-        leaf, reference = np.asarray(leaf).T if transpose else np.asarray(leaf), theirs[theirs_name]
-        if path.endswith("word/embedding"):  # torch's Embedding(padding_idx=0) never gives the pad row a gradient
-            leaf, reference = leaf[1:], reference[1:]
-        np.testing.assert_allclose(leaf, reference, atol=1e-5, err_msg=path)
-
-
-SHARED_GRADS = [("encoder/embeddings/word/embedding", "bert.embeddings.word_embeddings.weight", False)]
+def check_loss_and_gradient(model, objective, params, batch: dict, theirs_inputs: dict, head_layer: str):
+    """The objective's loss (deterministic: no dropout, as transformers in eval mode) and its gradient at
+    the word table and the head's `head_layer` equal transformers' `loss.backward()` on `theirs_inputs`."""
+    loss_fn = lambda p: objective.summarize(objective.stats(p, batch, None, deterministic=True))["loss"]
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    out = model(**theirs_inputs)
+    out.loss.backward()
+    assert float(loss) == pytest.approx(out.loss.item(), rel=1e-5)
+    theirs = {name: p.grad.numpy() for name, p in model.named_parameters() if p.grad is not None}
+    # torch's Embedding(padding_idx=0) never gives the pad row a gradient
+    np.testing.assert_allclose(np.asarray(grads["encoder"]["embeddings"]["word"]["embedding"])[1:],
+                               theirs["bert.embeddings.word_embeddings.weight"][1:], atol=1e-5)
+    np.testing.assert_allclose(np.asarray(grads[head_layer]["kernel"]).T, theirs[f"{head_layer}.weight"], atol=1e-5)
 
 
 @pytest.mark.parametrize("labels", [3, 1])
@@ -181,11 +171,8 @@ def test_sequence_classification_loss_and_gradient(labels):
                                                                                         num_labels=labels),
                                                 regression=labels == 1)
     batch = {"input_ids": ids, "segment_ids": segments, "input_mask": mask.astype(np.int32), "label": targets}
-    loss, grads = our_loss_and_grads(objective, params, batch)
-    out = model(**torch_inputs(ids, segments, mask), labels=torch.tensor(targets))
-    out.loss.backward()
-    assert float(loss) == pytest.approx(out.loss.item(), rel=1e-5)
-    check_grads(grads, their_grads(model), SHARED_GRADS + [("classifier/kernel", "classifier.weight", True)])
+    check_loss_and_gradient(model, objective, params, batch,
+                            torch_inputs(ids, segments, mask) | {"labels": torch.tensor(targets)}, "classifier")
 
 
 def test_token_classification_loss_and_gradient_ignore_unlabelled_tokens():
@@ -196,11 +183,8 @@ def test_token_classification_loss_and_gradient_ignore_unlabelled_tokens():
     objective = TokenClassificationObjective(config, ids.shape[1], functools.partial(TokenClassifier, num_labels=5))
     batch = {"input_ids": ids, "segment_ids": segments, "input_mask": mask.astype(np.int32), "labels": labels,
              "label_weights": weights.astype(np.float32)}
-    loss, grads = our_loss_and_grads(objective, params, batch)
-    out = model(**torch_inputs(ids, segments, mask), labels=torch.tensor(np.where(weights, labels, -100)))
-    out.loss.backward()
-    assert float(loss) == pytest.approx(out.loss.item(), rel=1e-5)
-    check_grads(grads, their_grads(model), SHARED_GRADS + [("classifier/kernel", "classifier.weight", True)])
+    check_loss_and_gradient(model, objective, params, batch, torch_inputs(ids, segments, mask)
+                            | {"labels": torch.tensor(np.where(weights, labels, -100))}, "classifier")
 
 
 def test_question_answering_loss_and_gradient():
@@ -210,12 +194,8 @@ def test_question_answering_loss_and_gradient():
     objective = QuestionAnsweringObjective(config, ids.shape[1], QuestionAnswering)
     batch = {"input_ids": ids, "segment_ids": segments, "input_mask": mask.astype(np.int32),
              "start_position": start, "end_position": end, "answer_weight": np.ones(4, np.float32)}
-    loss, grads = our_loss_and_grads(objective, params, batch)
-    out = model(**torch_inputs(ids, segments, mask), start_positions=torch.tensor(start),
-                end_positions=torch.tensor(end))
-    out.loss.backward()
-    assert float(loss) == pytest.approx(out.loss.item(), rel=1e-5)
-    check_grads(grads, their_grads(model), SHARED_GRADS + [("qa_outputs/kernel", "qa_outputs.weight", True)])
+    check_loss_and_gradient(model, objective, params, batch, torch_inputs(ids, segments, mask)
+                            | {"start_positions": torch.tensor(start), "end_positions": torch.tensor(end)}, "qa_outputs")
 
 
 def test_multiple_choice_loss_and_gradient():
@@ -226,9 +206,5 @@ def test_multiple_choice_loss_and_gradient():
     objective = MultipleChoiceObjective(config, ids.shape[1], MultipleChoice, choices=2)
     batch = {"input_ids": as_choices(ids), "segment_ids": as_choices(segments),
              "input_mask": as_choices(mask.astype(np.int32)), "label": label}
-    loss, grads = our_loss_and_grads(objective, params, batch)
-    out = model(**{k: v.reshape(2, 2, -1) for k, v in torch_inputs(ids, segments, mask).items()},
-                labels=torch.tensor(label))
-    out.loss.backward()
-    assert float(loss) == pytest.approx(out.loss.item(), rel=1e-5)
-    check_grads(grads, their_grads(model), SHARED_GRADS + [("classifier/kernel", "classifier.weight", True)])
+    theirs = {k: v.reshape(2, 2, -1) for k, v in torch_inputs(ids, segments, mask).items()}
+    check_loss_and_gradient(model, objective, params, batch, theirs | {"labels": torch.tensor(label)}, "classifier")
