@@ -9,8 +9,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pathlib
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -50,6 +52,16 @@ def run_cli(*args, devices: int = 8, check: bool = True, timeout: float = 900, e
     if check and proc.returncode != 0:
         raise AssertionError(f"jaxlm {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc
+
+
+def kill_when(proc: subprocess.Popen, ready, timeout: float = 600) -> None:
+    """SIGKILL `proc` as soon as `ready()` holds (or it ends, or `timeout` passes); the caller checks
+    `proc.returncode == -signal.SIGKILL` to know it was still running."""
+    deadline = time.time() + timeout
+    while not ready() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
 
 
 @pytest.fixture(scope="session")

@@ -5,11 +5,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from conftest import ROOT, run_cli, write_config
+from conftest import ROOT, kill_when, run_cli, write_config
 from jaxlm.eval import results
 from jaxlm.train.metrics import read_jsonl
 
@@ -116,11 +115,7 @@ def test_an_interrupted_sweep_resumes_with_only_the_missing_checkpoints(trained,
     out = tmp_path / "eval"
     sweep = subprocess.Popen([sys.executable, "-m", "jaxlm.cli", "eval", str(run_dir), "--out", str(out)],
                              cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 600
-    while not records_of(out) and sweep.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    sweep.send_signal(signal.SIGKILL)
-    sweep.wait()
+    kill_when(sweep, lambda: bool(records_of(out)))
     assert sweep.returncode == -signal.SIGKILL, "the sweep ended before it could be interrupted"
     before = sorted({r["step"] for r in records_of(out)})
     assert before and before != [5, 10, 15, 20]

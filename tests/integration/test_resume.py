@@ -2,9 +2,8 @@
 import signal
 import subprocess
 import sys
-import time
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, kill_when, run_cli
 from jaxlm.train.metrics import read_jsonl
 
 STEPS = 80
@@ -29,11 +28,7 @@ def test_sigkill_then_resume_matches_uninterrupted(tiny_config, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "jaxlm.cli", "train", str(killed)], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     checkpoints = tmp_path / "killed" / "checkpoints"
-    deadline = time.time() + 600
-    while not _committed_steps(checkpoints) and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_when(proc, lambda: bool(_committed_steps(checkpoints)))
     assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
     at_kill = _committed_steps(checkpoints)
     assert at_kill and at_kill[-1] < STEPS
