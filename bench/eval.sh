@@ -13,7 +13,7 @@ from jaxlm.corpora.bigbench import bigbench_task
 from jaxlm.corpora.models import smollm2_gguf_path
 from jaxlm.corpora.registry import fetch_austen
 print(fetch_austen(), smollm2_gguf_path(), bigbench_task('general_knowledge'))")
-grep -v '^\s*$' "$austen" | head -n 64 > .bench-eval/austen-64.txt
+awk 'NF && ++n <= 64' "$austen" > .bench-eval/austen-64.txt
 [ -d .bench-eval/smollm2 ] || jaxlm convert from-gguf "$gguf" .bench-eval/smollm2 > /dev/null
 rm -rf .bench-eval/out-demo .bench-eval/out-smollm2
 jaxlm eval runs/bert-tiny --select latest --tasks heldout,ppl:.bench-eval/austen-64.txt \
