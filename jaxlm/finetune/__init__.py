@@ -1,0 +1,1 @@
+"""Fine-tuning: task data readers, heads wiring, predict, and the task metrics."""
