@@ -12,7 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 
 from jaxlm import families
 from jaxlm.data.settings import DataConfig
@@ -59,9 +59,18 @@ def bucket(length: int, limit: int | None) -> int:
     return size if limit is None else max(length, min(size, limit))
 
 
+def least_read(item: Item, kind: str) -> int:
+    """Tokens the model must read at once to score `item`, its context cut from the left as far as it
+    may be: decoders and encoder-decoders read at least the continuation; encoders also its suffix and
+    the context's first token (the tokenizer's [CLS] or <s>)."""
+    if kind == "masked":
+        return min(len(item.context), 1) + len(item.continuation) + len(item.suffix)
+    return len(item.continuation)
+
+
 def check_fits(items: Sequence[Item], config: TransformerConfig, kind: str) -> None:
-    """Raise ValueError for a continuation longer than the model can read at once, or one a decoder
-    would have to predict from nothing."""
+    """Raise ValueError for an item the model cannot read at once, or one a decoder would have to
+    predict from nothing."""
     if kind == "causal":
         for index, item in enumerate(items):
             if item.continuation and not item.context:
@@ -72,11 +81,9 @@ def check_fits(items: Sequence[Item], config: TransformerConfig, kind: str) -> N
     if limit is None:
         return
     for index, item in enumerate(items):
-        # encoders read the whole sequence; decoders and encoder-decoders at least the continuation
-        need = len(item.continuation) + (len(item.context) + len(item.suffix) if kind == "masked" else 0)
-        if need > limit:
-            raise ValueError(f"item {index}: a continuation of {len(item.continuation)} tokens does not fit the "
-                             f"model's {limit} positions; shorten it")
+        if least_read(item, kind) > limit:
+            raise ValueError(f"item {index}: a continuation of {len(item.continuation)} tokens needs "
+                             f"{least_read(item, kind)} positions, more than the model's {limit}; shorten it")
 
 
 # ---------------------------------------------------------------- rows: numpy, one batch at a time
@@ -105,13 +112,18 @@ def seq2seq_rows(items: Sequence[Item], limit: int | None, start_id: int) -> lis
     return rows
 
 
-def masked_rows(items: Sequence[Item], mask_id: int) -> list[dict]:
-    """One row per continuation token: the whole sequence with that token masked."""
+def masked_rows(items: Sequence[Item], mask_id: int, limit: int | None) -> list[dict]:
+    """One row per continuation token: the whole sequence with that token masked; a context too long
+    keeps its first token ([CLS]) and loses what follows it."""
     rows = []
     for item in items:
-        sequence = list(item.context) + list(item.continuation) + list(item.suffix)
+        context = list(item.context)
+        room = None if limit is None else limit - len(item.continuation) - len(item.suffix)
+        if room is not None and len(context) > room:
+            context = context[:1] + context[len(context) - room + 1:]
+        sequence = context + list(item.continuation) + list(item.suffix)
         for offset, token in enumerate(item.continuation):
-            position = len(item.context) + offset
+            position = len(context) + offset
             masked = sequence.copy()
             masked[position] = mask_id
             rows.append({"input_ids": masked, "positions": [position], "targets": [token], "weights": [1.0]})
@@ -274,7 +286,7 @@ class Scorer:
             return causal_rows(items, self.limit)
         if self.kind == "seq2seq":
             return seq2seq_rows(items, self.limit, self.config.decoder_start_token_id)
-        return masked_rows(items, self.mask_id)
+        return masked_rows(items, self.mask_id, self.limit)
 
     def row_count(self, items: Sequence[Item]) -> int:
         """Rows the items take: one each, or one per continuation token for encoders."""

@@ -19,10 +19,6 @@ from jaxlm.data.settings import DataConfig
 from jaxlm.models.presets import model_config
 from jaxlm.train import checkpoint
 
-# a converted checkpoint is a model and nothing else: overrides of these apply to it (those of the
-# sections a run has, such as data.prepared_dir, are for the runs evaluated beside it)
-CONVERTED_SECTIONS = ("model", "mesh", "distributed")
-
 
 @dataclasses.dataclass(frozen=True)
 class Selection:
@@ -162,7 +158,7 @@ def eval_config(stored: dict, overrides: list[str], where) -> RunConfig:
     if "train" in stored:
         config = config_lib.from_dict(config_lib.merge(stored, extra))
         original = config_lib.from_dict(stored).model
-    else:
+    else:  # a model alone: its model, mesh and distributed overrides apply; data.* and train.* are the runs'
         unknown = sorted(set(extra) - set(config_lib.SECTIONS))
         if unknown:
             raise ConfigError(f"unknown section(s) {unknown}; valid sections: {', '.join(config_lib.SECTIONS)}")

@@ -9,6 +9,7 @@ from typing import Callable
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
 from jaxlm.data.pipeline import open_data
@@ -16,7 +17,8 @@ from jaxlm.data.sources import model_tokenizer
 from jaxlm.data.tokenizers.load import load_tokenizer
 from jaxlm.data.tokenizers.roles import special_ids
 from jaxlm.eval import results, tasks as tasks_lib
-from jaxlm.eval.scoring import Item, Scorer, abstract_params, kind_of, position_limit, required_groups
+from jaxlm.eval.scoring import (Item, Scorer, abstract_params, check_fits, kind_of, position_limit,
+                                required_groups)
 from jaxlm.eval.sources import Selection, Source, check_out, open_source, parse_selection
 from jaxlm.eval.tasks import Task
 from jaxlm.parallel.mesh import make_mesh
@@ -60,6 +62,10 @@ def check_task(source: Source, task: Task, first_step: int | None) -> None:
         if not pathlib.Path(source.config.data.prepared_dir).is_dir():
             raise ValueError(f"heldout: {source.path} was trained on {source.config.data.prepared_dir}, which is not "
                              "here; pass data.prepared_dir=DIR (the prepared data of that run)")
+        held_out, batch = len(open_data(source.config)[2]), source.config.train.global_batch
+        if held_out < batch:
+            raise ValueError(f"heldout: the held-out split has {held_out} examples, fewer than one batch "
+                             f"(train.global_batch={batch}); pass a smaller train.global_batch")
         return
     tokenizer = source_tokenizer(source)
     kind = kind_of(source.config.model)
@@ -133,6 +139,7 @@ class SourceEvaluator:
             self.scorer = Scorer(config.model, self.mesh, self.rules, batch_size, special_ids(tokenizer)["mask"])
             for task in scoring:
                 self.items[task.name] = self.task_items(task, tokenizer, encoder_input)
+                check_fits([i for group in self.items[task.name] for i in group], config.model, self.scorer.kind)
 
     def task_items(self, task: Task, tokenizer, encoder_input: str) -> list[list[Item]]:
         """Per line (ppl) or per example (choice), its items."""
@@ -218,6 +225,25 @@ def evaluate_step(evaluator: SourceEvaluator, plan_: Plan, step: int, finished: 
         finished.add((str(source.path), step, task.name))
 
 
+def agreed(values: list[int]) -> list[int]:
+    """Process 0's integers on every process: each process must take the same steps through the sweep's
+    collectives, whatever its own disk, clock or listing says."""
+    if jax.process_count() == 1:
+        return values
+    count = int(multihost_utils.broadcast_one_to_all(np.int64(len(values))))
+    mine = np.asarray(values if jax.process_index() == 0 else [0] * count, np.int64).reshape(count)
+    return [int(v) for v in multihost_utils.broadcast_one_to_all(mine)]
+
+
+def agreed_done(plan_: Plan) -> set[tuple[str, int, str]]:
+    """The (source, step, task) triples `--out` already holds, as process 0 reads them."""
+    keys, names = [str(s.path) for s in plan_.sources], [t.name for t in plan_.tasks]
+    local = [(keys.index(k), step, names.index(t)) for k, step, t in results.done(results.read_records(plan_.out))
+             if k in keys and t in names] if jax.process_index() == 0 else []
+    flat = agreed([v for triple in local for v in triple])
+    return {(keys[a], b, names[c]) for a, b, c in zip(flat[::3], flat[1::3], flat[2::3])}
+
+
 def run(plan_: Plan, watch: bool = False, idle_timeout: float = 1800.0, poll: float = 2.0) -> Progress:
     """Evaluate what the plan selects that --out does not hold yet; with `watch`, keep evaluating new
     committed checkpoints until each run has written its final step or none came for `idle_timeout` s.
@@ -225,16 +251,16 @@ def run(plan_: Plan, watch: bool = False, idle_timeout: float = 1800.0, poll: fl
     writer = jax.process_index() == 0
     if writer:
         plan_.out.mkdir(parents=True, exist_ok=True)
-    finished = results.done(results.read_records(plan_.out))
+    finished = agreed_done(plan_)
     keys = {str(s.path) for s in plan_.sources}
-    progress = Progress([r for r in results.read_records(plan_.out) if r["source"] in keys], [], {})
+    progress = Progress([r for r in results.read_records(plan_.out) if r["source"] in keys] if writer else [], [], {})
     evaluators: dict[str, SourceEvaluator] = {}
     seen: dict[str, set[int]] = {key: set() for key in keys}
     last_new = time.time()
     while True:
         for source in plan_.sources:
             key = str(source.path)
-            committed = source.committed_steps()
+            committed = agreed(source.committed_steps())
             chosen = set(plan_.selection.pick(committed))
             for step in sorted(set(committed) - seen[key]):
                 pending = any((key, step, t.name) not in finished for t in plan_.tasks)
@@ -244,10 +270,11 @@ def run(plan_: Plan, watch: bool = False, idle_timeout: float = 1800.0, poll: fl
                     evaluate_step(evaluators[key], plan_, step, finished, progress, writer)
                 seen[key].add(step)
                 last_new = time.time()
-        if not watch or all(source_finished(s, seen[str(s.path)]) for s in plan_.sources):
-            break
-        if time.time() - last_new > idle_timeout:
-            print(f"jaxlm eval: no new checkpoint for {idle_timeout:g} s; stopping", flush=True)
+        done = not watch or all(source_finished(s, seen[str(s.path)]) for s in plan_.sources)
+        idle = not done and time.time() - last_new > idle_timeout
+        if agreed([int(done or idle)])[0]:
+            if idle and writer:
+                print(f"jaxlm eval: no new checkpoint for {idle_timeout:g} s; stopping", flush=True)
             break
         time.sleep(poll)
     if writer:

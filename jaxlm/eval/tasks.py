@@ -65,8 +65,12 @@ def parse_tasks(specs: Sequence[str]) -> list[Task]:
         for part in spec.split(","):
             if part.strip():
                 task = parse_task(part)
-                if task not in tasks:
-                    tasks.append(task)
+                if task in tasks:
+                    continue
+                if any(t.name == task.name for t in tasks):
+                    raise ValueError(f"two tasks are both named {task.name!r} (results and files are kept by "
+                                     "name); give one of the files another name")
+                tasks.append(task)
     if not tasks:
         raise ValueError("no task given; pass --tasks heldout, ppl:FILE or choice:FILE.json[@K]")
     return tasks

@@ -28,7 +28,20 @@ def test_a_decoder_item_needs_context_and_room():
     params = nn.unbox(CausalLM(config).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32)))["params"]
     with pytest.raises(ValueError, match="no context"):
         loglikelihoods(config, params, [Item((), (5, 6, 7))])
-    with pytest.raises(ValueError, match="does not fit the model's 16 positions"):
+    with pytest.raises(ValueError, match="needs 17 positions, more than the model's 16"):
         loglikelihoods(config, params, [Item((1,), tuple(range(2, 19)))])
     long_context = loglikelihoods(config, params, [Item(tuple(range(1, 40)), (5, 6))])
     assert np.isfinite(long_context).all()  # the context is cut from the left
+
+
+def test_an_encoder_context_too_long_keeps_its_first_token_and_loses_what_follows():
+    config = model_config("bert-tiny", vocab_size=200, max_position_embeddings=16, dtype="float32")
+    ids = jnp.zeros((1, 8), jnp.int32)
+    params = nn.unbox(BertForPreTraining(config).init(jax.random.key(0), ids, ids, ids > -1,
+                                                      jnp.zeros((1, 1), jnp.int32)))["params"]
+    context = (101, *range(10, 40))
+    long, cut = Item(context, (7, 8), (102,)), Item((101, *range(27, 40)), (7, 8), (102,))
+    scores = loglikelihoods(config, params, [long, cut], mask_id=103)
+    assert scores[0] == pytest.approx(scores[1], rel=1e-6)
+    with pytest.raises(ValueError, match="needs 17 positions, more than the model's 16"):
+        loglikelihoods(config, params, [Item((101,), tuple(range(10, 25)), (102,))], mask_id=103)

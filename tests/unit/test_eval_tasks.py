@@ -105,3 +105,11 @@ def test_choice_metrics_count_ties_as_correct_and_report_the_random_baseline():
 def test_lengths_are_padded_to_few_buckets():
     assert [bucket(n, 64) for n in (1, 16, 17, 33, 64)] == [16, 16, 32, 64, 64]
     assert bucket(100, None) == 128
+
+
+def test_two_tasks_of_the_same_name_are_refused(tmp_path):
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "test.txt").write_text("a line\n")
+    with pytest.raises(ValueError, match="both named 'ppl:test'"):
+        tasks.parse_tasks([f"ppl:{tmp_path / 'a' / 'test.txt'},ppl:{tmp_path / 'b' / 'test.txt'}"])
