@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import math
 import pathlib
 from typing import Callable, NamedTuple
 
@@ -15,6 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxlm import families
 from jaxlm.convert.store import checkpoint_config, load_checkpoint
 from jaxlm.data.tokenizers.load import load_tokenizer
+from jaxlm.parallel.mesh import batch_shards
 
 # Hugging Face's "never choose this" offset in beam search, kept identical so that beam choices match.
 NEG = -1.0e9
@@ -331,12 +331,6 @@ def _check_counts(max_new_tokens: int, rows: int, early_stopping) -> None:
         raise ValueError(f"early_stopping={early_stopping!r}; choose True, False or 'never'")
 
 
-def _batch_shards(mesh, rules) -> int:
-    axes = nn.logical_to_mesh_axes(("batch",), rules)[0]
-    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-    return math.prod(mesh.shape[a] for a in axes)
-
-
 def _place(mesh, rules, params, abstract_init: Callable, arrays: list[np.ndarray]):
     """Params by their logical names, the batch over the data axes (rows padded with copies of row 0
     to a multiple of the batch shards; drop them from the outputs)."""
@@ -345,7 +339,7 @@ def _place(mesh, rules, params, abstract_init: Callable, arrays: list[np.ndarray
         shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, rules)
     params = jax.tree.map(jax.device_put, params, shardings)
     rows = arrays[0].shape[0]
-    extra = -rows % _batch_shards(mesh, rules)
+    extra = -rows % batch_shards(mesh, rules)
     batch_sharding = NamedSharding(mesh, PartitionSpec(nn.logical_to_mesh_axes(("batch",), rules)[0]))
     arrays = [jax.device_put(np.concatenate([a, np.repeat(a[:1], extra, axis=0)]), batch_sharding) for a in arrays]
     return params, arrays

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Callable, Sequence
 
 import flax.linen as nn
@@ -19,7 +18,7 @@ from jaxlm.data.settings import DataConfig
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.heads import gather_positions
 from jaxlm.config import MeshConfig
-from jaxlm.parallel.mesh import logical_sharding, make_mesh, replicated, tree_shardings
+from jaxlm.parallel.mesh import batch_shards, logical_sharding, make_mesh, replicated, tree_shardings
 from jaxlm.parallel.rules import rules_for
 
 # Sequence lengths are padded up to one of these (capped at the model's positions): few shapes, few compiles.
@@ -189,12 +188,6 @@ def compiled_scorer(config: TransformerConfig, mesh: Mesh, rules: tuple) -> Call
 
     run.jitted = jitted  # its cache holds one compilation per padded shape
     return run
-
-
-def batch_shards(mesh: Mesh, rules: tuple) -> int:
-    axes = nn.logical_to_mesh_axes(("batch",), rules)[0]
-    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-    return math.prod(mesh.shape[a] for a in axes)
 
 
 def global_arrays(batch: dict[str, np.ndarray], mesh: Mesh, rules: tuple) -> dict[str, jax.Array]:

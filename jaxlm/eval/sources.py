@@ -124,7 +124,7 @@ def open_source(path: str | pathlib.Path, overrides: list[str], wait: float = 0.
         try:
             return _open_source(pathlib.Path(path), overrides)
         except NoCheckpointYet:
-            if time.time() >= deadline:
+            if time.time() >= deadline or not pathlib.Path(path).absolute().parent.is_dir():
                 raise
             time.sleep(poll)
 

@@ -12,6 +12,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
+from jaxlm.convert import store
 from jaxlm.data.pipeline import open_data
 from jaxlm.data.sources import model_tokenizer
 from jaxlm.data.tokenizers.load import load_tokenizer
@@ -25,9 +26,6 @@ from jaxlm.parallel.mesh import make_mesh
 from jaxlm.parallel.rules import rules_for
 from jaxlm.train import checkpoint
 from jaxlm.train.loop import build, check_batch, compile_eval, evaluate, heldout_baselines, with_perplexity
-
-TOKENIZER_DIR = "tokenizer"
-
 
 @dataclasses.dataclass
 class Plan:
@@ -46,7 +44,7 @@ def source_tokenizer(source: Source):
     sentinels settings), or a converted checkpoint's tokenizer/ directory."""
     if source.is_run:
         return model_tokenizer(source.config)
-    directory = source.directory / TOKENIZER_DIR
+    directory = source.directory / store.TOKENIZER_DIR
     if not directory.is_dir():
         raise ValueError(f"{source.path} has no tokenizer/ directory, so text cannot become ids; convert it with "
                          "its tokenizer files")
@@ -68,6 +66,9 @@ def check_task(source: Source, task: Task, first_step: int | None) -> None:
                              f"(train.global_batch={batch}); pass a smaller train.global_batch")
         return
     tokenizer = source_tokenizer(source)
+    if tokenizer.vocab_size > source.config.model.vocab_size:
+        raise ValueError(f"{task.name}: {source.path}'s tokenizer has {tokenizer.vocab_size} tokens, more than the "
+                         f"model's vocabulary ({source.config.model.vocab_size}): tokenizer and checkpoint do not match")
     kind = kind_of(source.config.model)
     if kind == "masked" and special_ids(tokenizer)["mask"] is None:
         raise ValueError(f"{task.name}: {source.path}'s tokenizer has no mask token, which pseudo-log-likelihood needs")

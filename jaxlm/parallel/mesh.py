@@ -51,3 +51,10 @@ def tree_shardings(mesh: Mesh, rules: Rules, boxed_abstract_tree):
 
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
+
+
+def batch_shards(mesh: Mesh, rules: Rules) -> int:
+    """How many ways the rules split the batch over the mesh."""
+    axes = nn.logical_to_mesh_axes(("batch",), rules)[0]
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    return math.prod(mesh.shape[a] for a in axes)
