@@ -20,6 +20,7 @@ from jaxlm.models.heads import gather_positions
 from jaxlm.config import MeshConfig
 from jaxlm.parallel.mesh import batch_shards, logical_sharding, make_mesh, replicated, tree_shardings
 from jaxlm.parallel.rules import rules_for
+from jaxlm.sentence_embedding import position_limit as table_positions
 
 # Sequence lengths are padded up to one of these (capped at the model's positions): few shapes, few compiles.
 MIN_BUCKET = 16
@@ -48,9 +49,7 @@ def kind_of(config: TransformerConfig) -> str:
 
 def position_limit(config: TransformerConfig) -> int | None:
     """Tokens a sequence may hold (None: relative positions, no limit)."""
-    if config.position_embedding == "relative":
-        return None
-    return config.max_position_embeddings - config.position_offset
+    return None if config.position_embedding == "relative" else table_positions(config)
 
 
 def bucket(length: int, limit: int | None) -> int:
