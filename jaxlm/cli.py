@@ -160,6 +160,29 @@ def cmd_eval(args) -> None:
         print(f"results: {plan.out / 'results.jsonl'}, {plan.out / 'results.csv'}, {plan.out / 'curves.png'}")
 
 
+def cmd_finetune(args) -> None:
+    _quiet_orbax()
+    from jaxlm.finetune import run  # its imports (seqeval, the tasks) only this command needs
+
+    extra = config_lib.parse_overrides(args.overrides)
+    tree = config_lib.merge(config_lib.load_tree(args.config), extra)
+    distributed.initialize(config_lib.section(config_lib.DistributedConfig, tree.get("distributed") or {},
+                                              "distributed"))
+    config, source = run.load(args.config, args.overrides)
+    summary = run.finetune(config, source)
+    if jax.process_index() == 0:
+        print(run.format_summary(summary, config.train.run_dir))
+
+
+def cmd_predict(args) -> None:
+    _quiet_orbax()
+    from jaxlm.finetune.predict import predict
+
+    lines = predict(args.checkpoint, args.input, args.output, args.batch_size, args.overwrite, args.overrides)
+    if jax.process_index() == 0:
+        print(f"{lines} predictions written to {args.output}")
+
+
 def cmd_compile(args) -> None:
     if "JAX_PLATFORMS" not in os.environ:
         # The compile needs no accelerator runtime (the TPU devices are compile-only); don't probe for one.
@@ -269,6 +292,20 @@ def parser() -> argparse.ArgumentParser:
     ev.add_argument("--encoder-input", default="",
                     help="ppl on an encoder-decoder: the input each line is the target of (default empty)")
     ev.set_defaults(handler=cmd_eval)
+
+    command(commands, "finetune", cmd_finetune,
+            "fine-tune a head on a pretrained checkpoint (finetune section): dev metric every epoch, best checkpoint "
+            "kept, test metric at the end")
+    text = "a fine-tuned checkpoint's predictions for a file of records: one JSON line per record"
+    pred = commands.add_parser("predict", help=text, description=text)
+    pred.add_argument("checkpoint", help="a fine-tune's run directory or one of its checkpoints/<step> directories")
+    pred.add_argument("overrides", nargs="*", help="mesh.* and model.* overrides (how it runs, not its shapes)")
+    pred.add_argument("--input", required=True, help="JSONL, CSV or TSV file (or tfds:..., NAME:SPLIT) with the "
+                                                     "task's input fields")
+    pred.add_argument("--output", required=True, help="the JSONL file to write")
+    pred.add_argument("--batch-size", type=int, default=32)
+    pred.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    pred.set_defaults(handler=cmd_predict)
 
     text = "compile the train step for a TPU topology (no TPU needed) and print its memory per device"
     comp = command(commands, "compile", cmd_compile, text)

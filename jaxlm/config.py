@@ -73,6 +73,41 @@ class BenchConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class FinetuneConfig:
+    """`jaxlm finetune`: a head (`task`) on a pretrained checkpoint, trained on labelled files."""
+
+    task: str = ""  # a head of jaxlm/finetune/tasks.py; empty: the config is a pretraining one
+    init_from: str = ""  # a run directory, one checkpoints/<step> or a `jaxlm convert` output
+    train: str = ""  # JSONL, CSV or TSV file, tfds:NAME[/CONFIG][:SPLIT], or a named dataset NAME:SPLIT
+    dev: str = ""
+    test: str = ""
+    fields: dict = dataclasses.field(default_factory=dict)  # the task's role -> the data's field name
+    labels: tuple[str, ...] = ()  # the classes or tags; empty: those of the training data
+    regression: bool = False  # sequence_classification: one float score, mean squared error
+    pooling: str = ""  # sequence and choice heads; empty: the family's own
+    loss: str = ""  # sentence_embedding: softmax, cosine or ranking
+    crf: bool = False  # token_classification: a linear-chain CRF over the words' first subwords
+    max_length: int = 128
+    max_span_length: int = 8  # span_labelling: the longest span, in words
+    max_target_length: int = 32  # text_to_text and causal_lm responses, in tokens
+    prefix: str = ""  # text_to_text: prepended to every source, as T5's task prefixes
+    num_beams: int = 1  # text_to_text predictions
+    doc_stride: int = 128  # question_answering: tokens shared by consecutive windows of a long context
+    max_query_length: int = 64
+    max_answer_length: int = 30
+    n_best: int = 20
+    epochs: float = 3.0
+    warmup_ratio: float = 0.1  # of all steps; replaces optim.warmup_steps
+    schedule: str = "linear"  # linear (warm-up, linear decay) or slanted_triangular (ULMFiT)
+    metric: str = ""  # the dev metric that picks the best checkpoint; empty: the task's own
+    early_stopping: int = 0  # stop after this many evaluations without a better dev metric; 0: never
+    evals_per_epoch: int = 1
+    train_layers: int = -1  # -1: every layer; 0: the head only; k: the head and the last k layers
+    layer_lr_decay: float = 1.0  # ULMFiT's discriminative rates: each layer down gets this factor
+    unfreeze_every: float = 0.0  # ULMFiT's gradual unfreezing: one more layer group every N epochs
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     model: TransformerConfig = TransformerConfig()
     data: DataConfig = DataConfig()
@@ -81,12 +116,13 @@ class RunConfig:
     train: TrainConfig = TrainConfig()
     distributed: DistributedConfig = DistributedConfig()
     bench: BenchConfig = BenchConfig()
+    finetune: FinetuneConfig = FinetuneConfig()
 
 
 SECTIONS = {f.name: f.type for f in dataclasses.fields(RunConfig)}
 SECTION_TYPES = {
     "data": DataConfig, "mesh": MeshConfig, "optim": OptimConfig, "train": TrainConfig,
-    "distributed": DistributedConfig, "bench": BenchConfig,
+    "distributed": DistributedConfig, "bench": BenchConfig, "finetune": FinetuneConfig,
 }
 
 
@@ -147,7 +183,11 @@ def section(cls, values: dict, name: str):
     typed = {}
     for key, value in values.items():
         default = getattr(cls(), key)
-        if isinstance(default, tuple):
+        if isinstance(default, dict):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{name}.{key} must be a mapping, got {value!r}")
+            value = {str(k): str(v) for k, v in value.items()}
+        elif isinstance(default, tuple):
             value = tuple(value) if isinstance(value, (list, tuple)) else (value,)
         elif isinstance(default, bool):
             if not isinstance(value, bool):
@@ -173,7 +213,10 @@ def from_dict(tree: dict) -> RunConfig:
         raise ConfigError(str(err)) from None
     sections = {name: section(cls, tree.get(name) or {}, name) for name, cls in SECTION_TYPES.items()}
     config = RunConfig(model=model, **sections)
-    validate(config)
+    if config.finetune.task:
+        validate_run(config)
+    else:
+        validate(config)
     return config
 
 
@@ -210,8 +253,8 @@ def to_dict(config: RunConfig) -> dict:
 
 
 def validate(config: RunConfig) -> None:
-    """Cross-section checks that need no devices and no data."""
-    data, model, train, optim = config.data, config.model, config.train, config.optim
+    """Cross-section checks of a pretraining config that need no devices and no data."""
+    data, model = config.data, config.model
     positions = model.max_position_embeddings - model.position_offset
     if data.max_seq_length > positions:
         raise ConfigError(
@@ -225,6 +268,12 @@ def validate(config: RunConfig) -> None:
         raise ConfigError(f"data.max_predictions={data.max_predictions} exceeds data.max_seq_length={data.max_seq_length}")
     if not data.corpus:
         raise ConfigError("data.corpus is empty; name text files or demo corpora (demo:austen, demo:wikipedia, demo:news)")
+    validate_run(config)
+
+
+def validate_run(config: RunConfig) -> None:
+    """Checks of the optimiser, mesh and train sections, which pretraining and fine-tuning share."""
+    train, optim = config.train, config.optim
     if optim.name not in OPTIMIZERS:
         raise ConfigError(f"optim.name={optim.name!r}; choose one of {', '.join(OPTIMIZERS)}")
     if train.global_batch % optim.grad_accum:

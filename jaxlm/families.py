@@ -35,6 +35,7 @@ BART_ROLES = ("bos", "eos", "mask")
 ENCODER_HEADS = ("sequence_classification", "token_classification", "span_labelling", "question_answering",
                  "multiple_choice", "sentence_embedding")
 DECODER_HEADS = ("causal_lm", "sequence_classification")
+ENCODER_DECODER_HEADS = ("text_to_text",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +67,7 @@ class Family:
     backbone: Callable[..., nn.Module] | None = None
     pooling: str = "pooler"
     choice_pooling: str = "pooler"
+    pair_separators: int = 1  # separator tokens between the segments of a pair: RoBERTa's </s></s> is 2
 
     def make_objective(self, config: TransformerConfig, data: DataConfig) -> Objective:
         return self.objective(config, data, self.network)
@@ -101,14 +103,14 @@ def _seq2seq(target_length: Callable[[DataConfig], int]) -> ObjectiveFactory:
 
 ENCODER = dict(embeds=True, scores="masked", heads=ENCODER_HEADS, backbone=BertEncoder)
 DECODER = dict(generates="causal", scores="causal", heads=DECODER_HEADS)
-ENCODER_DECODER = dict(generates="seq2seq", scores="seq2seq")
+ENCODER_DECODER = dict(generates="seq2seq", scores="seq2seq", heads=ENCODER_DECODER_HEADS)
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("bert", BertForPreTraining, _pairs("nsp"), "nsp_pairs", examples.nsp_transform, MLM_ROLES,
            "jaxlm.convert.hf", "AutoModelForPreTraining", ("mlm", "nsp"), "BertModel", **ENCODER),
     Family("roberta", MaskedLM, _masked_lm, "sentence_rows", examples.sentence_mlm_transform, MLM_ROLES,
            "jaxlm.convert.hf_encoders", "AutoModelForMaskedLM", ("mlm",), "RobertaModel", **ENCODER,
-           pooling="first_dense_tanh"),
+           pooling="first_dense_tanh", pair_separators=2),
     Family("distilbert", MaskedLM, _masked_lm, "sentence_rows", examples.sentence_mlm_transform, MLM_ROLES,
            "jaxlm.convert.hf_encoders", "AutoModelForMaskedLM", ("mlm",), "DistilBertModel", **ENCODER,
            pooling="first_dense_relu", choice_pooling="first_dense_relu"),

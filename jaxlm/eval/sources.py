@@ -15,6 +15,9 @@ import orbax.checkpoint as ocp
 from jaxlm import config as config_lib
 from jaxlm import families
 from jaxlm.config import ConfigError, MeshConfig, RunConfig
+from jaxlm.convert import store
+from jaxlm.data.sources import model_tokenizer
+from jaxlm.data.tokenizers.load import load_tokenizer
 from jaxlm.data.settings import DataConfig
 from jaxlm.models.presets import model_config
 from jaxlm.train import checkpoint
@@ -191,6 +194,18 @@ def check_same_shapes(original, changed, where, listed: int = 6) -> None:
         raise ConfigError(f"{where}: the model overrides change the parameters' shapes: {'; '.join(problems[:listed])}"
                           f"{more}; evaluation may change how the model runs (attention kernel, dtype, remat, mesh), "
                           "not its parameters")
+
+
+def source_tokenizer(source: Source):
+    """The tokenizer a source's checkpoints were made with: a run's data.vocab (with its lowercase and
+    sentinels settings), or a converted checkpoint's tokenizer/ directory."""
+    if source.is_run:
+        return model_tokenizer(source.config)
+    directory = source.directory / store.TOKENIZER_DIR
+    if not directory.is_dir():
+        raise ValueError(f"{source.path} has no tokenizer/ directory, so text cannot become ids; convert it with "
+                         "its tokenizer files")
+    return load_tokenizer(directory)
 
 
 def check_out(out: pathlib.Path, sources: list[Source]) -> None:

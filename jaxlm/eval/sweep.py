@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import shutil
 import time
 from typing import Callable
 
@@ -12,16 +13,14 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
-from jaxlm.convert import store
 from jaxlm.data.pipeline import open_data
-from jaxlm.data.sources import model_tokenizer
-from jaxlm.data.tokenizers.load import load_tokenizer
 from jaxlm.data.tokenizers.roles import special_ids
 from jaxlm.eval import results, tasks as tasks_lib
 from jaxlm.eval.scoring import (Item, Scorer, abstract_params, check_fits, kind_of, position_limit,
                                 required_groups)
-from jaxlm.eval.sources import Selection, Source, check_out, open_source, parse_selection
+from jaxlm.eval.sources import Selection, Source, check_out, open_source, parse_selection, source_tokenizer
 from jaxlm.eval.tasks import Task
+from jaxlm.finetune import run as finetune_run
 from jaxlm.parallel.mesh import make_mesh
 from jaxlm.parallel.rules import rules_for
 from jaxlm.train import checkpoint
@@ -39,20 +38,18 @@ class Plan:
     encoder_input: str = ""
 
 
-def source_tokenizer(source: Source):
-    """The tokenizer a source's checkpoints were made with: a run's data.vocab (with its lowercase and
-    sentinels settings), or a converted checkpoint's tokenizer/ directory."""
-    if source.is_run:
-        return model_tokenizer(source.config)
-    directory = source.directory / store.TOKENIZER_DIR
-    if not directory.is_dir():
-        raise ValueError(f"{source.path} has no tokenizer/ directory, so text cannot become ids; convert it with "
-                         "its tokenizer files")
-    return load_tokenizer(directory)
+def finetune_config(task: Task, source: Source, step: int, run_dir: pathlib.Path):
+    """(config, source) of the fine-tune `task` names, from `source`'s checkpoint at `step`, into `run_dir`."""
+    init = source.directory / str(step)
+    return finetune_run.load(task.path, [f"train.run_dir={run_dir}"], init_from=str(init))
 
 
 def check_task(source: Source, task: Task, first_step: int | None) -> None:
     """Raise ValueError unless `source` can run `task` (before any compute)."""
+    if task.kind == "finetune":
+        if first_step is not None:  # reads and checks the data and the head against the checkpoint
+            finetune_run.plan(*finetune_config(task, source, first_step, pathlib.Path("unused")))
+        return
     if task.kind == "heldout":
         if not source.is_run:
             raise ValueError(f"heldout needs a training run's data and objective; {source.path} is a converted "
@@ -134,7 +131,7 @@ class SourceEvaluator:
         else:
             self.mesh, self.rules = make_mesh(config.mesh), rules_for(config.mesh.rules)
             self.target = abstract_params(config.model, self.mesh, self.rules)
-        scoring = [t for t in task_list if t.kind != "heldout"]
+        scoring = [t for t in task_list if t.kind in ("ppl", "choice")]
         if scoring:
             tokenizer = source_tokenizer(source)
             self.scorer = Scorer(config.model, self.mesh, self.rules, batch_size, special_ids(tokenizer)["mask"])
@@ -156,12 +153,16 @@ class SourceEvaluator:
         return checkpoint.restore_params(self.source.directory, self.target, step)
 
     def rows(self, task: Task) -> int:
-        if task.kind == "heldout":
+        if task.kind in ("heldout", "finetune"):
             return 0
         return self.scorer.row_count([i for group in self.items[task.name] for i in group])
 
-    def evaluate(self, task: Task, params, progress: Callable[[int], None]) -> tuple[dict, int, dict, list]:
-        """(metrics, examples, baselines by metric, per-item records) of one task on `params`."""
+    def evaluate(self, task: Task, params, progress: Callable[[int], None], step: int = 0,
+                 out: pathlib.Path | None = None) -> tuple[dict, int, dict, list]:
+        """(metrics, examples, baselines by metric, per-item records) of one task on `params` (of
+        `step`; a fine-tune starts from that checkpoint and runs in a directory under `out`)."""
+        if task.kind == "finetune":
+            return self.finetune(task, step, out)
         if task.kind == "heldout":
             final = with_perplexity(evaluate(self.setup, self.compiled, params, self.valid))
             if self.baselines is None:
@@ -176,6 +177,20 @@ class SourceEvaluator:
         metrics, records = tasks_lib.choice_results(self.choices[task.name], groups, per_group)
         chance = metrics["random_baseline"]
         return metrics, len(groups), {"accuracy": chance, "accuracy_norm": chance}, records
+
+
+    def finetune(self, task: Task, step: int, out: pathlib.Path) -> tuple[dict, int, dict, list]:
+        """The dev and test metrics (and baselines) of a fine-tune from this step, in a fresh
+        OUT/RUN/finetune-NAME-STEP directory (one an interrupted sweep left is replaced)."""
+        run_dir = out / self.source.label / f"{task.file_name}-{step}"
+        if jax.process_index() == 0:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        summary = finetune_run.finetune(*finetune_config(task, self.source, step, run_dir))
+        metrics, baselines = {}, {}
+        for split in ("dev", "test"):
+            metrics |= {f"{split}_{k}": v for k, v in summary.get(split, {}).items()}
+            baselines |= {f"{split}_{k}": v for k, v in summary.get(f"{split}_baseline", {}).items()}
+        return metrics, summary["train_records"], baselines, []
 
 
 # ---------------------------------------------------------------- the sweep
@@ -207,7 +222,7 @@ def evaluate_step(evaluator: SourceEvaluator, plan_: Plan, step: int, finished: 
         bar = tqdm(total=rows or None, desc=f"{source.label}@{step} {task.name}", unit="row", leave=False,
                    disable=not writer or rows == 0, dynamic_ncols=True)
         began = time.time()
-        metrics, examples, baselines, items = evaluator.evaluate(task, params, bar.update)
+        metrics, examples, baselines, items = evaluator.evaluate(task, params, bar.update, step, plan_.out)
         bar.close()
         elapsed = time.time() - began
         speed = progress.throughput.setdefault(task.name, [0, 0.0])

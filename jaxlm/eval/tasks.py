@@ -22,7 +22,8 @@ SHOT_SEED = 1234
 
 @dataclasses.dataclass(frozen=True)
 class Task:
-    """One task of a sweep: `kind` heldout, ppl or choice; `path` its file; `shots` for choices."""
+    """One task of a sweep: `kind` heldout, ppl, choice or finetune; `path` its file (a fine-tune's
+    config); `shots` for choices."""
 
     kind: str
     path: pathlib.Path | None = None
@@ -35,7 +36,8 @@ class Task:
 
 
 def parse_task(spec: str) -> Task:
-    """A Task from `heldout`, `ppl:FILE` or `choice:FILE.json[@K]`, its file checked (ValueError)."""
+    """A Task from `heldout`, `ppl:FILE`, `choice:FILE.json[@K]` or `finetune:CONFIG`, its file checked
+    (ValueError; a fine-tune config is checked against each source when the sweep is planned)."""
     spec = spec.strip()
     if spec == "heldout":
         return Task("heldout")
@@ -54,8 +56,13 @@ def parse_task(spec: str) -> Task:
         if shots and len(task.examples) < shots + 1:
             raise ValueError(f"{path}: {shots}-shot needs at least {shots + 1} examples, it has {len(task.examples)}")
         return Task("choice", path, shots, f"choice:{task.name}@{shots}")
-    raise ValueError(f"unknown task {spec!r}; tasks are heldout, ppl:FILE (a text file, one sequence per line) "
-                     "and choice:FILE.json[@K] (a BIG-bench JSON task, K shots)")
+    if kind == "finetune" and rest:
+        path = pathlib.Path(rest)
+        if not path.is_file():
+            raise FileNotFoundError(f"finetune:{path}: no such config; give a fine-tune config (configs/finetune/)")
+        return Task("finetune", path, name=f"finetune:{path.stem}")
+    raise ValueError(f"unknown task {spec!r}; tasks are heldout, ppl:FILE (a text file, one sequence per line), "
+                     "choice:FILE.json[@K] (a BIG-bench JSON task, K shots) and finetune:CONFIG (a fine-tune config)")
 
 
 def parse_tasks(specs: Sequence[str]) -> list[Task]:

@@ -1,6 +1,7 @@
 """Fine-tuning heads on an encoder backbone (BertEncoder, or AlbertEncoder for ALBERT; its parameters
 under `encoder`, as in pretraining): sequence classification and regression, token classification,
-extractive question answering and multiple choice, each pooling as its Hugging Face counterpart does."""
+extractive question answering and multiple choice, each pooling as its Hugging Face counterpart does, and
+token classification through a CRF."""
 from __future__ import annotations
 
 from typing import Callable
@@ -10,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxlm.models.config import TransformerConfig
+from jaxlm.models.crf import CRF
 from jaxlm.models.encoder import BertEncoder
 from jaxlm.nn.layers import Dense
 
@@ -110,3 +112,32 @@ class MultipleChoice(nn.Module):
                             flat(padding_mask), deterministic)
         scores = Dense(self.config, 1, ("embed",), ("classes",), name="classifier")(summary)
         return scores.astype(jnp.float32).reshape(batch, choices)
+
+
+class CrfTagger(nn.Module):
+    """Emissions [B, W, num_labels] at the first subword of each word (`word_positions`), for a
+    linear-chain CRF over the words; `labels` in tag order constrain its transitions to BIO's rules."""
+
+    config: TransformerConfig
+    num_labels: int
+    labels: tuple[str, ...] | None = None
+    backbone: Callable[..., nn.Module] = BertEncoder
+
+    def setup(self):
+        cfg = self.config
+        self.encoder = self.backbone(cfg)
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+        self.classifier = Dense(cfg, self.num_labels, ("embed",), ("classes",))
+        self.crf = CRF(self.num_labels, self.labels)
+
+    def __call__(self, input_ids, segment_ids=None, padding_mask=None, word_positions=None,
+                 deterministic: bool = True):
+        hidden = self.encoder.hidden_states(input_ids, segment_ids, padding_mask, deterministic)
+        emissions = self.classifier(self.dropout(hidden, deterministic=deterministic)).astype(jnp.float32)
+        return jnp.take_along_axis(emissions, word_positions[..., None], axis=1)
+
+    def log_likelihood(self, emissions, tags, mask):
+        return self.crf.log_likelihood(emissions, tags, mask)
+
+    def decode(self, emissions, mask):
+        return self.crf.decode(emissions, mask)[0]

@@ -5,11 +5,11 @@ from __future__ import annotations
 from jaxlm.objectives.base import Objective
 from jaxlm.objectives.causal import CausalLmObjective
 from jaxlm.objectives.denoise import Seq2SeqObjective
-from jaxlm.objectives.finetune import (MultipleChoiceObjective, QuestionAnsweringObjective,
+from jaxlm.objectives.finetune import (CrfTaggingObjective, MultipleChoiceObjective, QuestionAnsweringObjective,
                                        SequenceClassificationObjective, TokenClassificationObjective)
 from jaxlm.objectives.mlm_nsp import MaskedLmObjective, MlmPairObjective
 from jaxlm.objectives.span import SpanMlmSboObjective
 
-__all__ = ["CausalLmObjective", "MaskedLmObjective", "MlmPairObjective", "MultipleChoiceObjective", "Objective",
+__all__ = ["CausalLmObjective", "CrfTaggingObjective", "MaskedLmObjective", "MlmPairObjective", "MultipleChoiceObjective", "Objective",
            "QuestionAnsweringObjective", "Seq2SeqObjective", "SequenceClassificationObjective", "SpanMlmSboObjective",
            "TokenClassificationObjective"]

@@ -1,6 +1,7 @@
 """Fine-tuning tasks as objectives (batch format, loss, metrics) for the heads of jaxlm.models.task_heads:
 sequence classification or regression, token classification, extractive QA and multiple choice. Losses
-are the ones Hugging Face's heads compute: means over the weighted examples, tokens or positions."""
+are the ones Hugging Face's heads compute: means over the weighted examples, tokens or positions. A row
+of weight 0 (the padding that fills an epoch's last batch) counts for nothing."""
 from __future__ import annotations
 
 import dataclasses
@@ -33,21 +34,24 @@ def accuracy_summary(stats: dict, name: str = "label") -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class SequenceClassificationObjective(Objective):
-    """`label` per sequence: a class (cross-entropy) or, with `regression`, a float (mean squared error)."""
+    """`label` per sequence: a class (cross-entropy) or, with `regression`, a float (mean squared error),
+    counted with `example_weight`."""
 
     regression: bool = False
 
     def fields(self):
-        return encoder_fields(self.max_seq_length) | {"label": Field((), FLOAT if self.regression else INT, ())}
+        return encoder_fields(self.max_seq_length) | {"label": Field((), FLOAT if self.regression else INT, ()),
+                                                      "example_weight": Field((), FLOAT, ())}
 
     model_inputs = staticmethod(encoder_inputs)
 
     def stats(self, params, batch, rng, deterministic: bool = False) -> dict:
         logits = self.apply(params, batch, rng, deterministic)
+        weights = batch["example_weight"]
         if not self.regression:
-            return prediction_stats("label", logits, batch["label"])
+            return prediction_stats("label", logits, batch["label"], weights)
         error = (logits[:, 0] - batch["label"]) ** 2
-        return {"label_squared_error": jnp.sum(error), "label_count": jnp.float32(error.shape[0])}
+        return {"label_squared_error": jnp.sum(error * weights), "label_count": jnp.sum(weights)}
 
     def summarize(self, stats: dict) -> dict:
         if not self.regression:
@@ -82,6 +86,40 @@ class TokenClassificationObjective(Objective):
 
 
 @dataclasses.dataclass(frozen=True)
+class CrfTaggingObjective(Objective):
+    """`word_tags` of the words whose first subwords `word_positions` point at (`word_mask`, its first
+    step on even in a padding row); loss = the CRF's negative log-likelihood, mean over the sequences
+    weighted by `example_weight`."""
+
+    def fields(self):
+        seq = self.max_seq_length
+        words = {name: Field((seq,), INT, ("length",)) for name in ("word_positions", "word_tags", "word_mask")}
+        return encoder_fields(seq) | words | {"example_weight": Field((), FLOAT, ())}
+
+    @staticmethod
+    def model_inputs(batch):
+        return (*encoder_inputs(batch), batch["word_positions"])
+
+    def stats(self, params, batch, rng, deterministic: bool = False) -> dict:
+        emissions = self.apply(params, batch, rng, deterministic)
+        likelihood = self.model.apply({"params": params}, emissions, batch["word_tags"], batch["word_mask"],
+                                      method="log_likelihood")
+        weights = batch["example_weight"]
+        return {"crf_nll_sum": -jnp.sum(likelihood * weights), "crf_count": jnp.sum(weights)}
+
+    def summarize(self, stats: dict) -> dict:
+        return {"loss": ratio(stats["crf_nll_sum"], stats["crf_count"])}
+
+    def decode(self, params, batch):
+        """The Viterbi tags [B, W] of the words (deterministic)."""
+        emissions = self.apply(params, batch, None, True)
+        return self.model.apply({"params": params}, emissions, batch["word_mask"], method="decode")
+
+    def flops_per_token(self) -> float:
+        return encoder_flops_per_token(self.config, self.max_seq_length)
+
+
+@dataclasses.dataclass(frozen=True)
 class QuestionAnsweringObjective(Objective):
     """`start_position` and `end_position` of the answer's tokens; loss = (start CE + end CE) / 2 over
     the windows whose `answer_weight` is 1 (a window without the answer points at [CLS], position 0)."""
@@ -110,17 +148,20 @@ class QuestionAnsweringObjective(Objective):
 
 @dataclasses.dataclass(frozen=True)
 class MultipleChoiceObjective(Objective):
-    """`choices` (context, choice) sequences per example and the index of the right one, `label`."""
+    """`choices` (context, choice) sequences per example and the index of the right one, `label`, counted
+    with `example_weight`."""
 
     choices: int = 4
 
     def fields(self):
-        return encoder_fields(self.max_seq_length, self.choices) | {"label": Field((), INT, ())}
+        return encoder_fields(self.max_seq_length, self.choices) | {"label": Field((), INT, ()),
+                                                                    "example_weight": Field((), FLOAT, ())}
 
     model_inputs = staticmethod(encoder_inputs)
 
     def stats(self, params, batch, rng, deterministic: bool = False) -> dict:
-        return prediction_stats("label", self.apply(params, batch, rng, deterministic), batch["label"])
+        logits = self.apply(params, batch, rng, deterministic)
+        return prediction_stats("label", logits, batch["label"], batch["example_weight"])
 
     def summarize(self, stats: dict) -> dict:
         return accuracy_summary(stats)

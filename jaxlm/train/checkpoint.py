@@ -18,10 +18,18 @@ def manager(directory: str | pathlib.Path, keep: int, async_save: bool = True) -
     return ocp.CheckpointManager(pathlib.Path(directory).absolute(), item_names=ITEMS, options=options)
 
 
-def save(mngr: ocp.CheckpointManager, step: int, state, data_position: dict, config: dict) -> bool:
+def best_manager(directory: str | pathlib.Path, metric: str) -> ocp.CheckpointManager:
+    """A manager that keeps only the checkpoint with the highest `metric` (Orbax's best_fn policy)."""
+    options = ocp.CheckpointManagerOptions(max_to_keep=1, best_fn=lambda metrics: metrics[metric], best_mode="max",
+                                           keep_checkpoints_without_metrics=False, create=True)
+    return ocp.CheckpointManager(pathlib.Path(directory).absolute(), item_names=ITEMS, options=options)
+
+
+def save(mngr: ocp.CheckpointManager, step: int, state, data_position: dict, config: dict,
+         metrics: dict | None = None) -> bool:
     return mngr.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position),
-        config=ocp.args.JsonSave(config)), force=True)
+        config=ocp.args.JsonSave(config)), metrics=metrics, force=True)
 
 
 def restore(mngr: ocp.CheckpointManager, abstract_state, step: int | None = None):

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import pathlib
 import time
+from typing import Callable
 
 import flax.linen as nn
 import jax
@@ -54,15 +55,20 @@ def check_batch(config: RunConfig, mesh: Mesh) -> None:
                           f"is not divisible by the batch shards ({shards})")
 
 
-def build(config: RunConfig, devices=None) -> Setup:
-    """Everything the step needs, from the config: mesh (over `devices`, default all), objective,
-    optimiser, shardings."""
+def build(config: RunConfig, devices=None, objective: Objective | None = None,
+          optimizer_for: Callable | None = None) -> Setup:
+    """Everything the step needs, from the config: mesh (over `devices`, default all), objective (the
+    family's pretraining one unless given), optimiser (`optimizer_for(abstract params)` -> (optimizer,
+    schedule), if given, else the config's), shardings."""
     mesh = make_mesh(config.mesh, devices)
     check_batch(config, mesh)
     rules = rules_for(config.mesh.rules)
-    objective = families.make_objective(config.model, config.data)
+    objective = objective or families.make_objective(config.model, config.data)
     total = config.train.steps
-    optimizer, lr = make_optimizer(config.optim, total), schedule(config.optim, total)
+    if optimizer_for is None:
+        optimizer, lr = make_optimizer(config.optim, total), schedule(config.optim, total)
+    else:
+        optimizer, lr = optimizer_for(nn.unbox(jax.eval_shape(objective.init, jax.random.key(0))))
     with nn.logical_axis_rules(rules):
         shardings = state_shardings(objective.init, optimizer, mesh, rules)
     abstract = abstract_state(objective.init, optimizer, shardings)

@@ -59,12 +59,14 @@ def read_jsonl(path: pathlib.Path) -> list[dict]:
     return sorted(latest.values(), key=lambda r: (r.get("split") or "", r["step"]))
 
 
-def plot_curves(jsonl_path: pathlib.Path, png_path: pathlib.Path, baselines: dict | None = None) -> None:
+def plot_curves(jsonl_path: pathlib.Path, png_path: pathlib.Path, baselines: dict | None = None,
+                panels: dict | None = None) -> None:
+    """One panel per metric the records hold (loss, the pretraining accuracies and `panels`: key -> title)."""
     from matplotlib.figure import Figure  # here: 0.5 s that only the end of a run needs
 
     records = read_jsonl(jsonl_path)
     titles = {"loss": "loss", "mlm_acc": "MLM accuracy", "nsp_acc": "NSP accuracy", "sop_acc": "SOP accuracy",
-              "sbo_acc": "SBO accuracy", "lm_acc": "token accuracy"}
+              "sbo_acc": "SBO accuracy", "lm_acc": "token accuracy"} | (panels or {})
     panels = [(k, t) for k, t in titles.items() if k == "loss" or any(k in r for r in records)]
     # a Figure of its own (no pyplot): importing or plotting never changes a notebook's backend
     fig = Figure(figsize=(5 * len(panels), 4))

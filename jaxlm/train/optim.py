@@ -31,10 +31,13 @@ def decay_mask(params):
         lambda path, _: not any(n in NO_DECAY_NAMES for n in _path_names(path)), params)
 
 
-def make_optimizer(config: OptimConfig, total_steps: int) -> optax.GradientTransformation:
+def make_optimizer(config: OptimConfig, total_steps: int,
+                   learning_rate: optax.Schedule | None = None) -> optax.GradientTransformation:
+    """Clipping, then AdamW or LAMB on `learning_rate` (default: the config's warm-up and linear decay)."""
     if config.name not in OPTIMIZERS:
         raise ValueError(f"unknown optimiser {config.name!r}; choose one of {', '.join(OPTIMIZERS)}")
-    base = OPTIMIZERS[config.name](schedule(config, total_steps), b1=config.b1, b2=config.b2, eps=config.eps,
+    learning_rate = learning_rate or schedule(config, total_steps)
+    base = OPTIMIZERS[config.name](learning_rate, b1=config.b1, b2=config.b2, eps=config.eps,
                                    weight_decay=config.weight_decay, mask=decay_mask)
     clip = optax.clip_by_global_norm(config.clip_norm) if config.clip_norm > 0 else optax.identity()
     return optax.chain(clip, base)

@@ -170,7 +170,8 @@ def test_sequence_classification_loss_and_gradient(labels):
     objective = SequenceClassificationObjective(config, ids.shape[1], functools.partial(SequenceClassifier,
                                                                                         num_labels=labels),
                                                 regression=labels == 1)
-    batch = {"input_ids": ids, "segment_ids": segments, "input_mask": mask.astype(np.int32), "label": targets}
+    batch = {"input_ids": ids, "segment_ids": segments, "input_mask": mask.astype(np.int32), "label": targets,
+             "example_weight": np.ones(4, np.float32)}
     check_loss_and_gradient(model, objective, params, batch,
                             torch_inputs(ids, segments, mask) | {"labels": torch.tensor(targets)}, "classifier")
 
@@ -205,6 +206,6 @@ def test_multiple_choice_loss_and_gradient():
     label = np.array([1, 0])
     objective = MultipleChoiceObjective(config, ids.shape[1], MultipleChoice, choices=2)
     batch = {"input_ids": as_choices(ids), "segment_ids": as_choices(segments),
-             "input_mask": as_choices(mask.astype(np.int32)), "label": label}
+             "input_mask": as_choices(mask.astype(np.int32)), "label": label, "example_weight": np.ones(2, np.float32)}
     theirs = {k: v.reshape(2, 2, -1) for k, v in torch_inputs(ids, segments, mask).items()}
     check_loss_and_gradient(model, objective, params, batch, theirs | {"labels": torch.tensor(label)}, "classifier")

@@ -1,0 +1,56 @@
+"""`jaxlm predict`: a fine-tuned checkpoint's predictions for a file of records, one JSON line each."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import pathlib
+
+import jax
+
+from jaxlm.config import ConfigError
+from jaxlm.eval.sources import open_source, source_tokenizer
+from jaxlm.finetune import data as task_data
+from jaxlm.finetune.run import Runner, write_jsonl
+from jaxlm.finetune.tasks import TASKS, Context
+from jaxlm.train import checkpoint
+from jaxlm.train.loop import build
+
+
+def check_output(path: pathlib.Path, overwrite: bool) -> None:
+    if path.is_dir():
+        raise ValueError(f"--output {path} is a directory; name a file")
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"--output {path} exists; pass --overwrite to replace it or choose another file")
+    if not path.absolute().parent.is_dir():
+        raise FileNotFoundError(f"--output {path}: directory {path.absolute().parent} does not exist")
+
+
+def predict(checkpoint_path, input_spec: str, output, batch_size: int = 32, overwrite: bool = False,
+            overrides: list[str] = ()) -> int:
+    """Writes one line per input record (its input fields and the prediction) to `output`; returns the
+    number of lines. Every check (checkpoint, input fields, output) comes before any compute."""
+    output = pathlib.Path(output)
+    check_output(output, overwrite)
+    if batch_size <= 0:
+        raise ValueError(f"--batch-size must be positive, got {batch_size}")
+    source = open_source(checkpoint_path, list(overrides))
+    config = source.config
+    if not config.finetune.task:
+        raise ConfigError(f"{checkpoint_path} is not a fine-tuned checkpoint (its config has no finetune.task); "
+                          "predict reads the checkpoints `jaxlm finetune` writes")
+    task, settings = TASKS[config.finetune.task], config.finetune
+    records = task_data.read_records(input_spec, task.field_names(settings), task.input_roles, "--input")
+    ctx = Context(config.model, settings, settings.labels, source_tokenizer(source))
+    rows = task.rows(ctx, records, labelled=False)
+    shards = jax.device_count()
+    config = dataclasses.replace(config, train=dataclasses.replace(
+        config.train, global_batch=math.ceil(batch_size / shards) * shards))
+    setup = build(config, objective=task.objective(ctx))
+    step = source.own_step if source.own_step is not None else source.committed_steps()[-1]
+    params = checkpoint.restore_params(source.path, setup.abstract.params, step)
+    predictions = task.predict(ctx, Runner(setup, task).outputs(params, rows), rows, records)
+    lines = [{role: record[role] for role in task.input_roles if role in record} | prediction
+             for record, prediction in zip(records, predictions)]
+    if jax.process_index() == 0:
+        write_jsonl(output, lines)
+    return len(lines)

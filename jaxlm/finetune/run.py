@@ -1,0 +1,354 @@
+"""`jaxlm finetune`: the plan (config, source checkpoint, tokenizer, records, rows; every check before
+compute), then the pretraining trainer's sharded step on the task's objective, evaluation on dev every
+epoch, the best checkpoint kept by the dev metric, early stopping, and the test split on the best."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+import shutil
+
+import flax.linen as nn
+import jax
+import numpy as np
+import optax
+from jax.experimental import multihost_utils
+
+from jaxlm import config as config_lib
+from jaxlm import families
+from jaxlm.config import ConfigError, RunConfig
+from jaxlm.convert import store
+from jaxlm.data.sources import resolve_vocab
+from jaxlm.eval.sources import Source, eval_config, open_source, source_tokenizer
+from jaxlm.finetune import data as task_data
+from jaxlm.finetune.features import Rows, batch_rows
+from jaxlm.finetune.optim import slanted_triangular, ulmfit
+from jaxlm.finetune.tasks import TASKS, Context, Task
+from jaxlm.parallel.mesh import replicated
+from jaxlm.train import checkpoint
+from jaxlm.train.loop import Setup, batch_structs, build, compile_steps, global_batch, memory_summary
+from jaxlm.train.metrics import MetricsWriter, plot_curves
+from jaxlm.train.optim import make_optimizer, schedule
+from jaxlm.train.state import count_params, create_state
+
+SPLITS = ("train", "dev", "test")
+
+
+# ---------------------------------------------------------------- the plan (no compute)
+
+def load(path, overrides=(), init_from: str | None = None) -> tuple[RunConfig, Source]:
+    """The fine-tune config: the file and `overrides`, the model section taken from the checkpoint
+    `finetune.init_from` names (overrides of it may change how it runs, not its shapes)."""
+    tree = config_lib.merge(config_lib.load_tree(path), config_lib.parse_overrides(list(overrides)))
+    settings = tree.get("finetune") or {}
+    if init_from is not None:
+        settings = {**settings, "init_from": init_from}
+    task = settings.get("task")
+    if task not in TASKS:
+        raise ConfigError(f"{path}: finetune.task={task!r}; choose one of {', '.join(TASKS)}")
+    if not settings.get("init_from"):
+        raise ConfigError(f"{path}: finetune.init_from is empty; name a training run, one of its "
+                          "checkpoints/<step> directories or a `jaxlm convert` output")
+    try:
+        source = open_source(settings["init_from"], [])
+    except ValueError as err:
+        raise ConfigError(f"finetune.init_from: {err}") from None
+    model_overrides = tree.get("model") or {}
+    eval_config(source.stored, [f"model.{k}={json.dumps(v)}" for k, v in model_overrides.items()],
+                f"finetune.init_from={settings['init_from']}")  # refuses an override that changes shapes
+    tree = {**tree, "finetune": settings, "model": config_lib.merge(source.stored["model"], model_overrides),
+            "data": source_data(source)}
+    config = config_lib.from_dict(tree)
+    check_settings(config)
+    return config, source
+
+
+def source_data(source: Source) -> dict:
+    """The data section that names the source's tokenizer: a run's data.vocab (with its lowercase and
+    sentinels settings) or a converted checkpoint's tokenizer/ directory."""
+    if source.is_run:
+        data = source.config.data
+        return {"vocab": data.vocab, "lowercase": data.lowercase, "sentinels": data.sentinels}
+    return {"vocab": str(source.directory / store.TOKENIZER_DIR)}
+
+
+def check_settings(config: RunConfig) -> None:
+    settings, model = config.finetune, config.model
+    heads = families.get(model.family).heads
+    if settings.task not in heads:
+        raise ConfigError(f"finetune.task={settings.task} does not fit a {model.family} model; its heads: "
+                          f"{', '.join(heads) or 'none'}")
+    positions = model.max_position_embeddings - model.position_offset
+    if settings.max_length > positions:
+        raise ConfigError(f"finetune.max_length={settings.max_length} exceeds the model's {positions} positions")
+    for name in ("max_length", "n_best", "max_answer_length", "max_span_length", "max_target_length",
+                 "num_beams", "evals_per_epoch"):
+        if getattr(settings, name) <= 0:
+            raise ConfigError(f"finetune.{name} must be positive, got {getattr(settings, name)}")
+    if settings.epochs <= 0:
+        raise ConfigError(f"finetune.epochs must be positive, got {settings.epochs}")
+    if not 0 <= settings.warmup_ratio < 1:
+        raise ConfigError(f"finetune.warmup_ratio must be in [0, 1), got {settings.warmup_ratio}")
+    if settings.schedule not in ("linear", "slanted_triangular"):
+        raise ConfigError(f"finetune.schedule={settings.schedule!r}; choose linear or slanted_triangular")
+    if not settings.train:
+        raise ConfigError("finetune.train is empty; name the training data (a JSONL, CSV or TSV file, "
+                          "tfds:NAME:SPLIT or a named dataset such as polarity:train)")
+
+
+@dataclasses.dataclass
+class Plan:
+    config: RunConfig
+    task: Task
+    ctx: Context
+    source: Source
+    records: dict[str, list[dict]]
+    rows: dict[str, Rows]
+    steps_per_epoch: int
+    eval_every: int
+
+    @property
+    def total_steps(self) -> int:
+        return self.config.train.steps
+
+
+def read_split(task: Task, settings, split: str) -> list[dict]:
+    spec = getattr(settings, split)
+    return task_data.read_records(spec, task.field_names(settings), task.roles, f"finetune.{split}")
+
+
+def plan(config: RunConfig, source: Source) -> Plan:
+    """Reads and checks every split, encodes it and sizes the run: all before any compute."""
+    settings = config.finetune
+    task = TASKS[settings.task]
+    records = {split: read_split(task, settings, split) for split in SPLITS if getattr(settings, split)}
+    labels = task.labels(settings, records["train"])
+    for split, split_records in records.items():
+        task.check(split_records, labels, f"finetune.{split}={getattr(settings, split)}")
+    tokenizer = source_tokenizer(source)
+    if tokenizer.vocab_size > config.model.vocab_size:
+        raise ConfigError(f"{source.path}'s tokenizer has {tokenizer.vocab_size} tokens, more than the model's "
+                          f"vocabulary ({config.model.vocab_size}): tokenizer and checkpoint do not match")
+    ctx = Context(config.model, settings, labels, tokenizer)
+    rows = {split: task.rows(ctx, split_records, labelled=True) for split, split_records in records.items()}
+    batch = config.train.global_batch
+    steps_per_epoch = math.ceil(len(rows["train"]) / batch)
+    total = max(1, math.ceil(settings.epochs * steps_per_epoch))
+    config = dataclasses.replace(
+        config, finetune=dataclasses.replace(settings, labels=labels),
+        train=dataclasses.replace(config.train, steps=total, checkpoint_every=total, eval_every=total),
+        optim=dataclasses.replace(config.optim, warmup_steps=int(settings.warmup_ratio * total)))
+    eval_every = max(1, steps_per_epoch // settings.evals_per_epoch)
+    return Plan(config, task, dataclasses.replace(ctx, settings=config.finetune), source, records, rows,
+                steps_per_epoch, eval_every)
+
+
+def optimizer_for(config: RunConfig, steps_per_epoch: int):
+    """(abstract params) -> (optimizer, schedule): the config's optimiser on the fine-tune's schedule,
+    then ULMFiT's layer-wise freezing and rates when asked for."""
+    settings, total = config.finetune, config.train.steps
+
+    def make(abstract_params):
+        lr = (slanted_triangular(total, config.optim.peak_lr) if settings.schedule == "slanted_triangular"
+              else schedule(config.optim, total))
+        optimizer = make_optimizer(config.optim, total, lr)
+        if settings.train_layers >= 0 or settings.layer_lr_decay != 1.0 or settings.unfreeze_every > 0:
+            optimizer = optax.chain(optimizer, ulmfit(
+                abstract_params, train_layers=settings.train_layers, layer_lr_decay=settings.layer_lr_decay,
+                unfreeze_every=round(settings.unfreeze_every * steps_per_epoch)))
+        return optimizer, lr
+
+    return make
+
+
+# ---------------------------------------------------------------- running rows through the model
+
+class Runner:
+    """The task's compiled deterministic outputs over rows, in batches of train.global_batch padded
+    with weight-0 rows, each process feeding its own slice; outputs come back whole to every process."""
+
+    def __init__(self, setup: Setup, task: Task):
+        self.setup, self.size = setup, setup.config.train.global_batch
+        with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+            fn = jax.jit(task.outputs(setup.objective), in_shardings=(setup.shardings.params, setup.batch_shardings),
+                         out_shardings=replicated(setup.mesh))
+            self.compiled = fn.lower(setup.abstract.params, batch_structs(setup)).compile()
+
+    def outputs(self, params, rows: Rows):
+        pieces = []
+        for start in range(0, len(rows), self.size):
+            indices = np.arange(start, min(start + self.size, len(rows)))
+            batch = local_rows(batch_rows(rows, indices, self.size))
+            out = jax.device_get(self.compiled(params, global_batch(self.setup, batch)))
+            pieces.append(jax.tree.map(lambda x, n=len(indices): np.asarray(x)[:n], out))
+        return jax.tree.map(lambda *xs: np.concatenate(xs), *pieces)
+
+
+def local_rows(batch: dict) -> dict:
+    """This process's contiguous share of a global batch's rows."""
+    count, index = jax.process_count(), jax.process_index()
+    size = len(next(iter(batch.values()))) // count
+    return {k: v[index * size:(index + 1) * size] for k, v in batch.items()}
+
+
+def evaluate(plan_: Plan, runner: Runner, params, split: str) -> tuple[dict, list[dict]]:
+    records, rows = plan_.records[split], plan_.rows[split]
+    predictions = plan_.task.predict(plan_.ctx, runner.outputs(params, rows), rows, records)
+    return plan_.task.score(plan_.ctx, predictions, records), predictions
+
+
+# ---------------------------------------------------------------- the run
+
+def initial_params(setup: Setup, source: Source, state) -> tuple[dict, list[str]]:
+    """The head's fresh parameters with every top-level group the source checkpoint also holds
+    (the backbone) restored from it, onto this run's shardings."""
+    step = source.own_step if source.own_step is not None else source.committed_steps()[-1]
+    stored = source.stored_params(step)
+    shared = [name for name in setup.abstract.params if name in stored]
+    if not shared:
+        raise ValueError(f"{source.path} holds none of the parameter groups this head needs "
+                         f"({', '.join(setup.abstract.params)})")
+    abstract = {name: setup.abstract.params[name] for name in shared}
+    try:
+        restored = checkpoint.restore_params(source.path, abstract, step)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    return {**state.params, **restored}, shared
+
+
+def prepare_run_dir(config: RunConfig, source: Source) -> tuple[pathlib.Path, RunConfig]:
+    """The run directory with the source's tokenizer copied into it; the config then names that copy,
+    so the run's checkpoints are self-contained (`jaxlm predict`, `jaxlm embed` read them alone)."""
+    run_dir = pathlib.Path(config.train.run_dir)
+    checkpoints = run_dir / "checkpoints"
+    if checkpoints.is_dir() and any(checkpoints.iterdir()):
+        raise ConfigError(f"train.run_dir={run_dir} already holds a fine-tune's checkpoints; choose another "
+                          "train.run_dir or remove that one")
+    tokenizer_dir = run_dir / store.TOKENIZER_DIR
+    if jax.process_index() == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tokenizer_dir, ignore_errors=True)
+        store.copy_tokenizer(resolve_vocab(config.data), tokenizer_dir)
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("finetune run directory")
+    return run_dir, dataclasses.replace(config, data=dataclasses.replace(config.data, vocab=str(tokenizer_dir)))
+
+
+def finetune(config: RunConfig, source: Source) -> dict:
+    """Fine-tunes `config.finetune.task` from `source`; returns the summary (best dev and test metrics,
+    baselines), also written to RUN/summary.json. A multi-process run starts `jax.distributed` first
+    (see jaxlm.cli)."""
+    the_plan = plan(config, source)
+    config, task, settings = the_plan.config, the_plan.task, the_plan.config.finetune
+    metric = task.metric_for(settings)
+    run_dir, config = prepare_run_dir(config, source)
+    setup = build(config, objective=task.objective(the_plan.ctx),
+                  optimizer_for=optimizer_for(config, the_plan.steps_per_epoch))
+    rng = jax.random.key(config.train.seed)
+    state = create_state(setup.objective.init, setup.optimizer, setup.shardings, setup.mesh, setup.rules,
+                         jax.random.fold_in(rng, 1))
+    params, restored = initial_params(setup, source, state)
+    state = state.replace(params=params, opt_state=setup.optimizer.init(params))
+    compiled_train, _ = compile_steps(setup, with_eval=False)
+    runner = Runner(setup, task) if "dev" in the_plan.rows or "test" in the_plan.rows else None
+    resolved = config_lib.to_dict(config)
+    is_main = jax.process_index() == 0
+    if is_main:
+        (run_dir / "config.json").write_text(json.dumps(resolved, indent=2))
+    has_dev = "dev" in the_plan.rows
+    mngr = (checkpoint.best_manager(run_dir / "checkpoints", metric) if has_dev
+            else checkpoint.manager(run_dir / "checkpoints", keep=1))
+    writer = MetricsWriter(run_dir, 0, the_plan.total_steps, active=is_main)
+    writer.message(f"{task.name} on {len(the_plan.records['train'])} training records "
+                   f"({len(the_plan.rows['train'])} rows), {the_plan.total_steps} steps of {config.train.global_batch}; "
+                   f"{count_params(state.params) / 1e6:.2f}M parameters, {', '.join(restored)} from {source.path}")
+    writer.message(f"train step memory: {memory_summary(compiled_train)}")
+
+    def save(step: int, scores: dict | None) -> None:
+        checkpoint.save(mngr, step, {"params": state.params}, {"step": step, "epoch": step / the_plan.steps_per_epoch},
+                        resolved, {k: float(v) for k, v in scores.items()} if scores is not None else None)
+
+    best, best_step, stale = None, None, 0
+    if has_dev:
+        best_scores = dev_scores = evaluate(the_plan, runner, state.params, "dev")[0]
+        writer.write(0, dev_scores, split="eval")
+    rows, size = the_plan.rows["train"], config.train.global_batch
+    step = 0
+    while step < the_plan.total_steps:
+        epoch, within = divmod(step, the_plan.steps_per_epoch)
+        order = np.random.default_rng([config.train.seed, epoch]).permutation(len(rows))
+        indices = order[within * size:(within + 1) * size]
+        batch = global_batch(setup, local_rows(batch_rows(rows, indices, size)))
+        state, metrics = compiled_train(state, batch, rng)
+        step += 1
+        if step % config.train.log_every == 0 or step == the_plan.total_steps:
+            writer.write(step, {k: float(v) for k, v in jax.device_get(metrics).items()})
+        writer.advance(1)
+        at_eval = step % the_plan.eval_every == 0 or step == the_plan.total_steps
+        if has_dev and at_eval:
+            dev_scores = evaluate(the_plan, runner, state.params, "dev")[0]
+            writer.write(step, dev_scores, split="eval")
+            value = rank_value(dev_scores[metric], task.lower_is_better)
+            if best is None or value > best:
+                best, best_step, best_scores, stale = value, step, dev_scores, 0
+                save(step, {metric: value})
+            else:
+                stale += 1
+                if settings.early_stopping and stale >= settings.early_stopping:
+                    writer.message(f"early stopping at step {step}: dev {metric} has not improved for {stale} "
+                                   f"evaluations (best {best_scores[metric]:.4f} at step {best_step})")
+                    break
+    if not has_dev:
+        best_step = step
+        save(step, None)
+    mngr.wait_until_finished()
+    summary = {"task": task.name, "metric": metric, "best_step": best_step, "steps": step,
+               "train_records": len(the_plan.records["train"])}
+    if has_dev:
+        summary["dev"] = best_scores
+        summary["dev_baseline"] = task.baseline(the_plan.ctx, the_plan.records["train"], the_plan.records["dev"])
+    if "test" in the_plan.rows:
+        if best_step != step:
+            params = checkpoint.restore_params(run_dir / "checkpoints", setup.abstract.params, best_step)
+        else:
+            params = state.params
+        summary["test"], predictions = evaluate(the_plan, runner, params, "test")
+        summary["test_baseline"] = task.baseline(the_plan.ctx, the_plan.records["train"], the_plan.records["test"])
+        if is_main:
+            write_jsonl(run_dir / "test_predictions.jsonl", predictions)
+    writer.close()
+    mngr.close()
+    if is_main:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        baseline = summary.get("dev_baseline", {}).get(metric)
+        plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png",
+                    {metric: baseline} if baseline is not None else {}, panels={metric: f"dev {metric}"})
+    return summary
+
+
+def write_jsonl(path: pathlib.Path, rows: list[dict]) -> None:
+    """Written beside and renamed into place, so a reader never sees half a file."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+    partial.replace(path)
+
+
+def rank_value(value: float, lower_is_better: bool) -> float:
+    """The dev metric as a number to maximise: negated where lower is better, NaN (a constant
+    prediction's correlation) the worst."""
+    value = -value if lower_is_better else value
+    return -math.inf if math.isnan(value) else value
+
+
+def format_summary(summary: dict, run_dir) -> str:
+    """The printed result: the best dev and the test metrics beside the trivial baseline's."""
+    metric = summary["metric"]
+    lines = [f"{summary['task']}: best dev {metric} at step {summary['best_step']} of {summary['steps']}"]
+    for split in ("dev", "test"):
+        if split in summary:
+            scores = "  ".join(f"{k} {v:.4f}" for k, v in summary[split].items())
+            baseline = "  ".join(f"{k} {v:.4f}" for k, v in summary[f"{split}_baseline"].items())
+            lines.append(f"  {split:<4} {scores}\n       baseline: {baseline}")
+    lines.append(f"  checkpoint: {pathlib.Path(run_dir) / 'checkpoints'}   summary: {pathlib.Path(run_dir) / 'summary.json'}")
+    return "\n".join(lines)

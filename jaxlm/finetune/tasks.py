@@ -1,0 +1,352 @@
+"""The fine-tuning tasks: for each head, the roles its records fill, its labels, network and objective,
+the rows it encodes records into, how its outputs become predictions, and its metric and baseline."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxlm import families
+from jaxlm.config import ConfigError, FinetuneConfig
+from jaxlm.finetune import data as task_data
+from jaxlm.finetune import metrics, qa
+from jaxlm.finetune.features import PairEncoder, Rows, stack
+from jaxlm.models.config import TransformerConfig
+from jaxlm.models.task_heads import CrfTagger, MultipleChoice, QuestionAnswering, SequenceClassifier, TokenClassifier
+from jaxlm.objectives.base import Objective
+from jaxlm.objectives.finetune import (CrfTaggingObjective, MultipleChoiceObjective, QuestionAnsweringObjective,
+                                       SequenceClassificationObjective, TokenClassificationObjective)
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What a task's rows and network depend on beyond its records: the model, its family, the
+    fine-tune settings, the label list and the tokenizer."""
+
+    model: TransformerConfig
+    settings: FinetuneConfig
+    labels: tuple[str, ...]
+    tokenizer: object
+
+    @property
+    def family(self) -> families.Family:
+        return families.get(self.model.family)
+
+    def pair_encoder(self) -> PairEncoder:
+        return PairEncoder(self.tokenizer, self.settings.max_length, self.model.type_vocab_size > 1,
+                           self.family.pair_separators)
+
+
+class Task:
+    """One head. `roles`: the fields every labelled record has; `input_roles`: those prediction needs;
+    `optional_roles`: read when the data has them. `metric` picks the best checkpoint (higher is better
+    unless `lower_is_better`)."""
+
+    name = ""
+    roles: tuple[str, ...] = ()
+    input_roles: tuple[str, ...] = ()
+    optional_roles: tuple[str, ...] = ()
+    metric = ""
+    lower_is_better = False
+
+    def metric_for(self, settings: FinetuneConfig) -> str:
+        return settings.metric or self.metric
+
+    def field_names(self, settings: FinetuneConfig) -> dict[str, str]:
+        """Role -> the data's field: finetune.fields renames, a role it does not name keeps its name."""
+        roles = (*self.roles, *self.optional_roles)
+        unknown = sorted(set(settings.fields) - set(roles))
+        if unknown:
+            raise ConfigError(f"finetune.fields names {', '.join(unknown)}, which {self.name} does not read; "
+                              f"its roles: {', '.join(roles)}")
+        return {role: settings.fields.get(role, role) for role in roles}
+
+    def labels(self, settings: FinetuneConfig, train: list[dict]) -> tuple[str, ...]:
+        return ()
+
+    def check(self, records: list[dict], labels: tuple[str, ...], where: str) -> None:
+        """Raise ValueError naming the first record that the task cannot use."""
+
+    def objective(self, ctx: Context) -> Objective:
+        raise NotImplementedError
+
+    def rows(self, ctx: Context, records: list[dict], labelled: bool) -> Rows:
+        raise NotImplementedError
+
+    def outputs(self, objective: Objective) -> Callable:
+        """(params, batch) -> the device outputs predictions are read from (deterministic)."""
+        return lambda params, batch: objective.apply(params, batch, None, True)
+
+    def predict(self, ctx: Context, outputs, rows: Rows, records: list[dict]) -> list[dict]:
+        raise NotImplementedError
+
+    def score(self, ctx: Context, predictions: list[dict], records: list[dict]) -> dict:
+        raise NotImplementedError
+
+    def baseline(self, ctx: Context, train: list[dict], records: list[dict]) -> dict:
+        """The trivial predictor's metrics (majority class, no entity, first token)."""
+        raise NotImplementedError
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits - logits.max(-1, keepdims=True))
+    return shifted / shifted.sum(-1, keepdims=True)
+
+
+def label_predictions(labels: tuple[str, ...], logits: np.ndarray) -> list[dict]:
+    probabilities = softmax(logits)
+    return [{"label": labels[int(p.argmax())], "probabilities": dict(zip(labels, np.round(p, 6).tolist()))}
+            for p in probabilities]
+
+
+# ---------------------------------------------------------------- sequence classification and regression
+
+class SequenceClassification(Task):
+    """One label (or, with finetune.regression, one score) per text or text pair."""
+
+    name = "sequence_classification"
+    roles = ("text", "label")
+    input_roles = ("text",)
+    optional_roles = ("text_pair",)
+    metric = "accuracy"
+
+    def metric_for(self, settings):
+        return settings.metric or ("pearson" if settings.regression else self.metric)
+
+    def labels(self, settings, train):
+        return () if settings.regression else task_data.label_list(train, settings.labels)
+
+    def check(self, records, labels, where):
+        if labels:
+            task_data.check_labels(records, labels, where)
+        else:
+            task_data.check_scores(records, where)
+
+    def objective(self, ctx):
+        family, settings = ctx.family, ctx.settings
+        network = functools.partial(SequenceClassifier, num_labels=len(ctx.labels) or 1,
+                                    pooling=settings.pooling or family.pooling, backbone=family.backbone)
+        return SequenceClassificationObjective(ctx.model, settings.max_length, network, regression=settings.regression)
+
+    def rows(self, ctx, records, labelled):
+        encoder, rows = ctx.pair_encoder(), []
+        for record in records:
+            pair = record.get("text_pair")
+            row = encoder.encode(encoder.ids(record["text"]), None if pair is None else encoder.ids(pair))
+            target = record["label"] if labelled else (0.0 if ctx.settings.regression else ctx.labels[0])
+            row["label"] = (np.float32(target) if ctx.settings.regression else np.int32(ctx.labels.index(target)))
+            row["example_weight"] = np.float32(1)
+            rows.append(row)
+        return stack(rows, list(range(len(records))), [None] * len(records))
+
+    def predict(self, ctx, outputs, rows, records):
+        if ctx.settings.regression:
+            return [{"score": float(x)} for x in outputs[:, 0]]
+        return label_predictions(ctx.labels, outputs)
+
+    def score(self, ctx, predictions, records):
+        if ctx.settings.regression:
+            gold, predicted = [float(r["label"]) for r in records], [p["score"] for p in predictions]
+            return {"pearson": metrics.pearson(gold, predicted), "spearman": metrics.spearman(gold, predicted),
+                    "mse": float(np.mean((np.asarray(gold) - predicted) ** 2))}
+        gold, predicted = [r["label"] for r in records], [p["label"] for p in predictions]
+        return {"accuracy": metrics.accuracy(gold, predicted), "macro_f1": metrics.macro_f1(gold, predicted)}
+
+    def baseline(self, ctx, train, records):
+        if ctx.settings.regression:
+            mean = np.mean([float(r["label"]) for r in train])
+            return {"mse": float(np.mean([(float(r["label"]) - mean) ** 2 for r in records])), "pearson": 0.0}
+        return {"accuracy": metrics.majority_baseline([r["label"] for r in train], [r["label"] for r in records])}
+
+
+# ---------------------------------------------------------------- token classification (optionally with a CRF)
+
+def tag_rows(ctx: Context, records: list[dict], labelled: bool) -> Rows:
+    """Per record: ids (truncated to max_length, the closing special token kept) and each token's word;
+    labels on the first subword of each word."""
+    length, rows, meta = ctx.settings.max_length, [], []
+    encoder = ctx.pair_encoder()
+    for record in records:
+        ids, words = metrics.word_ids(ctx.tokenizer, record["words"])
+        if len(ids) > length:
+            ids, words = ids[:length - 1] + ids[-1:], words[:length - 1] + words[-1:]
+        row = encoder.pad_row(ids, [0] * len(ids))
+        tags = [ctx.labels.index(t) for t in record["tags"]] if labelled else [0] * len(record["words"])
+        token_labels = metrics.word_labels_to_subwords(words, tags)
+        first = np.asarray([label != -100 for label in token_labels], bool)
+        row["labels"] = np.zeros(length, np.int32)
+        row["labels"][:len(ids)] = np.maximum(token_labels, 0)
+        row["label_weights"] = np.zeros(length, np.float32)
+        row["label_weights"][:len(ids)] = first
+        if ctx.settings.crf:  # the CRF runs over the words that kept a first subword
+            positions = np.flatnonzero(first)
+            row["word_positions"] = np.zeros(length, np.int32)
+            row["word_positions"][:len(positions)] = positions
+            row["word_tags"] = np.zeros(length, np.int32)
+            row["word_tags"][:len(positions)] = row["labels"][positions]
+            row["word_mask"] = np.zeros(length, np.int32)
+            row["word_mask"][:max(len(positions), 1)] = 1
+            row["example_weight"] = np.float32(1)
+            del row["labels"], row["label_weights"]
+        rows.append(row)
+        meta.append(words)
+    return stack(rows, list(range(len(records))), meta)
+
+
+class TokenClassification(Task):
+    """A tag per word (BIO/IOB2 for entities), predicted at its first subword; entity F1 by seqeval."""
+
+    name = "token_classification"
+    roles = ("words", "tags")
+    input_roles = ("words",)
+    metric = "f1"
+
+    def labels(self, settings, train):
+        return task_data.label_list(train, settings.labels, field="tags")
+
+    def check(self, records, labels, where):
+        task_data.check_tag_lengths(records, where)
+        task_data.check_labels(records, labels, where, field="tags")
+
+    def objective(self, ctx):
+        family, settings = ctx.family, ctx.settings
+        if settings.crf:
+            network = functools.partial(CrfTagger, num_labels=len(ctx.labels), labels=ctx.labels,
+                                        backbone=family.backbone)
+            return CrfTaggingObjective(ctx.model, settings.max_length, network)
+        network = functools.partial(TokenClassifier, num_labels=len(ctx.labels), backbone=family.backbone)
+        return TokenClassificationObjective(ctx.model, settings.max_length, network)
+
+    def rows(self, ctx, records, labelled):
+        return tag_rows(ctx, records, labelled)
+
+    def outputs(self, objective):
+        if isinstance(objective, CrfTaggingObjective):
+            return objective.decode
+        return lambda params, batch: jnp.argmax(objective.apply(params, batch, None, True), -1)
+
+    def predict(self, ctx, outputs, rows, records):
+        predictions = []
+        for index, record in enumerate(records):
+            words, tags = rows.meta[index], outputs[index]
+            if ctx.settings.crf:  # tags of the words that kept a first subword, in order
+                kept = sorted({w for w in words if w is not None})
+                per_word = dict(zip(kept, tags))
+            else:
+                per_word = dict(enumerate(metrics.subword_predictions_to_words(words, tags)))
+            outside = "O" if "O" in ctx.labels else ctx.labels[0]  # for words truncation cut off
+            named = {word: ctx.labels[int(tag)] for word, tag in per_word.items() if tag is not None}
+            predictions.append({"tags": [named.get(i, outside) for i in range(len(record["words"]))]})
+        return predictions
+
+    def score(self, ctx, predictions, records):
+        scores = metrics.entity_scores([r["tags"] for r in records], [p["tags"] for p in predictions])
+        gold = [t for r in records for t in r["tags"]]
+        predicted = [t for p in predictions for t in p["tags"]]
+        return {"f1": scores["f1"], "precision": scores["precision"], "recall": scores["recall"],
+                "tag_accuracy": metrics.accuracy(gold, predicted)}
+
+    def baseline(self, ctx, train, records):
+        return {"f1": 0.0, "tag_accuracy": metrics.majority_baseline([t for r in train for t in r["tags"]],
+                                                                     [t for r in records for t in r["tags"]])}
+
+
+# ---------------------------------------------------------------- multiple choice
+
+class MultipleChoiceTask(Task):
+    """(context, choice) pairs scored against each other; `label` is the right choice's index."""
+
+    name = "multiple_choice"
+    roles = ("context", "choices", "label")
+    input_roles = ("context", "choices")
+    metric = "accuracy"
+
+    def labels(self, settings, train):
+        """The choice indices, "0" to "C-1": every record has the same number C of choices."""
+        return tuple(str(i) for i in range(len(train[0]["choices"])))
+
+    def check(self, records, labels, where):
+        task_data.check_choices(records, len(labels), where)
+
+    def objective(self, ctx):
+        family = ctx.family
+        network = functools.partial(MultipleChoice, pooling=ctx.settings.pooling or family.choice_pooling,
+                                    backbone=family.backbone)
+        return MultipleChoiceObjective(ctx.model, ctx.settings.max_length, network, choices=len(ctx.labels))
+
+    def rows(self, ctx, records, labelled):
+        encoder, rows = ctx.pair_encoder(), []
+        for record in records:
+            context = encoder.ids(record["context"])
+            pairs = [encoder.encode(context, encoder.ids(choice)) for choice in record["choices"]]
+            row = {name: np.stack([pair[name] for pair in pairs]) for name in pairs[0]}
+            row["label"] = np.int32(record["label"] if labelled else 0)
+            row["example_weight"] = np.float32(1)
+            rows.append(row)
+        return stack(rows, list(range(len(records))), [None] * len(records))
+
+    def predict(self, ctx, outputs, rows, records):
+        return [{"choice": int(p.argmax()), "probabilities": np.round(softmax(p), 6).tolist()} for p in outputs]
+
+    def score(self, ctx, predictions, records):
+        return {"accuracy": metrics.accuracy([int(r["label"]) for r in records], [p["choice"] for p in predictions])}
+
+    def baseline(self, ctx, train, records):
+        return {"accuracy": metrics.majority_baseline([int(r["label"]) for r in train],
+                                                      [int(r["label"]) for r in records])}
+
+
+# ---------------------------------------------------------------- extractive question answering
+
+class QuestionAnsweringTask(Task):
+    """An answer span in the context: long contexts in overlapping windows, the best span over a
+    question's windows mapped back to the context's characters; SQuAD v1.1 exact match and F1."""
+
+    name = "question_answering"
+    roles = ("id", "question", "context", "answers")
+    input_roles = ("id", "question", "context")
+    metric = "f1"
+
+    def check(self, records, labels, where):
+        task_data.check_answers(records, where)
+
+    def objective(self, ctx):
+        network = functools.partial(QuestionAnswering, backbone=ctx.family.backbone)
+        return QuestionAnsweringObjective(ctx.model, ctx.settings.max_length, network)
+
+    def rows(self, ctx, records, labelled):
+        settings, rows, owner, meta = ctx.settings, [], [], []
+        for index, record in enumerate(records):
+            for window in qa.qa_windows(ctx.tokenizer, record["question"], record["context"], settings.max_length,
+                                        settings.doc_stride, settings.max_query_length,
+                                        record["answers"] if labelled else None):
+                rows.append(window.row())
+                owner.append(index)
+                meta.append(window)
+        return stack(rows, owner, meta)
+
+    def predict(self, ctx, outputs, rows, records):
+        start, end = outputs
+        predictions = []
+        for index, record in enumerate(records):
+            mine = np.flatnonzero(rows.owner == index)
+            best = qa.decode_answers(start[mine], end[mine], [rows.meta[i] for i in mine], ctx.settings.n_best,
+                                     ctx.settings.max_answer_length)
+            predictions.append(qa.prediction_record(best))
+        return predictions
+
+    def score(self, ctx, predictions, records):
+        dataset = [{"id": r["id"], "answers": [a["text"] for a in r["answers"]]} for r in records]
+        return metrics.squad_scores({r["id"]: p["answer"] for r, p in zip(records, predictions)}, dataset)
+
+    def baseline(self, ctx, train, records):
+        dataset = [{"id": r["id"], "answers": [a["text"] for a in r["answers"]]} for r in records]
+        return metrics.squad_scores({r["id"]: qa.first_token_answer(r["context"]) for r in records}, dataset)
+
+
+TASKS: dict[str, Task] = {task.name: task for task in (SequenceClassification(), TokenClassification(),
+                                                      MultipleChoiceTask(), QuestionAnsweringTask())}
