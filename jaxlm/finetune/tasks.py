@@ -17,7 +17,9 @@ from jaxlm.finetune import metrics, qa
 from jaxlm.finetune.features import PairEncoder, Rows, stack
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.task_heads import CrfTagger, MultipleChoice, QuestionAnswering, SequenceClassifier, TokenClassifier
+from jaxlm.models.sentence_bert import SentenceEncoder, SiameseClassifier
 from jaxlm.objectives.base import Objective
+from jaxlm.objectives.sentence_pairs import CosineSimilarityObjective, RankingObjective, SoftmaxPairObjective
 from jaxlm.objectives.finetune import (CrfTaggingObjective, MultipleChoiceObjective, QuestionAnsweringObjective,
                                        SequenceClassificationObjective, TokenClassificationObjective)
 
@@ -99,7 +101,7 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 def label_predictions(labels: tuple[str, ...], logits: np.ndarray) -> list[dict]:
     probabilities = softmax(logits)
-    return [{"label": labels[int(p.argmax())], "probabilities": dict(zip(labels, np.round(p, 6).tolist()))}
+    return [{"label": labels[int(p.argmax())], "probabilities": dict(zip(labels, np.round(p.astype(np.float64), 6).tolist()))}
             for p in probabilities]
 
 
@@ -290,7 +292,7 @@ class MultipleChoiceTask(Task):
         return stack(rows, list(range(len(records))), [None] * len(records))
 
     def predict(self, ctx, outputs, rows, records):
-        return [{"choice": int(p.argmax()), "probabilities": np.round(softmax(p), 6).tolist()} for p in outputs]
+        return [{"choice": int(p.argmax()), "probabilities": np.round(softmax(p).astype(np.float64), 6).tolist()} for p in outputs]
 
     def score(self, ctx, predictions, records):
         return {"accuracy": metrics.accuracy([int(r["label"]) for r in records], [p["choice"] for p in predictions])}
@@ -348,5 +350,92 @@ class QuestionAnsweringTask(Task):
         return metrics.squad_scores({r["id"]: qa.first_token_answer(r["context"]) for r in records}, dataset)
 
 
+# ---------------------------------------------------------------- Sentence-BERT
+
+SENTENCE_LOSSES = ("softmax", "cosine", "ranking")
+
+
+class SentenceEmbedding(Task):
+    """A siamese encoder with mean pooling trained on pairs (text, text_pair) by finetune.loss: softmax
+    (a class per pair, NLI style), cosine (a similarity score per pair) or ranking (positive pairs, the
+    batch's other pairs as negatives). `jaxlm embed` reads the result."""
+
+    name = "sentence_embedding"
+    roles = ("text", "text_pair")
+    input_roles = ("text", "text_pair")
+    optional_roles = ("label",)
+
+    def metric_for(self, settings):
+        return settings.metric or {"softmax": "accuracy", "cosine": "spearman"}.get(settings.loss, "recall_at_1")
+
+    def labels(self, settings, train):
+        if settings.loss not in SENTENCE_LOSSES:
+            raise ConfigError(f"finetune.loss={settings.loss!r}; sentence_embedding trains with one of "
+                              f"{', '.join(SENTENCE_LOSSES)}")
+        return task_data.label_list(train, settings.labels) if settings.loss == "softmax" else ()
+
+    def check(self, records, labels, where):
+        if labels:
+            task_data.check_labels(records, labels, where)
+        elif "label" in (records[0] if records else {}):
+            task_data.check_scores(records, where)
+
+    def objective(self, ctx):
+        settings, backbone = ctx.settings, ctx.family.backbone
+        if settings.loss == "softmax":
+            network = functools.partial(SiameseClassifier, num_labels=len(ctx.labels), backbone=backbone)
+            return SoftmaxPairObjective(ctx.model, settings.max_length, network)
+        network = functools.partial(SentenceEncoder, backbone=backbone)
+        kind = CosineSimilarityObjective if settings.loss == "cosine" else RankingObjective
+        return kind(ctx.model, settings.max_length, network)
+
+    def rows(self, ctx, records, labelled):
+        encoder, rows, loss = ctx.pair_encoder(), [], ctx.settings.loss
+        if loss == "cosine" and labelled and any("label" not in r for r in records):
+            raise ValueError("finetune.loss=cosine needs a similarity score (the label field) on every pair")
+        for record in records:
+            a, b = (encoder.encode(encoder.ids(record[role])) for role in ("text", "text_pair"))
+            row = {"input_ids_a": a["input_ids"], "input_mask_a": a["input_mask"], "input_ids_b": b["input_ids"],
+                   "input_mask_b": b["input_mask"], "pair_weight": np.float32(1)}
+            if loss == "softmax":
+                row["label"] = np.int32(ctx.labels.index(record["label"]) if labelled else 0)
+            elif loss == "cosine":
+                row["score"] = np.float32(record["label"] if labelled else 0.0)
+            rows.append(row)
+        return stack(rows, list(range(len(records))), [None] * len(records))
+
+    def outputs(self, objective):
+        if isinstance(objective, SoftmaxPairObjective):
+            return lambda params, batch: objective.apply(params, batch, None, True)
+        return lambda params, batch: objective.embeddings(params, batch, None, True)
+
+    def predict(self, ctx, outputs, rows, records):
+        if ctx.settings.loss == "softmax":
+            return label_predictions(ctx.labels, outputs)
+        u, v = (x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12) for x in outputs)
+        similarity = u @ v.T  # rank: where its own text_pair stands among all the input's, for its text
+        ranks = 1 + (similarity > np.diag(similarity)[:, None]).sum(1)
+        return [{"cosine": float(c), "rank": int(r)} for c, r in zip(np.diag(similarity), ranks)]
+
+    def score(self, ctx, predictions, records):
+        if ctx.settings.loss == "softmax":
+            gold, predicted = [r["label"] for r in records], [p["label"] for p in predictions]
+            return {"accuracy": metrics.accuracy(gold, predicted), "macro_f1": metrics.macro_f1(gold, predicted)}
+        similarity = [p["cosine"] for p in predictions]
+        if ctx.settings.loss == "cosine":
+            gold = [float(r["label"]) for r in records]
+            return {"spearman": metrics.spearman(gold, similarity), "pearson": metrics.pearson(gold, similarity)}
+        return {"recall_at_1": float(np.mean([p["rank"] == 1 for p in predictions])),
+                "positive_cosine": float(np.mean(similarity))}
+
+    def baseline(self, ctx, train, records):
+        if ctx.settings.loss == "softmax":
+            return {"accuracy": metrics.majority_baseline([r["label"] for r in train], [r["label"] for r in records])}
+        if ctx.settings.loss == "cosine":
+            return {"spearman": 0.0}
+        return {"recall_at_1": 1 / len(records)}
+
+
 TASKS: dict[str, Task] = {task.name: task for task in (SequenceClassification(), TokenClassification(),
-                                                      MultipleChoiceTask(), QuestionAnsweringTask())}
+                                                      MultipleChoiceTask(), QuestionAnsweringTask(),
+                                                      SentenceEmbedding())}

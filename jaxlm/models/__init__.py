@@ -11,10 +11,11 @@ from jaxlm.models.seq2seq import EncoderDecoder
 from jaxlm.models.t5 import T5ForConditionalGeneration
 from jaxlm.models.bart import BartForConditionalGeneration, shift_tokens_right
 from jaxlm.models.task_heads import CrfTagger, MultipleChoice, QuestionAnswering, SequenceClassifier, TokenClassifier
+from jaxlm.models.sentence_bert import SentenceEncoder, SiameseClassifier
 from jaxlm.models.crf import CRF, crf_decode, crf_log_likelihood
 
 __all__ = ["CRF", "PRESETS", "AlbertEncoder", "AlbertForPreTraining", "BartForConditionalGeneration", "BertEncoder",
            "BertForPreTraining", "CausalLM", "CrfTagger", "Decoder", "EncoderDecoder", "MaskedLM", "MultipleChoice",
-           "QuestionAnswering", "SequenceClassifier", "SpanBertForPreTraining", "SpanBoundaryHead",
+           "QuestionAnswering", "SentenceEncoder", "SequenceClassifier", "SiameseClassifier", "SpanBertForPreTraining", "SpanBoundaryHead",
            "T5ForConditionalGeneration", "TokenClassifier", "TransformerConfig", "crf_decode", "crf_log_likelihood",
            "model_config", "shift_tokens_right"]

@@ -8,8 +8,9 @@ from jaxlm.objectives.denoise import Seq2SeqObjective
 from jaxlm.objectives.finetune import (CrfTaggingObjective, MultipleChoiceObjective, QuestionAnsweringObjective,
                                        SequenceClassificationObjective, TokenClassificationObjective)
 from jaxlm.objectives.mlm_nsp import MaskedLmObjective, MlmPairObjective
+from jaxlm.objectives.sentence_pairs import CosineSimilarityObjective, RankingObjective, SoftmaxPairObjective
 from jaxlm.objectives.span import SpanMlmSboObjective
 
-__all__ = ["CausalLmObjective", "CrfTaggingObjective", "MaskedLmObjective", "MlmPairObjective", "MultipleChoiceObjective", "Objective",
-           "QuestionAnsweringObjective", "Seq2SeqObjective", "SequenceClassificationObjective", "SpanMlmSboObjective",
+__all__ = ["CausalLmObjective", "CosineSimilarityObjective", "CrfTaggingObjective", "MaskedLmObjective", "MlmPairObjective", "MultipleChoiceObjective", "Objective",
+           "QuestionAnsweringObjective", "RankingObjective", "Seq2SeqObjective", "SequenceClassificationObjective", "SoftmaxPairObjective", "SpanMlmSboObjective",
            "TokenClassificationObjective"]

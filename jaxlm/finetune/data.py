@@ -1,0 +1,222 @@
+"""Fine-tuning's labelled records: read from JSONL, CSV or TSV files, TFDS datasets or the named real
+datasets (jaxlm.corpora.labelled), fields renamed to the task's roles, and the checks of labels, tags,
+answers and choices that run before any compute. Every error names the file, the line and the field."""
+from __future__ import annotations
+
+import csv
+import json
+import pathlib
+import re
+
+from jaxlm.corpora import labelled
+
+FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
+
+
+def read_records(spec: str, roles: dict[str, str], required: tuple[str, ...], where: str = "") -> list[dict]:
+    """Records with role names as keys (`roles`: role -> the data's field; the roles not in `required`
+    are optional) from a file, a `tfds:` spec or a named dataset `NAME:SPLIT`; a `[:N]` suffix keeps the
+    first N (e.g. squad:train[:500])."""
+    where = f"{where}: " if where else ""
+    match = re.fullmatch(r"(.+)\[:(\d+)\]", spec)
+    if match and not spec.startswith("tfds:"):  # TFDS slices its splits itself
+        records = read_records(match.group(1), roles, required, where.removesuffix(": "))
+        return records[:int(match.group(2))]
+    if spec.startswith("tfds:"):
+        return [_roles(raw, roles, required, f"{where}{spec} example {i + 1}")
+                for i, raw in enumerate(_tfds_records(spec, where))]
+    path = labelled.resolve(spec)
+    if not path.is_file():
+        raise FileNotFoundError(f"{where}{spec}: no such file; give a JSONL, CSV or TSV file, tfds:NAME[:SPLIT] or "
+                                f"a named dataset ({', '.join(labelled.NAMES)}) as NAME:SPLIT")
+    kind = FORMATS.get(path.suffix.lower())
+    if kind is None:
+        raise ValueError(f"{where}{path}: unknown format {path.suffix!r}; name a .jsonl, .csv or .tsv file")
+    raws = _jsonl(path, where) if kind == "jsonl" else _table(path, "\t" if kind == "tsv" else ",", where)
+    records = [_roles(raw, roles, required, f"{where}{path}:{line}") for line, raw in raws]
+    if not records:
+        raise ValueError(f"{where}{path} holds no records")
+    return records
+
+
+def _jsonl(path: pathlib.Path, where: str):
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise ValueError(f"{where}{path} is not UTF-8 text") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}{path}:{number}: not JSON ({err.msg}); give one JSON object per line") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"{where}{path}:{number}: a JSON {type(raw).__name__}, not an object with named fields")
+        yield number, raw
+
+
+def _table(path: pathlib.Path, delimiter: str, where: str):
+    try:
+        with path.open(encoding="utf-8", newline="") as handle:
+            reader = csv.DictReader(handle, delimiter=delimiter)
+            header = reader.fieldnames or []
+            for raw in reader:
+                if None in raw or any(value is None for value in raw.values()):
+                    raise ValueError(f"{where}{path}:{reader.line_num}: {len(header)} columns in the header "
+                                     f"({', '.join(header)}) but not in this row")
+                yield reader.line_num, raw
+    except UnicodeDecodeError:
+        raise ValueError(f"{where}{path} is not UTF-8 text") from None
+
+
+def _tfds_records(spec: str, where: str):
+    from jaxlm.data.tfds_source import parse_tfds_spec
+    from jaxlm.corpora.tfds_builder import quiet, tfds_module
+
+    name, split = parse_tfds_spec(spec)
+    tfds = tfds_module()
+    try:
+        with quiet():
+            source = tfds.data_source(name, split=split)
+    except Exception as err:  # TFDS raises many kinds for a dataset it cannot find or read
+        raise ValueError(f"{where}{spec}: {str(err).splitlines()[0]}") from None
+    for example in source:
+        yield {key: _decoded(value) for key, value in example.items()}
+
+
+def _decoded(value):
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if hasattr(value, "tolist"):
+        return _decoded(value.tolist())
+    if isinstance(value, list):
+        return [_decoded(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _decoded(v) for k, v in value.items()}
+    return value
+
+
+def _field(raw: dict, name: str):
+    """`name` of `raw`, following dots into nested objects ("answers.text")."""
+    value = raw
+    for part in name.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise KeyError(name)
+        value = value[part]
+    return value
+
+
+def _roles(raw: dict, roles: dict[str, str], required: tuple[str, ...], where: str) -> dict:
+    record = {}
+    for role, field in roles.items():
+        try:
+            value = _field(raw, field)
+        except KeyError:
+            if role in required:
+                raise ValueError(f"{where}: no field {field!r} (fields: {', '.join(raw)}); set finetune.fields."
+                                 f"{role} to the one that holds the {role}") from None
+            continue
+        record[role] = _typed(role, value, where, field)
+    return record
+
+
+LIST_ROLES = ("words", "tags", "choices", "answers")
+
+
+def _typed(role: str, value, where: str, field: str):
+    """The value in the form its role takes: lists stay lists (a JSON-encoded list in a CSV cell is
+    decoded), texts are strings."""
+    if role in LIST_ROLES:
+        if isinstance(value, str) and value.startswith("["):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                pass
+        if not isinstance(value, list):
+            raise ValueError(f"{where}: field {field!r} holds {type(value).__name__} {str(value)[:40]!r}, "
+                             f"not the list the {role} role needs")
+        return value
+    if role in ("text", "text_pair", "question", "context", "prompt", "response", "source", "target"):
+        if not isinstance(value, str):
+            raise ValueError(f"{where}: field {field!r} holds {type(value).__name__} {str(value)[:40]!r}, not text")
+    return value
+
+
+# ---------------------------------------------------------------- checks
+
+def label_list(train: list[dict], given=(), field: str = "label") -> tuple[str, ...]:
+    """The given labels, else those of the training records (sorted; tags: every tag of every record)."""
+    if given:
+        return tuple(str(label) for label in given)
+    values = [v for r in train for v in (r[field] if field == "tags" else [r[field]])]
+    return tuple(sorted({str(v) for v in values}))
+
+
+def check_labels(records: list[dict], labels: tuple[str, ...], where: str, field: str = "label") -> None:
+    """Every label (or tag) is one of `labels`; the record is string-compared, so 1 and "1" agree."""
+    known = set(labels)
+    for index, record in enumerate(records):
+        values = record[field] if field == "tags" else [record[field]]
+        for value in values:
+            if str(value) not in known:
+                raise ValueError(f"{where}: record {index + 1} has {field[:-1] if field == 'tags' else 'label'} "
+                                 f"{value!r}, which the training data (or finetune.labels) does not have; known: "
+                                 f"{', '.join(sorted(known))}")
+        if field != "tags":
+            record[field] = str(record[field])
+        else:
+            record[field] = [str(t) for t in record[field]]
+
+
+def check_scores(records: list[dict], where: str) -> None:
+    """Every label is a number (regression and similarity scores)."""
+    for index, record in enumerate(records):
+        try:
+            record["label"] = float(record["label"])
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: record {index + 1} has label {record['label']!r}, not the number a score "
+                             "is") from None
+
+
+def check_tag_lengths(records: list[dict], where: str) -> None:
+    for index, record in enumerate(records):
+        if not record["words"]:
+            raise ValueError(f"{where}: record {index + 1} has no words")
+        if "tags" in record and len(record["tags"]) != len(record["words"]):
+            raise ValueError(f"{where}: record {index + 1} has {len(record['words'])} words but {len(record['tags'])} "
+                             "tags; give one tag per word")
+
+
+def check_answers(records: list[dict], where: str) -> None:
+    """Each answer ({"text", "answer_start"}) is the context's text at its start offset."""
+    for index, record in enumerate(records):
+        answers = record.get("answers")
+        if not answers:
+            raise ValueError(f"{where}: question {record.get('id', index + 1)} has no answer")
+        for answer in answers:
+            if not isinstance(answer, dict) or "text" not in answer or "answer_start" not in answer:
+                raise ValueError(f"{where}: question {record.get('id', index + 1)}: an answer is "
+                                 f"{str(answer)[:60]!r}, not {{\"text\": ..., \"answer_start\": ...}}")
+            start, text = int(answer["answer_start"]), answer["text"]
+            found = record["context"][start:start + len(text)]
+            if found != text:
+                raise ValueError(f"{where}: question {record.get('id', index + 1)}: answer {text!r} at {start} is not "
+                                 f"in its context (context[{start}:{start + len(text)}] is {found!r})")
+
+
+def check_choices(records: list[dict], choices: int, where: str) -> None:
+    """Every record has `choices` choices and a label that indexes one of them."""
+    for index, record in enumerate(records):
+        if len(record["choices"]) != choices:
+            raise ValueError(f"{where}: record {index + 1} has {len(record['choices'])} choices, the training data "
+                             f"{choices}; every record needs the same number")
+        if "label" in record:
+            label = record["label"]
+            if isinstance(label, bool) or not isinstance(label, int) and not str(label).isdigit() \
+                    or not 0 <= int(label) < choices:
+                raise ValueError(f"{where}: record {index + 1} has label {label!r}; give the index (0 to "
+                                 f"{choices - 1}) of the right choice")
+            record["label"] = int(label)
+
+
