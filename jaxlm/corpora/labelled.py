@@ -2,7 +2,8 @@
 index once and kept in the cache as JSONL in fine-tuning's record shapes, split deterministically:
 
 - squad: SQuAD v1.1 dev (the bigbench sdist's squad_shifts/squaddev_v1.1.json; 48 articles, 10,565
-  questions, every gold answer kept), split by article: the titles in a seeded shuffle, 38 to train,
+  questions, every gold answer kept, the few that start off by a character or two moved onto their text),
+  split by article: the titles in a seeded shuffle, 38 to train,
   5 to dev, 5 to test. {"id", "title", "question", "context", "answers": [{"text", "answer_start"}]}.
 - vitaminc: VitaminC fact verification (bigbench's vitaminc_fact_verification, 54,668 evidence/claim
   pairs), split by the evidence's Wikipedia page (a stable hash of its title: 80/10/10), so contrastive
@@ -80,8 +81,21 @@ def squad() -> dict[str, list[dict]]:
                 records[split_of[article["title"]]].append({
                     "id": qa["id"], "title": article["title"], "question": qa["question"],
                     "context": paragraph["context"],
-                    "answers": [{"text": a["text"], "answer_start": a["answer_start"]} for a in qa["answers"]]})
+                    "answers": aligned_answers(paragraph["context"], qa["answers"])})
     return records
+
+
+def aligned_answers(context: str, answers: list[dict]) -> list[dict]:
+    """The answers with each start moved to the nearest place its text occurs (a few of SQuAD's dev
+    answers start a character or two off, e.g. " 23–16" at the comma before it)."""
+    aligned = []
+    for answer in answers:
+        text, start = answer["text"], int(answer["answer_start"])
+        if context[start:start + len(text)] != text:
+            found = [i for i in range(len(context)) if context.startswith(text, i)]
+            start = min(found, key=lambda i: abs(i - start))  # every SQuAD v1.1 dev answer occurs
+        aligned.append({"text": text, "answer_start": start})
+    return aligned
 
 
 def vitaminc() -> dict[str, list[dict]]:

@@ -336,9 +336,9 @@ class QuestionAnsweringTask(Task):
         predictions = []
         for index, record in enumerate(records):
             mine = np.flatnonzero(rows.owner == index)
-            best = qa.decode_answers(start[mine], end[mine], [rows.meta[i] for i in mine], ctx.settings.n_best,
-                                     ctx.settings.max_answer_length)
-            predictions.append(qa.prediction_record(best))
+            answers = qa.decode_answers(start[mine], end[mine], [rows.meta[i] for i in mine], record["context"],
+                                        ctx.settings.n_best, ctx.settings.max_answer_length)
+            predictions.append(qa.prediction_record(answers))
         return predictions
 
     def score(self, ctx, predictions, records):

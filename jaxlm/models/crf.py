@@ -114,7 +114,7 @@ class CRF(nn.Module):
     def setup(self):
         if self.labels is not None and len(self.labels) != self.num_tags:
             raise ValueError(f"CRF has {self.num_tags} tags but {len(self.labels)} labels")
-        self.transitions = self.param("transitions", with_logical_partitioning(_uniform, ("classes", "classes")),
+        self.transitions = self.param("transitions", with_logical_partitioning(_uniform, (None, "classes")),
                                       (self.num_tags, self.num_tags))
         self.start = self.param("start", with_logical_partitioning(_uniform, ("classes",)), (self.num_tags,))
         self.end = self.param("end", with_logical_partitioning(_uniform, ("classes",)), (self.num_tags,))

@@ -134,6 +134,9 @@ class CrfTagger(nn.Module):
                  deterministic: bool = True):
         hidden = self.encoder.hidden_states(input_ids, segment_ids, padding_mask, deterministic)
         emissions = self.classifier(self.dropout(hidden, deterministic=deterministic)).astype(jnp.float32)
+        if self.is_initializing():  # init runs __call__ only: create the CRF's scores too
+            self.crf.log_likelihood(emissions[:, :1], jnp.zeros_like(word_positions[:, :1]),
+                                    jnp.ones_like(word_positions[:, :1]))
         return jnp.take_along_axis(emissions, word_positions[..., None], axis=1)
 
     def log_likelihood(self, emissions, tags, mask):
