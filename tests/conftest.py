@@ -82,3 +82,13 @@ def tiny_config(tmp_path, prepared_dir):
             base.setdefault(section, {}).update(values)
         return write_config(tmp_path, base, name)
     return make
+
+
+@pytest.fixture(scope="session")
+def minilm_converted(tmp_path_factory):
+    """all-MiniLM-L6-v2 converted (`jaxlm convert from-hf`): a BERT encoder without the masked-LM head."""
+    from jaxlm.cli import main
+    from jaxlm.corpora.models import minilm_dir
+    out = tmp_path_factory.mktemp("minilm") / "ckpt"
+    assert main(["convert", "from-hf", str(minilm_dir()), str(out)]) == 0
+    return out

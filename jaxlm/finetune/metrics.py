@@ -178,3 +178,20 @@ def average_ranks(x) -> np.ndarray:
 def spearman(x, y) -> float:
     """Spearman's rho: Pearson's r of the average ranks (NaN where either side is constant)."""
     return pearson(average_ranks(x), average_ranks(y))
+
+
+# --- text generation ----------------------------------------------------------------------------
+
+
+def rouge(predictions: list[str], references: list[str]) -> dict[str, float]:
+    """Mean ROUGE-1, ROUGE-2 and ROUGE-L F-measures by the rouge-score package (Porter stemming, as
+    summarisation papers report them)."""
+    from rouge_score import rouge_scorer
+
+    if len(predictions) != len(references) or not references:
+        raise ValueError(f"rouge needs one prediction per reference, at least one: {len(predictions)} vs "
+                         f"{len(references)}")
+    kinds = ("rouge1", "rouge2", "rougeL")
+    scorer = rouge_scorer.RougeScorer(list(kinds), use_stemmer=True)
+    scores = [scorer.score(reference, prediction) for prediction, reference in zip(predictions, references)]
+    return {kind: float(np.mean([s[kind].fmeasure for s in scores])) for kind in kinds}

@@ -48,7 +48,7 @@ def predict(checkpoint_path, input_spec: str, output, batch_size: int = 32, over
     setup = build(config, objective=task.objective(ctx))
     step = source.own_step if source.own_step is not None else source.committed_steps()[-1]
     params = checkpoint.restore_params(source.path, setup.abstract.params, step)
-    predictions = task.predict(ctx, Runner(setup, task).outputs(params, rows), rows, records)
+    predictions = task.predictions(ctx, Runner(setup, task), params, rows, records)
     lines = [{role: record[role] for role in task.input_roles if role in record} | prediction
              for record, prediction in zip(records, predictions)]
     if jax.process_index() == 0:

@@ -194,7 +194,7 @@ def local_rows(batch: dict) -> dict:
 
 def evaluate(plan_: Plan, runner: Runner, params, split: str) -> tuple[dict, list[dict]]:
     records, rows = plan_.records[split], plan_.rows[split]
-    predictions = plan_.task.predict(plan_.ctx, runner.outputs(params, rows), rows, records)
+    predictions = plan_.task.predictions(plan_.ctx, runner, params, rows, records)
     return plan_.task.score(plan_.ctx, predictions, records), predictions
 
 

@@ -10,8 +10,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlm import families
+from jaxlm import families, generate
 from jaxlm.config import ConfigError, FinetuneConfig
+from jaxlm.data.tokenizers.roles import special_ids
 from jaxlm.finetune import data as task_data
 from jaxlm.finetune import metrics, qa
 from jaxlm.finetune.features import PairEncoder, Rows, stack
@@ -19,6 +20,7 @@ from jaxlm.models.config import TransformerConfig
 from jaxlm.models.task_heads import CrfTagger, MultipleChoice, QuestionAnswering, SequenceClassifier, TokenClassifier
 from jaxlm.models.sentence_bert import SentenceEncoder, SiameseClassifier
 from jaxlm.objectives.base import Objective
+from jaxlm.objectives.denoise import Seq2SeqObjective
 from jaxlm.objectives.sentence_pairs import CosineSimilarityObjective, RankingObjective, SoftmaxPairObjective
 from jaxlm.objectives.finetune import (CrfTaggingObjective, MultipleChoiceObjective, QuestionAnsweringObjective,
                                        SequenceClassificationObjective, TokenClassificationObjective)
@@ -85,6 +87,10 @@ class Task:
 
     def predict(self, ctx: Context, outputs, rows: Rows, records: list[dict]) -> list[dict]:
         raise NotImplementedError
+
+    def predictions(self, ctx: Context, runner, params, rows: Rows, records: list[dict]) -> list[dict]:
+        """One prediction per record: `predict` over the runner's outputs (generation overrides it)."""
+        return self.predict(ctx, runner.outputs(params, rows), rows, records)
 
     def score(self, ctx: Context, predictions: list[dict], records: list[dict]) -> dict:
         raise NotImplementedError
@@ -436,6 +442,105 @@ class SentenceEmbedding(Task):
         return {"recall_at_1": 1 / len(records)}
 
 
+# ---------------------------------------------------------------- text to text (T5, BART) and prompt/response (decoders)
+
+def squad_cast(record: dict) -> dict:
+    """A question as T5 casts SQuAD: "question: Q context: C" -> the first answer."""
+    cast = {"source": f"question: {record['question']} context: {record['context']}"}
+    if record.get("answers"):
+        cast["target"] = record["answers"][0]["text"]
+    return cast
+
+
+def generated_texts(ctx: Context, runner, params, rows: Rows, max_new_tokens: int) -> list[str]:
+    """The decoder's greedy (or finetune.num_beams beam search) output for each row's input, by
+    jaxlm.generate on the run's mesh."""
+    model = ctx.family.network(ctx.model)
+    special = special_ids(ctx.tokenizer)
+    stop = {special["eos"], special["pad"]}
+    texts, size = [], runner.size
+    for start in range(0, len(rows), size):
+        ids = rows.arrays["input_ids"][start:start + size]
+        mask = rows.arrays["input_mask"][start:start + size].astype(bool)
+        result = generate.generate(model, params, ids, mask, max_new_tokens=max_new_tokens,
+                                   eos_id=special["eos"], num_beams=ctx.settings.num_beams,
+                                   mesh=runner.setup.mesh, rules=runner.setup.rules)
+        for tokens, length in zip(result.tokens, result.lengths):
+            texts.append(ctx.tokenizer.decode([int(t) for t in tokens[:length] if int(t) not in stop]).strip())
+    return texts
+
+
+class TextToText(Task):
+    """Text in, text out (T5, BART): teacher-forced loss on the target; predictions generated and
+    scored by SQuAD's exact match and F1 when the records are SQuAD questions (cast as T5 casts them),
+    else by ROUGE."""
+
+    name = "text_to_text"
+    roles = ()
+    optional_roles = ("source", "target", "id", "question", "context", "answers")
+
+    def metric_for(self, settings):
+        return settings.metric or "rougeL"
+
+    def cast(self, records: list[dict]) -> list[dict]:
+        return [squad_cast(r) if "question" in r else r for r in records]
+
+    def check(self, records, labels, where):
+        for index, record in enumerate(records):
+            if "question" in record:
+                if "context" not in record:
+                    raise ValueError(f"{where}: record {index + 1} has a question but no context")
+            elif "source" not in record:
+                raise ValueError(f"{where}: record {index + 1} has neither a source text nor a question; name the "
+                                 "input with finetune.fields.source")
+
+    def objective(self, ctx):
+        return Seq2SeqObjective(ctx.model, ctx.settings.max_length, ctx.family.network,
+                                ctx.settings.max_target_length)
+
+    def rows(self, ctx, records, labelled):
+        settings, special = ctx.settings, special_ids(ctx.tokenizer)
+        pad = special["pad"] if special["pad"] is not None else 0
+        rows = []
+        for record in self.cast(records):
+            source = ctx.tokenizer.encode(settings.prefix + record["source"], add_special_tokens=True)
+            target = ctx.tokenizer.encode(record.get("target", "") if labelled else "", add_special_tokens=True)
+            source = source[:settings.max_length - 1] + source[-1:] if len(source) > settings.max_length else source
+            target = (target[:settings.max_target_length - 1] + target[-1:]
+                      if len(target) > settings.max_target_length else target)
+            decoder = [ctx.model.decoder_start_token_id, *target[:-1]]
+            row = {"input_ids": np.full(settings.max_length, pad, np.int32),
+                   "input_mask": np.zeros(settings.max_length, np.int32),
+                   "decoder_input_ids": np.full(settings.max_target_length, pad, np.int32),
+                   "targets": np.full(settings.max_target_length, pad, np.int32),
+                   "target_weights": np.zeros(settings.max_target_length, np.float32)}
+            row["input_ids"][:len(source)], row["input_mask"][:len(source)] = source, 1
+            row["decoder_input_ids"][:len(decoder)], row["targets"][:len(target)] = decoder, target
+            row["target_weights"][:len(target)] = 1
+            rows.append(row)
+        return stack(rows, list(range(len(records))), [None] * len(records))
+
+    def predictions(self, ctx, runner, params, rows, records):
+        texts = generated_texts(ctx, runner, params, rows, ctx.settings.max_target_length)
+        return [{"text": text} for text in texts]
+
+    def score(self, ctx, predictions, records):
+        if records and "question" in records[0]:
+            return squad_metrics(records, [p["text"] for p in predictions])
+        return metrics.rouge([p["text"] for p in predictions], [r["target"] for r in records])
+
+    def baseline(self, ctx, train, records):
+        empty = [""] * len(records)
+        if records and "question" in records[0]:
+            return squad_metrics(records, empty)
+        return metrics.rouge(empty, [r["target"] for r in records])
+
+
+def squad_metrics(records: list[dict], answers: list[str]) -> dict:
+    dataset = [{"id": r.get("id", str(i)), "answers": [a["text"] for a in r["answers"]]} for i, r in enumerate(records)]
+    return metrics.squad_scores({d["id"]: a for d, a in zip(dataset, answers)}, dataset)
+
+
 TASKS: dict[str, Task] = {task.name: task for task in (SequenceClassification(), TokenClassification(),
                                                       MultipleChoiceTask(), QuestionAnsweringTask(),
-                                                      SentenceEmbedding())}
+                                                      SentenceEmbedding(), TextToText())}

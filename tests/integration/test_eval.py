@@ -133,16 +133,6 @@ def _snapshot(directory):
     return {p.relative_to(directory): p.stat().st_mtime_ns for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
-@pytest.fixture(scope="module")
-def minilm_converted(tmp_path_factory):
-    """all-MiniLM-L6-v2 converted: a BERT encoder without the masked-LM head."""
-    from jaxlm.cli import main
-    from jaxlm.corpora.models import minilm_dir
-    out = tmp_path_factory.mktemp("minilm") / "ckpt"
-    assert main(["convert", "from-hf", str(minilm_dir()), str(out)]) == 0
-    return out
-
-
 def bad_cases(run_dir, tmp_path, minilm):
     not_bigbench = tmp_path / "task.json"
     not_bigbench.write_text(json.dumps({"examples": [{"input": "2 + 2 =", "target": "4"}]}))

@@ -1,0 +1,161 @@
+"""`jaxlm finetune` and `jaxlm predict` on real labelled data with the real all-MiniLM-L6-v2, CI-sized:
+classification and QA beat their trivial baselines, tagging (softmax and CRF) is scored as seqeval
+scores it, Sentence-BERT's result is what `jaxlm embed` loads, and bad input stops before any compute."""
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from jaxlm.cli import main
+from jaxlm.corpora.labelled import dataset_path
+from jaxlm.finetune.metrics import entity_scores
+
+BASE = {"mesh": {"data": -1, "rules": "dp"},
+        "optim": {"name": "adamw", "peak_lr": 1.0e-4, "weight_decay": 0.01, "eps": 1.0e-8},
+        "train": {"global_batch": 16, "seed": 0, "log_every": 5}}
+
+
+def write(tmp_path, name: str, finetune: dict, **sections) -> tuple:
+    run_dir = tmp_path / f"run-{name}"
+    tree = {**BASE, **sections, "finetune": {"epochs": 2, "max_length": 64, **finetune},
+            "train": {**BASE["train"], **sections.get("train", {}), "run_dir": str(run_dir)}}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return path, run_dir
+
+
+def summary_of(run_dir) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def read_jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def polarity(tmp_path_factory, minilm_converted):
+    """A sentiment classifier fine-tuned from all-MiniLM-L6-v2 on the polarity sentences."""
+    tmp_path = tmp_path_factory.mktemp("polarity")
+    config, run_dir = write(tmp_path, "polarity", {
+        "task": "sequence_classification", "init_from": str(minilm_converted), "train": "polarity:train",
+        "dev": "polarity:dev", "test": "polarity:test", "epochs": 4})
+    assert main(["finetune", str(config)]) == 0
+    return run_dir
+
+
+def test_classification_beats_the_majority_class(polarity):
+    summary = summary_of(polarity)
+    assert summary["dev"]["accuracy"] > summary["dev_baseline"]["accuracy"] + 0.15
+    assert summary["test"]["accuracy"] > summary["test_baseline"]["accuracy"] + 0.1
+    evaluations = [r for r in read_jsonl(polarity / "metrics.jsonl") if r.get("split") == "eval"]
+    assert evaluations[0]["step"] == 0 and len(evaluations) == 5  # before training, then every epoch
+    assert max(r["accuracy"] for r in evaluations) == summary["dev"]["accuracy"]
+    steps = [int(p.name) for p in (polarity / "checkpoints").iterdir() if p.name.isdigit()]
+    assert steps == [summary["best_step"]]  # only the best checkpoint is kept
+
+
+def test_predict_writes_the_label_and_probabilities_of_each_record(polarity, tmp_path):
+    output = tmp_path / "predictions.jsonl"
+    assert main(["predict", str(polarity), "--input", "polarity:test", "--output", str(output)]) == 0
+    lines = read_jsonl(output)
+    assert len(lines) == 30 and set(lines[0]) == {"text", "label", "probabilities"}
+    assert all(abs(sum(line["probabilities"].values()) - 1) < 1e-5 for line in lines)
+    assert [line["label"] for line in lines] == [p["label"] for p in read_jsonl(polarity / "test_predictions.jsonl")]
+    assert main(["predict", str(polarity), "--input", "polarity:test", "--output", str(output)]) == 2  # no overwrite
+
+
+def test_question_answering_beats_the_first_token(tmp_path, minilm_converted):
+    config, run_dir = write(tmp_path, "squad", {
+        "task": "question_answering", "init_from": str(minilm_converted), "train": "squad:train[:300]",
+        "dev": "squad:dev[:100]", "max_length": 128, "doc_stride": 32}, optim={**BASE["optim"], "peak_lr": 2.0e-4})
+    assert main(["finetune", str(config)]) == 0
+    summary = summary_of(run_dir)
+    assert summary["dev"]["f1"] > summary["dev_baseline"]["f1"] + 5
+    output = tmp_path / "answers.jsonl"
+    assert main(["predict", str(run_dir), "--input", "squad:dev[:20]", "--output", str(output)]) == 0
+    for line in read_jsonl(output):
+        assert line["context"][line["start"]:line["end"]] == line["answer"]
+        assert line["n_best"][0]["text"] == line["answer"]
+
+
+@pytest.mark.parametrize("crf", [False, True])
+def test_tagging_is_scored_by_seqeval(tmp_path, minilm_converted, crf):
+    config, run_dir = write(tmp_path, "wnut", {
+        "task": "token_classification", "init_from": str(minilm_converted), "train": "wnut16:train[:160]",
+        "test": "wnut16:test[:48]", "crf": crf}, optim={**BASE["optim"], "peak_lr": 3.0e-4})
+    assert main(["finetune", str(config)]) == 0
+    summary = summary_of(run_dir)
+    predicted = [line["tags"] for line in read_jsonl(run_dir / "test_predictions.jsonl")]
+    gold = [r["tags"] for r in read_jsonl(dataset_path("wnut16", "test"))[:48]]
+    assert [len(p) for p in predicted] == [len(g) for g in gold]
+    assert summary["test"]["f1"] == pytest.approx(entity_scores(gold, predicted)["f1"])
+    assert summary["test"]["tag_accuracy"] >= summary["test_baseline"]["tag_accuracy"] - 0.02
+
+
+def test_sentence_embedding_ranking_then_embed(tmp_path, minilm_converted):
+    config, run_dir = write(tmp_path, "sbert", {
+        "task": "sentence_embedding", "loss": "ranking", "init_from": str(minilm_converted),
+        "train": "squad:train[:160]", "dev": "squad:dev[:64]", "fields": {"text": "question", "text_pair": "context"},
+        "max_length": 96, "epochs": 1})
+    assert main(["finetune", str(config)]) == 0
+    summary = summary_of(run_dir)
+    assert summary["dev"]["recall_at_1"] > 5 * summary["dev_baseline"]["recall_at_1"]
+    sentences = tmp_path / "sentences.txt"
+    sentences.write_text("Which team won Super Bowl 50?\nThe Broncos won the game.\n")
+    vectors = tmp_path / "vectors.npy"
+    assert main(["embed", str(run_dir), "--input", str(sentences), "--output", str(vectors)]) == 0
+    assert np.load(vectors).shape == (2, 384)
+
+
+# ---------------------------------------------------------------- bad input: one line, before any compute
+
+def bad_cases(tmp_path, minilm):
+    unseen = tmp_path / "unseen.jsonl"
+    unseen.write_text(json.dumps({"text": "fine", "label": "neutral"}) + "\n")
+    renamed = tmp_path / "renamed.jsonl"
+    renamed.write_text(json.dumps({"sentence": "fine", "label": "positive"}) + "\n")
+    off = tmp_path / "off.jsonl"
+    off.write_text(json.dumps({"id": "q1", "question": "who?", "context": "Ann met Bob.",
+                               "answers": [{"text": "Bob", "answer_start": 2}]}) + "\n")
+    tags = tmp_path / "tags.jsonl"
+    tags.write_text(json.dumps({"words": ["Ann", "met", "Bob"], "tags": ["B-person", "O"]}) + "\n")
+    classify = {"task": "sequence_classification", "init_from": str(minilm), "train": "polarity:train"}
+    return {
+        "label unseen in train": ({**classify, "dev": str(unseen)}, ["record 1 has label 'neutral'", "known: negative"]),
+        "missing field": ({**classify, "train": str(renamed)}, [f"{renamed}:1: no field 'text'", "finetune.fields.text"]),
+        "answer not in context": ({"task": "question_answering", "init_from": str(minilm), "train": str(off)},
+                                  ["answer 'Bob' at 2 is not in its context", "context[2:5] is 'n m'"]),
+        "tags and words differ": ({"task": "token_classification", "init_from": str(minilm), "train": str(tags)},
+                                  ["3 words but 2 tags"]),
+        "head that does not fit": ({**classify, "task": "text_to_text"}, ["does not fit a bert model"]),
+        "unknown task": ({**classify, "task": "summarise"}, ["finetune.task='summarise'", "question_answering"]),
+        "no checkpoint": ({**classify, "init_from": str(tmp_path / "nothing")}, ["finetune.init_from"]),
+    }
+
+
+@pytest.mark.parametrize("case", ["label unseen in train", "missing field", "answer not in context",
+                                  "tags and words differ", "head that does not fit", "unknown task", "no checkpoint"])
+def test_bad_input_is_one_line_before_compute(tmp_path, minilm_converted, capsys, case):
+    finetune, expected = bad_cases(tmp_path, minilm_converted)[case]
+    config, run_dir = write(tmp_path, "bad", finetune)
+    assert main(["finetune", str(config)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("jaxlm finetune: error:") and "\n" not in error, error
+    for text in expected:
+        assert text in error, error
+    assert not run_dir.exists()  # nothing written
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path, minilm_converted, capsys):
+    import shutil
+    from jaxlm.corpora.models import gpt2_tokenizer_dir
+    mismatched = tmp_path / "mismatched"
+    shutil.copytree(minilm_converted, mismatched)
+    shutil.rmtree(mismatched / "tokenizer")
+    shutil.copytree(gpt2_tokenizer_dir(), mismatched / "tokenizer")
+    config, run_dir = write(tmp_path, "vocab", {"task": "sequence_classification", "init_from": str(mismatched),
+                                                "train": "polarity:train"})
+    assert main(["finetune", str(config)]) == 2
+    assert "tokenizer and checkpoint do not match" in capsys.readouterr().err
+    assert not run_dir.exists()
