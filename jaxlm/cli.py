@@ -16,6 +16,7 @@ from jaxlm import generate
 from jaxlm.config import ConfigError
 from jaxlm.convert import registry, store
 from jaxlm.convert.names import flatten
+from jaxlm.corpora.models import PACKAGED_MODELS
 from jaxlm.data.bench import bench_data, format_data_table
 from jaxlm.data.pipeline import open_data
 from jaxlm.data.prepare import already_prepared, prepare, preparation_settings
@@ -96,6 +97,8 @@ def _quiet_orbax() -> None:
 def cmd_convert_from_hf(args) -> None:
     _quiet_orbax()
     source = pathlib.Path(args.hf_dir)
+    if not source.exists() and args.hf_dir in PACKAGED_MODELS:
+        source = PACKAGED_MODELS[args.hf_dir]()
     out = store.check_output(args.out, args.overwrite, source)
     config, params = registry.from_hf(source, scan_layers=args.scan_layers, dtype=args.dtype)
     store.save_converted(out, config, params, tokenizer_dir=source, source=f"hf:{source.resolve()}",
@@ -234,7 +237,8 @@ def parser() -> argparse.ArgumentParser:
 
     for name, handler, text, source, source_help in (
             ("from-hf", cmd_convert_from_hf, "a Hugging Face model directory -> a jaxlm checkpoint", "hf_dir",
-             "directory with config.json and model.safetensors (or pytorch_model.bin)"),
+             "directory with config.json and model.safetensors (or pytorch_model.bin), or all-MiniLM-L6-v2 "
+             "(fetched)"),
             ("from-gguf", cmd_convert_from_gguf, "a llama.cpp GGUF file -> a jaxlm checkpoint", "gguf",
              "a Llama-architecture .gguf file")):
         sub = conversion(name, handler, text, source, source_help)

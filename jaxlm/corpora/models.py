@@ -105,6 +105,9 @@ def wnut16_path() -> pathlib.Path:
     return target / "ner.txt"
 
 
+# packaged model name -> its fetched Hugging Face directory (`jaxlm convert from-hf NAME OUT`)
+PACKAGED_MODELS: dict[str, Callable[[], pathlib.Path]] = {"all-MiniLM-L6-v2": minilm_dir}
+
 # packaged tokenizer name -> the fetched file or directory it stands for
 PACKAGED_TOKENIZERS: dict[str, Callable[[], pathlib.Path]] = {
     "bert-base-uncased": bert_vocab_path,

@@ -49,12 +49,15 @@ def batch_rows(rows: Rows, indices: np.ndarray, size: int) -> dict[str, np.ndarr
 
 
 def truncate_longest_first(a: list[int], b: list[int], budget: int) -> tuple[list[int], list[int]]:
-    """Drops tokens from the end of the longer segment until both fit `budget` (Hugging Face's
-    truncation="longest_first")."""
-    a, b = list(a), list(b)
-    while len(a) + len(b) > budget:
-        (a if len(a) > len(b) else b).pop()
-    return a, b
+    """Both segments cut from their ends to fit `budget` as Hugging Face's truncation="longest_first"
+    does: the shorter one (the first, on a tie) keeps up to half the budget, the other the rest."""
+    if len(a) + len(b) <= budget:
+        return list(a), list(b)
+    if len(a) <= len(b):
+        keep_a = min(len(a), budget // 2)
+        return list(a[:keep_a]), list(b[:budget - keep_a])
+    keep_b = min(len(b), budget // 2)
+    return list(a[:budget - keep_b]), list(b[:keep_b])
 
 
 class PairEncoder:

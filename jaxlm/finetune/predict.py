@@ -15,6 +15,8 @@ from jaxlm.finetune.tasks import TASKS, Context
 from jaxlm.train import checkpoint
 from jaxlm.train.loop import build
 
+TARGET_ROLES = ("label", "tags", "answers", "target")  # what a prediction line replaces, not repeats
+
 
 def check_output(path: pathlib.Path, overwrite: bool) -> None:
     if path.is_dir():
@@ -49,7 +51,8 @@ def predict(checkpoint_path, input_spec: str, output, batch_size: int = 32, over
     step = source.own_step if source.own_step is not None else source.committed_steps()[-1]
     params = checkpoint.restore_params(source.path, setup.abstract.params, step)
     predictions = task.predictions(ctx, Runner(setup, task), params, rows, records)
-    lines = [{role: record[role] for role in task.input_roles if role in record} | prediction
+    echoed = [role for role in (*task.input_roles, *task.optional_roles) if role not in TARGET_ROLES]
+    lines = [{role: record[role] for role in echoed if role in record} | prediction
              for record, prediction in zip(records, predictions)]
     if jax.process_index() == 0:
         write_jsonl(output, lines)

@@ -257,8 +257,6 @@ def finetune(config: RunConfig, source: Source) -> dict:
     if is_main:
         (run_dir / "config.json").write_text(json.dumps(resolved, indent=2))
     has_dev = "dev" in the_plan.rows
-    mngr = (checkpoint.best_manager(run_dir / "checkpoints", metric) if has_dev
-            else checkpoint.manager(run_dir / "checkpoints", keep=1))
     writer = MetricsWriter(run_dir, 0, the_plan.total_steps, active=is_main)
     writer.message(f"{task.name} on {len(the_plan.records['train'])} training records "
                    f"({len(the_plan.rows['train'])} rows), {the_plan.total_steps} steps of {config.train.global_batch}; "
@@ -270,9 +268,14 @@ def finetune(config: RunConfig, source: Source) -> dict:
                         resolved, {k: float(v) for k, v in scores.items()} if scores is not None else None)
 
     best, best_step, stale = None, None, 0
-    if has_dev:
+    if has_dev:  # where the dev metric starts, before any training
         best_scores = dev_scores = evaluate(the_plan, runner, state.params, "dev")[0]
         writer.write(0, dev_scores, split="eval")
+        metric = metric or next(iter(dev_scores))
+        if metric not in dev_scores:
+            raise ConfigError(f"finetune.metric={metric!r}: {task.name} reports {', '.join(dev_scores)}")
+    mngr = (checkpoint.best_manager(run_dir / "checkpoints", metric) if has_dev
+            else checkpoint.manager(run_dir / "checkpoints", keep=1))
     rows, size = the_plan.rows["train"], config.train.global_batch
     step = 0
     while step < the_plan.total_steps:

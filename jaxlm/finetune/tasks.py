@@ -348,12 +348,10 @@ class QuestionAnsweringTask(Task):
         return predictions
 
     def score(self, ctx, predictions, records):
-        dataset = [{"id": r["id"], "answers": [a["text"] for a in r["answers"]]} for r in records]
-        return metrics.squad_scores({r["id"]: p["answer"] for r, p in zip(records, predictions)}, dataset)
+        return squad_metrics(records, [p["answer"] for p in predictions])
 
     def baseline(self, ctx, train, records):
-        dataset = [{"id": r["id"], "answers": [a["text"] for a in r["answers"]]} for r in records]
-        return metrics.squad_scores({r["id"]: qa.first_token_answer(r["context"]) for r in records}, dataset)
+        return squad_metrics(records, [qa.first_token_answer(r["context"]) for r in records])
 
 
 # ---------------------------------------------------------------- Sentence-BERT
@@ -478,9 +476,7 @@ class TextToText(Task):
     name = "text_to_text"
     roles = ()
     optional_roles = ("source", "target", "id", "question", "context", "answers")
-
-    def metric_for(self, settings):
-        return settings.metric or "rougeL"
+    metric = ""  # the first score: SQuAD's F1, or ROUGE-L
 
     def cast(self, records: list[dict]) -> list[dict]:
         return [squad_cast(r) if "question" in r else r for r in records]
@@ -527,18 +523,22 @@ class TextToText(Task):
     def score(self, ctx, predictions, records):
         if records and "question" in records[0]:
             return squad_metrics(records, [p["text"] for p in predictions])
-        return metrics.rouge([p["text"] for p in predictions], [r["target"] for r in records])
+        scores = metrics.rouge([p["text"] for p in predictions], [r["target"] for r in records])
+        return {"rougeL": scores.pop("rougeL"), **scores}
 
     def baseline(self, ctx, train, records):
         empty = [""] * len(records)
         if records and "question" in records[0]:
             return squad_metrics(records, empty)
-        return metrics.rouge(empty, [r["target"] for r in records])
+        scores = metrics.rouge(empty, [r["target"] for r in records])
+        return {"rougeL": scores.pop("rougeL"), **scores}
 
 
 def squad_metrics(records: list[dict], answers: list[str]) -> dict:
+    """{f1, exact_match} of answers to SQuAD questions (every gold answer counts)."""
     dataset = [{"id": r.get("id", str(i)), "answers": [a["text"] for a in r["answers"]]} for i, r in enumerate(records)]
-    return metrics.squad_scores({d["id"]: a for d, a in zip(dataset, answers)}, dataset)
+    scores = metrics.squad_scores({d["id"]: a for d, a in zip(dataset, answers)}, dataset)
+    return {"f1": scores["f1"], "exact_match": scores["exact_match"]}
 
 
 TASKS: dict[str, Task] = {task.name: task for task in (SequenceClassification(), TokenClassification(),

@@ -231,3 +231,23 @@ def test_one_checkpoint_directory_is_evaluated_alone(trained, tmp_path):
     progress = sweep.run(sweep.plan([str(trained[0] / "checkpoints" / "10")], ["heldout"], "all", str(tmp_path)))
     assert {r["step"] for r in progress.records} == {10}
     assert {r["run"] for r in progress.records} == {"run"}
+
+
+def test_a_finetune_task_records_the_downstream_metrics_of_each_checkpoint(trained, tmp_path):
+    import yaml
+    run_dir, _ = trained
+    config = tmp_path / "polarity.yaml"
+    config.write_text(yaml.safe_dump({
+        "mesh": {"data": -1}, "optim": {"peak_lr": 1.0e-3}, "train": {"global_batch": 16, "log_every": 5},
+        "finetune": {"task": "sequence_classification", "train": "polarity:train", "dev": "polarity:dev",
+                     "test": "polarity:test", "epochs": 1, "max_length": 32}}))
+    out = tmp_path / "eval"
+    run_cli("eval", run_dir, "--select", "every:10", "--tasks", f"finetune:{config}", "--out", out)
+    rows = [r for r in records_of(out) if r["task"] == "finetune:polarity"]
+    assert sorted({r["step"] for r in rows}) == [10, 20]
+    by_metric = {(r["step"], r["metric"]): r for r in rows}
+    for step in (10, 20):
+        summary = json.loads((out / run_dir.name / f"finetune-polarity-{step}" / "summary.json").read_text())
+        assert by_metric[step, "dev_accuracy"]["value"] == summary["dev"]["accuracy"]
+        assert by_metric[step, "test_accuracy"]["baseline"] == summary["test_baseline"]["accuracy"]
+        assert summary["train_records"] == 140
