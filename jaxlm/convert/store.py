@@ -23,7 +23,7 @@ from jaxlm.models.presets import model_config
 from jaxlm.train import checkpoint
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json",
-                   "spiece.model", "vocab.json", "merges.txt")
+                   "spiece.model", "vocab.json", "merges.txt", "encoder.json", "vocab.bpe")
 TOKENIZER_DIR = "tokenizer"
 NOT_A_CHECKPOINT = ("expected a directory written by `jaxlm convert from-hf`, a training run directory "
                     "(train.run_dir) or one of its checkpoints/<step> directories")

@@ -88,8 +88,33 @@ class PairEncoder:
         return self.pad_row(ids, segments)
 
     def pad_row(self, ids: list[int], segments: list[int]) -> dict[str, np.ndarray]:
-        length = self.max_length
-        row = {"input_ids": np.full(length, self.pad, np.int32), "segment_ids": np.zeros(length, np.int32),
-               "input_mask": np.zeros(length, np.int32)}
-        row["input_ids"][:len(ids)], row["segment_ids"][:len(ids)], row["input_mask"][:len(ids)] = ids, segments, 1
-        return row
+        return pad_row(ids, segments, self.max_length, self.pad)
+
+
+def pad_row(ids: list[int], segments: list[int], length: int, pad: int) -> dict[str, np.ndarray]:
+    """input_ids, segment_ids and input_mask [length], padded on the right."""
+    row = {"input_ids": np.full(length, pad, np.int32), "segment_ids": np.zeros(length, np.int32),
+           "input_mask": np.zeros(length, np.int32)}
+    row["input_ids"][:len(ids)], row["segment_ids"][:len(ids)], row["input_mask"][:len(ids)] = ids, segments, 1
+    return row
+
+
+class DecoderEncoder:
+    """A decoder's rows: the text's ids (a pair joined by the end-of-text token), cut at max_length,
+    padded on the right with the tokenizer's pad token (without one, transformers' decoder heads
+    cannot batch either)."""
+
+    def __init__(self, tokenizer, max_length: int):
+        special = special_ids(tokenizer)
+        if special["pad"] is None:
+            raise ValueError("the tokenizer has no pad token, which a decoder's sequence head pads its rows with; "
+                             "use a tokenizer that defines one (e.g. SmolLM2's)")
+        self.tokenizer, self.max_length, self.pad, self.eos = tokenizer, max_length, special["pad"], special["eos"]
+
+    def ids(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def encode(self, a: list[int], b: list[int] | None = None) -> dict[str, np.ndarray]:
+        ids = list(a) if b is None else [*a, *([self.eos] if self.eos is not None else []), *b]
+        ids = ids[:self.max_length]
+        return pad_row(ids, [0] * len(ids), self.max_length, self.pad)

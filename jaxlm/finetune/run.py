@@ -92,6 +92,7 @@ def check_settings(config: RunConfig) -> None:
         raise ConfigError(f"finetune.warmup_ratio must be in [0, 1), got {settings.warmup_ratio}")
     if settings.schedule not in ("linear", "slanted_triangular"):
         raise ConfigError(f"finetune.schedule={settings.schedule!r}; choose linear or slanted_triangular")
+    TASKS[settings.task].check_settings(settings)
     if not settings.train:
         raise ConfigError("finetune.train is empty; name the training data (a JSONL, CSV or TSV file, "
                           "tfds:NAME:SPLIT or a named dataset such as polarity:train)")

@@ -14,16 +14,19 @@ from jaxlm import families, generate
 from jaxlm.config import ConfigError, FinetuneConfig
 from jaxlm.data.tokenizers.roles import special_ids
 from jaxlm.finetune import data as task_data
-from jaxlm.finetune import metrics, qa
-from jaxlm.finetune.features import PairEncoder, Rows, stack
+from jaxlm.finetune import metrics, qa, spans
+from jaxlm.finetune.features import DecoderEncoder, PairEncoder, Rows, stack
 from jaxlm.models.config import TransformerConfig
-from jaxlm.models.task_heads import CrfTagger, MultipleChoice, QuestionAnswering, SequenceClassifier, TokenClassifier
+from jaxlm.models.task_heads import (CrfTagger, DecoderClassifier, MultipleChoice, QuestionAnswering,
+                                    SequenceClassifier, SpanLabeller, TokenClassifier)
 from jaxlm.models.sentence_bert import SentenceEncoder, SiameseClassifier
 from jaxlm.objectives.base import Objective
+from jaxlm.objectives.causal import CausalLmObjective
 from jaxlm.objectives.denoise import Seq2SeqObjective
 from jaxlm.objectives.sentence_pairs import CosineSimilarityObjective, RankingObjective, SoftmaxPairObjective
 from jaxlm.objectives.finetune import (CrfTaggingObjective, MultipleChoiceObjective, QuestionAnsweringObjective,
-                                       SequenceClassificationObjective, TokenClassificationObjective)
+                                       SequenceClassificationObjective, SpanLabellingObjective,
+                                       TokenClassificationObjective)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +43,13 @@ class Context:
     def family(self) -> families.Family:
         return families.get(self.model.family)
 
-    def pair_encoder(self) -> PairEncoder:
+    @property
+    def decoder(self) -> bool:
+        return self.family.generates == "causal"
+
+    def pair_encoder(self) -> PairEncoder | DecoderEncoder:
+        if self.decoder:
+            return DecoderEncoder(self.tokenizer, self.settings.max_length)
         return PairEncoder(self.tokenizer, self.settings.max_length, self.model.type_vocab_size > 1,
                            self.family.pair_separators)
 
@@ -71,6 +80,9 @@ class Task:
 
     def labels(self, settings: FinetuneConfig, train: list[dict]) -> tuple[str, ...]:
         return ()
+
+    def check_settings(self, settings: FinetuneConfig) -> None:
+        """Raise ConfigError for settings this task cannot run with."""
 
     def check(self, records: list[dict], labels: tuple[str, ...], where: str) -> None:
         """Raise ValueError naming the first record that the task cannot use."""
@@ -136,8 +148,11 @@ class SequenceClassification(Task):
 
     def objective(self, ctx):
         family, settings = ctx.family, ctx.settings
-        network = functools.partial(SequenceClassifier, num_labels=len(ctx.labels) or 1,
-                                    pooling=settings.pooling or family.pooling, backbone=family.backbone)
+        if ctx.decoder:
+            network = functools.partial(DecoderClassifier, num_labels=len(ctx.labels) or 1)
+        else:
+            network = functools.partial(SequenceClassifier, num_labels=len(ctx.labels) or 1,
+                                        pooling=settings.pooling or family.pooling, backbone=family.backbone)
         return SequenceClassificationObjective(ctx.model, settings.max_length, network, regression=settings.regression)
 
     def rows(self, ctx, records, labelled):
@@ -261,6 +276,48 @@ class TokenClassification(Task):
     def baseline(self, ctx, train, records):
         return {"f1": 0.0, "tag_accuracy": metrics.majority_baseline([t for r in train for t in r["tags"]],
                                                                      [t for r in records for t in r["tags"]])}
+
+
+class SpanLabelling(TokenClassification):
+    """Entities as spans of up to finetune.max_span_length words, each classified (or "no entity") from
+    its boundary states and an attention-pooled summary; non-overlapping spans taken greedily by
+    probability, read back as BIO tags and scored by seqeval."""
+
+    name = "span_labelling"
+
+    def objective(self, ctx):
+        types = spans.entity_types(ctx.labels)
+        network = functools.partial(SpanLabeller, num_labels=len(types), backbone=ctx.family.backbone)
+        return SpanLabellingObjective(ctx.model, ctx.settings.max_length, network,
+                                      max_spans=max_spans(ctx.settings))
+
+    def rows(self, ctx, records, labelled):
+        settings, types = ctx.settings, spans.entity_types(ctx.labels)
+        encoder, rows, meta = ctx.pair_encoder(), [], []
+        for record in records:
+            ids, words = metrics.word_ids(ctx.tokenizer, record["words"])
+            if len(ids) > settings.max_length:
+                ids, words = ids[:settings.max_length - 1] + ids[-1:], words[:settings.max_length - 1] + words[-1:]
+            bounds = spans.word_bounds(words)
+            candidates = spans.candidates(bounds, settings.max_span_length)
+            gold = spans.gold_spans(record["tags"], types) if labelled else {}
+            rows.append(encoder.pad_row(ids, [0] * len(ids)) | spans.span_arrays(bounds, candidates, gold,
+                                                                                   max_spans(settings)))
+            meta.append(candidates)
+        return stack(rows, list(range(len(records))), meta)
+
+    def outputs(self, objective):
+        return lambda params, batch: objective.apply(params, batch, None, True)
+
+    def predict(self, ctx, outputs, rows, records):
+        types = spans.entity_types(ctx.labels)
+        return [{"tags": spans.decode(logits, candidates, types, len(record["words"]))}
+                for logits, candidates, record in zip(outputs, rows.meta, records)]
+
+
+def max_spans(settings: FinetuneConfig) -> int:
+    """The candidate spans a row can hold: every start word (at most max_length - 2) times every length."""
+    return (settings.max_length - 2) * settings.max_span_length
 
 
 # ---------------------------------------------------------------- multiple choice
@@ -450,22 +507,29 @@ def squad_cast(record: dict) -> dict:
     return cast
 
 
-def generated_texts(ctx: Context, runner, params, rows: Rows, max_new_tokens: int) -> list[str]:
-    """The decoder's greedy (or finetune.num_beams beam search) output for each row's input, by
-    jaxlm.generate on the run's mesh."""
+def generated_texts(ctx: Context, runner, params, ids: np.ndarray, mask: np.ndarray, max_new_tokens: int) -> list[str]:
+    """What the model generates after each row of `ids` (greedy, or finetune.num_beams beam search), by
+    jaxlm.generate on the run's mesh, in batches of the run's size; end-of-text and padding dropped."""
     model = ctx.family.network(ctx.model)
     special = special_ids(ctx.tokenizer)
     stop = {special["eos"], special["pad"]}
     texts, size = [], runner.size
-    for start in range(0, len(rows), size):
-        ids = rows.arrays["input_ids"][start:start + size]
-        mask = rows.arrays["input_mask"][start:start + size].astype(bool)
-        result = generate.generate(model, params, ids, mask, max_new_tokens=max_new_tokens,
-                                   eos_id=special["eos"], num_beams=ctx.settings.num_beams,
-                                   mesh=runner.setup.mesh, rules=runner.setup.rules)
+    for start in range(0, len(ids), size):
+        result = generate.generate(model, params, ids[start:start + size], mask[start:start + size],
+                                   max_new_tokens=max_new_tokens, eos_id=special["eos"],
+                                   num_beams=ctx.settings.num_beams, mesh=runner.setup.mesh, rules=runner.setup.rules)
         for tokens, length in zip(result.tokens, result.lengths):
             texts.append(ctx.tokenizer.decode([int(t) for t in tokens[:length] if int(t) not in stop]).strip())
     return texts
+
+
+def text_scores(records: list[dict], texts: list[str], target: str) -> dict:
+    """SQuAD's F1 and exact match when the records are SQuAD questions, else ROUGE-L first, against
+    each record's `target` text."""
+    if records and "question" in records[0]:
+        return squad_metrics(records, texts)
+    scores = metrics.rouge(texts, [r[target] for r in records])
+    return {"rougeL": scores.pop("rougeL"), **scores}
 
 
 class TextToText(Task):
@@ -517,21 +581,76 @@ class TextToText(Task):
         return stack(rows, list(range(len(records))), [None] * len(records))
 
     def predictions(self, ctx, runner, params, rows, records):
-        texts = generated_texts(ctx, runner, params, rows, ctx.settings.max_target_length)
+        texts = generated_texts(ctx, runner, params, rows.arrays["input_ids"], rows.arrays["input_mask"] > 0,
+                                ctx.settings.max_target_length)
         return [{"text": text} for text in texts]
 
     def score(self, ctx, predictions, records):
-        if records and "question" in records[0]:
-            return squad_metrics(records, [p["text"] for p in predictions])
-        scores = metrics.rouge([p["text"] for p in predictions], [r["target"] for r in records])
-        return {"rougeL": scores.pop("rougeL"), **scores}
+        return text_scores(records, [p["text"] for p in predictions], "target")
 
     def baseline(self, ctx, train, records):
-        empty = [""] * len(records)
-        if records and "question" in records[0]:
-            return squad_metrics(records, empty)
-        scores = metrics.rouge(empty, [r["target"] for r in records])
-        return {"rougeL": scores.pop("rougeL"), **scores}
+        return text_scores(records, [""] * len(records), "target")
+
+
+class CausalLanguageModelling(Task):
+    """A decoder fine-tuned on prompt/response pairs, the loss on the response (and its end-of-text
+    token) only; predictions generated after the prompt, scored by ROUGE against the response."""
+
+    name = "causal_lm"
+    roles = ("prompt", "response")
+    input_roles = ("prompt",)
+    metric = "rougeL"
+
+    def check_settings(self, settings):
+        if settings.max_target_length >= settings.max_length:
+            raise ConfigError(f"finetune.max_target_length={settings.max_target_length} leaves no room for the prompt "
+                              f"in finetune.max_length={settings.max_length}; lower the one or raise the other")
+
+    def check(self, records, labels, where):
+        for index, record in enumerate(records):
+            if not record["prompt"].strip():
+                raise ValueError(f"{where}: record {index + 1} has an empty prompt; generation starts from one")
+
+    def objective(self, ctx):
+        return CausalLmObjective(ctx.model, ctx.settings.max_length, ctx.family.network)
+
+    def rows(self, ctx, records, labelled):
+        """A prompt longer than its room loses its first tokens, so the response keeps
+        max_target_length of its own (its end included)."""
+        settings, special = ctx.settings, special_ids(ctx.tokenizer)
+        length, eos = settings.max_length, special["eos"]
+        pad = special["pad"] if special["pad"] is not None else eos
+        rows, meta = [], []
+        for record in records:
+            prompt = ctx.tokenizer.encode(record["prompt"])
+            response = (ctx.tokenizer.encode(record["response"]) if labelled else [])[:settings.max_target_length - 1]
+            response = [*response, eos]
+            prompt = prompt[max(0, len(prompt) + len(response) - length - 1):]
+            ids = [*prompt, *response]
+            row = {"input_ids": np.full(length, pad, np.int32), "segment_ids": np.zeros(length, np.int32),
+                   "targets": np.zeros(length, np.int32), "target_weights": np.zeros(length, np.float32)}
+            inputs, targets = ids[:-1], ids[1:]
+            row["input_ids"][:len(inputs)], row["segment_ids"][:len(inputs)] = inputs, 1
+            row["targets"][:len(targets)] = targets
+            row["target_weights"][len(prompt) - 1:len(targets)] = 1  # targets that are response tokens
+            rows.append(row)
+            meta.append(prompt)
+        return stack(rows, list(range(len(records))), meta)
+
+    def predictions(self, ctx, runner, params, rows, records):
+        width = max(len(prompt) for prompt in rows.meta)
+        ids = np.zeros((len(rows), width), np.int32)
+        mask = np.zeros((len(rows), width), bool)
+        for index, prompt in enumerate(rows.meta):
+            ids[index, :len(prompt)], mask[index, :len(prompt)] = prompt, True
+        texts = generated_texts(ctx, runner, params, ids, mask, ctx.settings.max_target_length)
+        return [{"response": text} for text in texts]
+
+    def score(self, ctx, predictions, records):
+        return text_scores(records, [p["response"] for p in predictions], "response")
+
+    def baseline(self, ctx, train, records):
+        return text_scores(records, [""] * len(records), "response")
 
 
 def squad_metrics(records: list[dict], answers: list[str]) -> dict:
@@ -541,6 +660,6 @@ def squad_metrics(records: list[dict], answers: list[str]) -> dict:
     return {"f1": scores["f1"], "exact_match": scores["exact_match"]}
 
 
-TASKS: dict[str, Task] = {task.name: task for task in (SequenceClassification(), TokenClassification(),
+TASKS: dict[str, Task] = {task.name: task for task in (SequenceClassification(), TokenClassification(), SpanLabelling(),
                                                       MultipleChoiceTask(), QuestionAnsweringTask(),
-                                                      SentenceEmbedding(), TextToText())}
+                                                      SentenceEmbedding(), TextToText(), CausalLanguageModelling())}

@@ -1,7 +1,7 @@
 """Fine-tuning heads on an encoder backbone (BertEncoder, or AlbertEncoder for ALBERT; its parameters
 under `encoder`, as in pretraining): sequence classification and regression, token classification,
 extractive question answering and multiple choice, each pooling as its Hugging Face counterpart does, and
-token classification through a CRF."""
+token classification through a CRF; and a decoder's sequence classification from its last token."""
 from __future__ import annotations
 
 from typing import Callable
@@ -12,8 +12,9 @@ import jax.numpy as jnp
 
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.crf import CRF
+from jaxlm.models.decoder import Decoder
 from jaxlm.models.encoder import BertEncoder
-from jaxlm.nn.layers import Dense
+from jaxlm.nn.layers import Dense, normal_init
 
 # How a sequence is summarised before the classifier: BERT's and ALBERT's tanh pooler; RoBERTa's
 # dense + tanh on the first token's state; DistilBERT's dense + ReLU on it; that state alone; the
@@ -144,3 +145,51 @@ class CrfTagger(nn.Module):
 
     def decode(self, emissions, mask):
         return self.crf.decode(emissions, mask)[0]
+
+
+class DecoderClassifier(nn.Module):
+    """Logits [B, num_labels] of a decoder (GPT-2, Llama) at each row's last real token (rows padded on
+    the right), through a bias-free `score` as transformers' *ForSequenceClassification; the decoder
+    under `decoder`, as in CausalLM, so a pretrained one loads as it is."""
+
+    config: TransformerConfig
+    num_labels: int
+
+    @nn.compact
+    def __call__(self, input_ids, segment_ids=None, padding_mask=None, deterministic: bool = True):
+        cfg = self.config
+        if padding_mask is None:
+            padding_mask = jnp.ones(input_ids.shape, bool)
+        documents = padding_mask.astype(jnp.int32)  # one document per row, padding apart
+        hidden = Decoder(cfg, name="decoder")(input_ids, None, documents, documents > 0, deterministic)
+        last = jnp.maximum(documents.sum(-1) - 1, 0)
+        pooled = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
+        score = self.param("score", normal_init(cfg, ("embed", "classes")), (cfg.hidden_size, self.num_labels),
+                           jnp.dtype(cfg.param_dtype))
+        return (pooled @ score.astype(pooled.dtype)).astype(jnp.float32)
+
+
+class SpanLabeller(nn.Module):
+    """Logits [B, S, num_labels + 1] (class 0: no entity) of the spans from `span_starts` to `span_ends`
+    (tokens, inclusive), each span represented by its boundary states and an attention-pooled summary of
+    its tokens (a learned score per token, softmax within the span), through a two-layer classifier."""
+
+    config: TransformerConfig
+    num_labels: int
+    backbone: Callable[..., nn.Module] = BertEncoder
+
+    @nn.compact
+    def __call__(self, input_ids, segment_ids=None, padding_mask=None, span_starts=None, span_ends=None,
+                 deterministic: bool = True):
+        cfg = self.config
+        hidden = self.backbone(cfg, name="encoder").hidden_states(input_ids, segment_ids, padding_mask, deterministic)
+        hidden = nn.Dropout(cfg.hidden_dropout)(hidden, deterministic=deterministic)
+        scores = Dense(cfg, 1, ("embed",), (None,), name="attention")(hidden)[..., 0].astype(jnp.float32)
+        positions = jnp.arange(hidden.shape[1])
+        inside = (positions >= span_starts[..., None]) & (positions <= span_ends[..., None])  # [B, S, T]
+        weights = jax.nn.softmax(jnp.where(inside, scores[:, None, :], -1e9), axis=-1).astype(hidden.dtype)
+        summary = jnp.einsum("bst,bte->bse", weights, hidden)
+        gather = lambda index: jnp.take_along_axis(hidden, index[..., None], axis=1)
+        spans = jnp.concatenate([gather(span_starts), gather(span_ends), summary], axis=-1)
+        spans = jax.nn.gelu(Dense(cfg, cfg.hidden_size, ("mlp",), ("embed",), name="span_dense")(spans))
+        return Dense(cfg, self.num_labels + 1, ("embed",), ("classes",), name="classifier")(spans).astype(jnp.float32)

@@ -120,6 +120,34 @@ class CrfTaggingObjective(Objective):
 
 
 @dataclasses.dataclass(frozen=True)
+class SpanLabellingObjective(Objective):
+    """`span_labels` (0: no entity) of up to `max_spans` candidate spans per row, from `span_starts` to
+    `span_ends`, counted where `span_weights` is 1; loss = the mean cross-entropy over those spans."""
+
+    max_spans: int = 256
+
+    def fields(self):
+        spans = {name: Field((self.max_spans,), INT, (None,)) for name in ("span_starts", "span_ends", "span_labels")}
+        return (encoder_fields(self.max_seq_length) | spans
+                | {"span_weights": Field((self.max_spans,), FLOAT, (None,))})
+
+    @staticmethod
+    def model_inputs(batch):
+        return (*encoder_inputs(batch), batch["span_starts"], batch["span_ends"])
+
+    def stats(self, params, batch, rng, deterministic: bool = False) -> dict:
+        logits = self.apply(params, batch, rng, deterministic)
+        return prediction_stats("span", logits, batch["span_labels"], batch["span_weights"])
+
+    def summarize(self, stats: dict) -> dict:
+        loss, accuracy = prediction_summary("span", stats)
+        return {"loss": loss, "span_acc": accuracy}
+
+    def flops_per_token(self) -> float:
+        return encoder_flops_per_token(self.config, self.max_seq_length)
+
+
+@dataclasses.dataclass(frozen=True)
 class QuestionAnsweringObjective(Objective):
     """`start_position` and `end_position` of the answer's tokens; loss = (start CE + end CE) / 2 over
     the windows whose `answer_weight` is 1 (a window without the answer points at [CLS], position 0)."""
