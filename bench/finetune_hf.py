@@ -66,7 +66,8 @@ def outputs(task: str, model, rows, size: int):
 def transformers_finetune(plan: run.Plan, seed: int) -> dict:
     config, settings, task = plan.config, plan.config.finetune, plan.task
     torch.manual_seed(seed)
-    extra = {"num_labels": len(plan.ctx.labels)} if task.name in ("sequence_classification", "token_classification") else {}
+    labelled = task.name in ("sequence_classification", "token_classification")
+    extra = {"num_labels": len(plan.ctx.labels)} if labelled else {}
     model = HEADS[task.name].from_pretrained(minilm_dir(), **extra)
     decay = [p for n, p in model.named_parameters() if not any(k in n for k in ("bias", "LayerNorm"))]
     rest = [p for n, p in model.named_parameters() if any(k in n for k in ("bias", "LayerNorm"))]

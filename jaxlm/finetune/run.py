@@ -260,8 +260,8 @@ def finetune(config: RunConfig, source: Source) -> dict:
     has_dev = "dev" in the_plan.rows
     writer = MetricsWriter(run_dir, 0, the_plan.total_steps, active=is_main)
     writer.message(f"{task.name} on {len(the_plan.records['train'])} training records "
-                   f"({len(the_plan.rows['train'])} rows), {the_plan.total_steps} steps of {config.train.global_batch}; "
-                   f"{count_params(state.params) / 1e6:.2f}M parameters, {', '.join(restored)} from {source.path}")
+                   f"({len(the_plan.rows['train'])} rows), {the_plan.total_steps} steps of "
+                   f"{config.train.global_batch}; {count_params(state.params) / 1e6:.2f}M parameters, {', '.join(restored)} from {source.path}")
     writer.message(f"train step memory: {memory_summary(compiled_train)}")
 
     def save(step: int, scores: dict | None) -> None:
@@ -354,5 +354,6 @@ def format_summary(summary: dict, run_dir) -> str:
             scores = "  ".join(f"{k} {v:.4f}" for k, v in summary[split].items())
             baseline = "  ".join(f"{k} {v:.4f}" for k, v in summary[f"{split}_baseline"].items())
             lines.append(f"  {split:<4} {scores}\n       baseline: {baseline}")
-    lines.append(f"  checkpoint: {pathlib.Path(run_dir) / 'checkpoints'}   summary: {pathlib.Path(run_dir) / 'summary.json'}")
+    run_dir = pathlib.Path(run_dir)
+    lines.append(f"  checkpoint: {run_dir / 'checkpoints'}   summary: {run_dir / 'summary.json'}")
     return "\n".join(lines)

@@ -251,3 +251,16 @@ def test_a_finetune_task_records_the_downstream_metrics_of_each_checkpoint(train
         assert by_metric[step, "dev_accuracy"]["value"] == summary["dev"]["accuracy"]
         assert by_metric[step, "test_accuracy"]["baseline"] == summary["test_baseline"]["accuracy"]
         assert summary["train_records"] == 140
+
+
+def test_a_run_trained_on_8_devices_fine_tunes_on_1(trained, tmp_path):
+    import yaml
+    run_dir, _ = trained
+    config = tmp_path / "polarity.yaml"
+    config.write_text(yaml.safe_dump({
+        "mesh": {"data": -1}, "train": {"global_batch": 16, "run_dir": str(tmp_path / "tuned")},
+        "finetune": {"task": "sequence_classification", "init_from": str(run_dir), "train": "polarity:train[:32]",
+                     "dev": "polarity:dev", "epochs": 1, "max_length": 32}}))
+    proc = run_cli("finetune", config, devices=1)
+    assert "best dev accuracy" in proc.stdout
+    assert json.loads((tmp_path / "tuned" / "summary.json").read_text())["train_records"] == 32

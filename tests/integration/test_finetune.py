@@ -3,6 +3,7 @@ classification and QA beat their trivial baselines, tagging (softmax and CRF) is
 scores it, Sentence-BERT's result is what `jaxlm embed` loads, and bad input stops before any compute."""
 import json
 
+import jax
 import numpy as np
 import pytest
 import yaml
@@ -287,3 +288,19 @@ def test_a_decoder_fine_tunes_on_prompts_and_classifies_from_its_last_token(tmp_
         "dev": "polarity:dev"})
     assert main(["finetune", str(config)]) == 0
     assert 0 <= summary_of(run_dir)["dev"]["accuracy"] <= 1
+
+
+def test_a_frozen_body_leaves_the_pretrained_encoder_bit_identical(tmp_path, minilm_converted):
+    """finetune.train_layers=0 (ULMFiT's frozen body) through the whole run: the checkpoint's encoder
+    is the source's, only the head moved."""
+    from jaxlm.convert.store import load_checkpoint
+    config, run_dir = write(tmp_path, "frozen", {
+        "task": "sequence_classification", "init_from": str(minilm_converted), "train": "polarity:train[:64]",
+        "epochs": 1, "train_layers": 0, "schedule": "slanted_triangular"})
+    assert main(["finetune", str(config)]) == 0
+    _, source, _ = load_checkpoint(minilm_converted)
+    _, tuned, _ = load_checkpoint(run_dir)
+    flat = lambda tree: {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    before, after = flat(source["encoder"]), flat(tuned["encoder"])
+    moved = [name for name in before if "pooler" not in name and not np.array_equal(before[name], after[name])]
+    assert not moved and not np.array_equal(before["['pooler']['kernel']"], after["['pooler']['kernel']"])
