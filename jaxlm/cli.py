@@ -179,7 +179,7 @@ def cmd_finetune(args) -> None:
 
 def cmd_predict(args) -> None:
     _quiet_orbax()
-    from jaxlm.finetune.predict import predict
+    from jaxlm.finetune.predict import predict  # as cmd_finetune's: only this command needs it
 
     lines = predict(args.checkpoint, args.input, args.output, args.batch_size, args.overwrite, args.overrides)
     if jax.process_index() == 0:

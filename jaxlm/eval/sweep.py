@@ -20,7 +20,6 @@ from jaxlm.eval.scoring import (Item, Scorer, abstract_params, check_fits, kind_
                                 required_groups)
 from jaxlm.eval.sources import Selection, Source, check_out, open_source, parse_selection, source_tokenizer
 from jaxlm.eval.tasks import Task
-from jaxlm.finetune import run as finetune_run
 from jaxlm.parallel.mesh import make_mesh
 from jaxlm.parallel.rules import rules_for
 from jaxlm.train import checkpoint
@@ -38,17 +37,23 @@ class Plan:
     encoder_input: str = ""
 
 
+def finetune_run():
+    """jaxlm.finetune.run, imported when a sweep has a finetune task (seqeval and the tasks load slowly)."""
+    from jaxlm.finetune import run  # see the docstring
+    return run
+
+
 def finetune_config(task: Task, source: Source, step: int, run_dir: pathlib.Path):
     """(config, source) of the fine-tune `task` names, from `source`'s checkpoint at `step`, into `run_dir`."""
     init = source.directory / str(step)
-    return finetune_run.load(task.path, [f"train.run_dir={run_dir}"], init_from=str(init))
+    return finetune_run().load(task.path, [f"train.run_dir={run_dir}"], init_from=str(init))
 
 
 def check_task(source: Source, task: Task, first_step: int | None) -> None:
     """Raise ValueError unless `source` can run `task` (before any compute)."""
     if task.kind == "finetune":
         if first_step is not None:  # reads and checks the data and the head against the checkpoint
-            finetune_run.plan(*finetune_config(task, source, first_step, pathlib.Path("unused")))
+            finetune_run().plan(*finetune_config(task, source, first_step, pathlib.Path("unused")))
         return
     if task.kind == "heldout":
         if not source.is_run:
@@ -185,7 +190,7 @@ class SourceEvaluator:
         run_dir = out / self.source.label / f"{task.file_name}-{step}"
         if jax.process_index() == 0:
             shutil.rmtree(run_dir, ignore_errors=True)
-        summary = finetune_run.finetune(*finetune_config(task, self.source, step, run_dir))
+        summary = finetune_run().finetune(*finetune_config(task, self.source, step, run_dir))
         metrics, baselines = {}, {}
         for split in ("dev", "test"):
             metrics |= {f"{split}_{k}": v for k, v in summary.get(split, {}).items()}

@@ -71,8 +71,9 @@ def _table(path: pathlib.Path, delimiter: str, where: str):
 
 
 def _tfds_records(spec: str, where: str):
-    from jaxlm.data.tfds_source import parse_tfds_spec
+    # TFDS (and its imports) load only for a tfds: spec
     from jaxlm.corpora.tfds_builder import quiet, tfds_module
+    from jaxlm.data.tfds_source import parse_tfds_spec  # likewise
 
     name, split = parse_tfds_spec(spec)
     tfds = tfds_module()

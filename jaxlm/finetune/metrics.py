@@ -186,7 +186,7 @@ def spearman(x, y) -> float:
 def rouge(predictions: list[str], references: list[str]) -> dict[str, float]:
     """Mean ROUGE-1, ROUGE-2 and ROUGE-L F-measures by the rouge-score package (Porter stemming, as
     summarisation papers report them)."""
-    from rouge_score import rouge_scorer
+    from rouge_score import rouge_scorer  # it loads nltk: only generation tasks pay for it
 
     if len(predictions) != len(references) or not references:
         raise ValueError(f"rouge needs one prediction per reference, at least one: {len(predictions)} vs "

@@ -152,7 +152,7 @@ def test_module_parameters_and_methods():
     variables = jax.jit(lambda key: model.init(key, emissions, tags, mask, method=CRF.log_likelihood))(
         jax.random.key(0))
     assert nn.get_partition_spec(variables)["params"] == {
-        "transitions": P("classes", "classes"), "start": P("classes"), "end": P("classes")}
+        "transitions": P(None, "classes"), "start": P("classes"), "end": P("classes")}  # one name once per array
     params = nn.unbox(variables)["params"]
     assert all(p.dtype == jnp.float32 and np.abs(p).max() <= 0.1 for p in params.values())
     scores = apply_constraints(params["transitions"], params["start"], params["end"], allowed_transitions(LABELS))

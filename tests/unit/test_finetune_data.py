@@ -1,0 +1,70 @@
+"""Fine-tuning's record readers: JSONL, CSV and TSV files with renamed and nested fields, `[:N]` slices,
+the named real datasets, and a one-line error naming file, line and field for each kind of bad input."""
+import json
+
+import pytest
+
+from jaxlm.finetune.data import check_answers, check_choices, check_tag_lengths, label_list, read_records
+
+ROLES = {"text": "sentence", "label": "gold"}
+
+
+def test_jsonl_csv_and_tsv_give_the_same_records(tmp_path):
+    rows = [{"sentence": "a fine film", "gold": "positive"}, {"sentence": "dull, and long", "gold": "negative"}]
+    (tmp_path / "x.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")
+    (tmp_path / "x.csv").write_text('sentence,gold\na fine film,positive\n"dull, and long",negative\n')
+    (tmp_path / "x.tsv").write_text("gold\tsentence\npositive\ta fine film\nnegative\tdull, and long\n")
+    expected = [{"text": "a fine film", "label": "positive"}, {"text": "dull, and long", "label": "negative"}]
+    for suffix in ("jsonl", "csv", "tsv"):
+        assert read_records(str(tmp_path / f"x.{suffix}"), ROLES, ("text", "label")) == expected
+    assert read_records(str(tmp_path / "x.csv") + "[:1]", ROLES, ("text", "label")) == expected[:1]
+    assert label_list(expected) == ("negative", "positive")
+
+
+def test_nested_fields_and_lists_in_csv_cells(tmp_path):
+    (tmp_path / "q.jsonl").write_text(json.dumps({"q": {"text": "who?"}, "c": "Ann met Bob.",
+                                                  "a": [{"text": "Ann", "answer_start": 0}]}) + "\n")
+    records = read_records(str(tmp_path / "q.jsonl"), {"question": "q.text", "context": "c", "answers": "a"},
+                           ("question", "context", "answers"))
+    check_answers(records, "q")
+    (tmp_path / "t.csv").write_text('words,tags\n"[""Ann"", ""met""]","[""B-person"", ""O""]"\n')
+    records = read_records(str(tmp_path / "t.csv"), {"words": "words", "tags": "tags"}, ("words", "tags"))
+    assert records == [{"words": ["Ann", "met"], "tags": ["B-person", "O"]}]
+    check_tag_lengths(records, "t")
+
+
+def test_named_datasets_hold_their_splits():
+    squad = read_records("squad:dev[:50]", {r: r for r in ("id", "question", "context", "answers")}, ("id",))
+    check_answers(squad, "squad")
+    wnut = read_records("wnut16:test", {"words": "words", "tags": "tags"}, ("words", "tags"))
+    assert len(wnut) == 240 and len({t.split("-", 1)[-1] for r in wnut for t in r["tags"]} - {"O"}) >= 8
+
+
+@pytest.mark.parametrize("content, suffix, expected", [
+    ('{"sentence": "ok", "gold": "positive"}\n{not json}\n', "jsonl", ["x.jsonl:2: not JSON"]),
+    ('[1, 2]\n', "jsonl", ["x.jsonl:1: a JSON list, not an object"]),
+    ('{"text": "ok", "gold": "positive"}\n', "jsonl", ["x.jsonl:1: no field 'sentence' (fields: text, gold)",
+                                                      "finetune.fields.text"]),
+    ('sentence,gold\nok,positive,extra\n', "csv", ["x.csv:2: 2 columns in the header (sentence, gold)"]),
+    ('{"sentence": ["not", "text"], "gold": "positive"}\n', "jsonl", ["field 'sentence' holds list", "not text"]),
+    ('', "jsonl", ["holds no records"]),
+    ('a b', "txt", ["unknown format '.txt'"]),
+])
+def test_bad_files_name_file_line_and_field(tmp_path, content, suffix, expected):
+    path = tmp_path / f"x.{suffix}"
+    path.write_text(content)
+    with pytest.raises(ValueError) as error:
+        read_records(str(path), ROLES, ("text", "label"), "finetune.train")
+    message = str(error.value)
+    assert message.startswith("finetune.train: ") and "\n" not in message
+    for text in expected:
+        assert text in message, message
+
+
+def test_missing_file_and_bad_choices(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        read_records(str(tmp_path / "none.jsonl"), ROLES, ("text",))
+    with pytest.raises(ValueError, match="has 3 choices, the training data 2"):
+        check_choices([{"choices": ["a", "b", "c"], "label": 0}], 2, "dev")
+    with pytest.raises(ValueError, match="label 2; give the index"):
+        check_choices([{"choices": ["a", "b"], "label": 2}], 2, "dev")
