@@ -129,6 +129,14 @@ def squad_scores(predictions: dict[str, str], dataset: list[dict]) -> dict[str, 
 # --- sequence classification and regression ---------------------------------------------------
 
 
+def softmax(logits) -> np.ndarray:
+    """Probabilities over the last axis of host-side logits (or scores)."""
+    logits = np.asarray(logits, np.float64)
+    shifted = np.exp(logits - logits.max(-1, keepdims=True))
+    return shifted / shifted.sum(-1, keepdims=True)
+
+
+
 def _paired(labels, predictions) -> tuple[np.ndarray, np.ndarray]:
     labels, predictions = np.asarray(labels), np.asarray(predictions)
     if labels.shape != predictions.shape or labels.ndim != 1 or labels.size == 0:

@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 
 from jaxlm.data.tokenizers.roles import special_ids
+from jaxlm.finetune.metrics import softmax
 
 
 @dataclasses.dataclass
@@ -106,9 +107,7 @@ def prediction_record(answers: list[Answer], shown: int = 5) -> dict:
     with probabilities (a softmax over the n-best scores)."""
     if not answers:
         return {"answer": "", "start": 0, "end": 0, "n_best": []}
-    scores = np.asarray([a.score for a in answers])
-    probabilities = np.exp(scores - scores.max())
-    probabilities /= probabilities.sum()
+    probabilities = softmax([a.score for a in answers])
     best = answers[0]
     return {"answer": best.text, "start": best.start, "end": best.end,
             "n_best": [{"text": a.text, "start": a.start, "end": a.end, "probability": round(float(p), 6)}

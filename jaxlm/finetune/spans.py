@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 from seqeval.metrics.sequence_labeling import get_entities
 
+from jaxlm.finetune.metrics import softmax
+
 NONE = 0  # the "no entity" class; entity type i is class i + 1
 
 
@@ -53,8 +55,7 @@ def gold_spans(tags: list[str], types: list[str]) -> dict[tuple[int, int], int]:
 def decode(logits: np.ndarray, spans: list[tuple[int, int]], types: list[str], num_words: int) -> list[str]:
     """BIO tags of the spans whose best class is an entity, taken by descending probability, each one
     skipped if it overlaps a span already taken."""
-    shifted = np.exp(logits - logits.max(-1, keepdims=True))
-    probabilities = shifted / shifted.sum(-1, keepdims=True)
+    probabilities = softmax(logits)
     chosen, taken = [], np.zeros(num_words, bool)
     order = np.argsort(-probabilities[:len(spans), 1:].max(-1))
     for index in order:

@@ -6,7 +6,6 @@ import dataclasses
 import functools
 from typing import Callable
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -112,14 +111,9 @@ class Task:
         raise NotImplementedError
 
 
-def softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = np.exp(logits - logits.max(-1, keepdims=True))
-    return shifted / shifted.sum(-1, keepdims=True)
-
-
 def label_predictions(labels: tuple[str, ...], logits: np.ndarray) -> list[dict]:
-    probabilities = softmax(logits)
-    return [{"label": labels[int(p.argmax())], "probabilities": dict(zip(labels, np.round(p.astype(np.float64), 6).tolist()))}
+    probabilities = metrics.softmax(logits)
+    return [{"label": labels[int(p.argmax())], "probabilities": dict(zip(labels, np.round(p, 6).tolist()))}
             for p in probabilities]
 
 
@@ -355,7 +349,8 @@ class MultipleChoiceTask(Task):
         return stack(rows, list(range(len(records))), [None] * len(records))
 
     def predict(self, ctx, outputs, rows, records):
-        return [{"choice": int(p.argmax()), "probabilities": np.round(softmax(p).astype(np.float64), 6).tolist()} for p in outputs]
+        return [{"choice": int(p.argmax()), "probabilities": np.round(metrics.softmax(p), 6).tolist()}
+                for p in outputs]
 
     def score(self, ctx, predictions, records):
         return {"accuracy": metrics.accuracy([int(r["label"]) for r in records], [p["choice"] for p in predictions])}

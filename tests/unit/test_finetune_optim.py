@@ -1,6 +1,5 @@
 """ULMFiT's transformations on real gradients of a tiny BERT classifier: frozen groups bit-identical,
 discriminative factors exact, gradual unfreezing from the top, the slanted triangular formula."""
-import functools
 
 import flax.linen as nn
 import jax
@@ -11,7 +10,6 @@ import pytest
 
 from jaxlm.finetune.optim import (discriminative_lr, gradual_unfreezing, layer_groups, slanted_triangular,
                                   train_top_groups, ulmfit)
-from jaxlm.models.config import TransformerConfig
 from jaxlm.models.presets import model_config
 from jaxlm.models.task_heads import SequenceClassifier
 
