@@ -60,9 +60,9 @@ def qa_windows(tokenizer, question: str, context: str, max_length: int, doc_stri
     for start in window_starts(len(ids), budget, doc_stride):
         piece, spans = ids[start:start + budget], offsets[start:start + budget]
         row = [cls, *query, sep, *piece, sep]
-        offsets = [None] * first + list(spans) + [None] * (max_length - first - len(spans))
+        row_spans = [None] * first + list(spans) + [None] * (max_length - first - len(spans))
         window = Window(np.full(max_length, pad, np.int32), np.zeros(max_length, np.int32),
-                        np.zeros(max_length, np.int32), offsets)
+                        np.zeros(max_length, np.int32), row_spans)
         window.input_ids[:len(row)], window.input_mask[:len(row)] = row, 1
         window.segment_ids[first:len(row)] = 1
         if answer is not None and spans and spans[0][0] <= answer[0] and spans[-1][1] >= answer[1]:
