@@ -66,11 +66,16 @@ def jsonl_documents(path: pathlib.Path, text_field: str = "text") -> list[list[s
     return documents
 
 
+def tfds_dir(setting: str | None) -> str:
+    """Where `tfds:` datasets are prepared: data.tfds_data_dir, or the jaxlm cache when it is empty."""
+    return setting or str(cache_dir() / "tfds")
+
+
 def read_source(source: pathlib.Path | str, text_field: str = "text",
                 tfds_data_dir: str | None = None) -> tuple[list[list[str]], dict]:
     """(documents, what a manifest records about the source) of one resolved corpus entry."""
     if isinstance(source, str) and source.startswith("tfds:"):
-        data_dir = tfds_data_dir or str(cache_dir() / "tfds")
+        data_dir = tfds_dir(tfds_data_dir)
         return tfds_documents(source, data_dir, text_field), tfds_fingerprint(source, data_dir)
     path = pathlib.Path(source)
     if not path.is_file():

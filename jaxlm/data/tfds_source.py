@@ -142,6 +142,13 @@ def _sentences(text) -> list[str]:
     return split_sentences(lines[0]) if len(lines) == 1 else lines
 
 
+def tfds_examples(spec: str, data_dir):
+    """The examples of a TFDS split (a random-access ``tfds.data_source``), after every check of the spec
+    and of what is prepared in ``data_dir`` (None: TFDS's default)."""
+    builder, split, _ = _open(spec, data_dir)
+    return _data_source(builder, split, spec)
+
+
 def tfds_documents(spec: str, data_dir, text_field: str = "text") -> list[list[str]]:
     """Documents (lists of sentences) of a TFDS split read with ``tfds.data_source``.
 

@@ -13,18 +13,19 @@ from jaxlm.corpora import labelled
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
 
 
-def read_records(spec: str, roles: dict[str, str], required: tuple[str, ...], where: str = "") -> list[dict]:
+def read_records(spec: str, roles: dict[str, str], required: tuple[str, ...], where: str = "",
+                 tfds_data_dir=None) -> list[dict]:
     """Records with role names as keys (`roles`: role -> the data's field; the roles not in `required`
-    are optional) from a file, a `tfds:` spec or a named dataset `NAME:SPLIT`; a `[:N]` suffix keeps the
-    first N (e.g. squad:train[:500])."""
+    are optional) from a file, a `tfds:` spec (prepared in `tfds_data_dir`, None: TFDS's default) or a
+    named dataset `NAME:SPLIT`; a `[:N]` suffix keeps the first N (e.g. squad:train[:500])."""
     where = f"{where}: " if where else ""
     match = re.fullmatch(r"(.+)\[:(\d+)\]", spec)
     if match and not spec.startswith("tfds:"):  # TFDS slices its splits itself
-        records = read_records(match.group(1), roles, required, where.removesuffix(": "))
+        records = read_records(match.group(1), roles, required, where.removesuffix(": "), tfds_data_dir)
         return records[:int(match.group(2))]
     if spec.startswith("tfds:"):
         return [_roles(raw, roles, required, f"{where}{spec} example {i + 1}")
-                for i, raw in enumerate(_tfds_records(spec, where))]
+                for i, raw in enumerate(_tfds_records(spec, where, tfds_data_dir))]
     path = labelled.resolve(spec)
     if not path.is_file():
         raise FileNotFoundError(f"{where}{spec}: no such file; give a JSONL, CSV or TSV file, tfds:NAME[:SPLIT] or "
@@ -70,31 +71,40 @@ def _table(path: pathlib.Path, delimiter: str, where: str):
         raise ValueError(f"{where}{path} is not UTF-8 text") from None
 
 
-def _tfds_records(spec: str, where: str):
+def _tfds_records(spec: str, where: str, data_dir):
     # TFDS (and its imports) load only for a tfds: spec
-    from jaxlm.corpora.tfds_builder import quiet, tfds_module
-    from jaxlm.data.tfds_source import parse_tfds_spec  # likewise
+    from jaxlm.data.tfds_source import tfds_examples
 
-    name, split = parse_tfds_spec(spec)
-    tfds = tfds_module()
     try:
-        with quiet():
-            source = tfds.data_source(name, split=split)
-    except Exception as err:  # TFDS raises many kinds for a dataset it cannot find or read
-        raise ValueError(f"{where}{spec}: {str(err).splitlines()[0]}") from None
-    for example in source:
-        yield {key: _decoded(value) for key, value in example.items()}
+        source = tfds_examples(spec, data_dir)
+    except (ValueError, FileNotFoundError) as err:
+        raise type(err)(f"{where}{err}") from None
+    names = _class_names(source.dataset_info.features)
+    for index in range(len(source)):
+        yield {key: _decoded(value, names.get(key)) for key, value in source[index].items()}
 
 
-def _decoded(value):
+def _class_names(features) -> dict[str, list[str]]:
+    """The label names of each ClassLabel feature, alone or in a Sequence (labels and tags are names)."""
+    names = {}
+    for key, feature in features.items():
+        feature = getattr(feature, "feature", feature)
+        if hasattr(feature, "int2str") and getattr(feature, "names", None):
+            names[key] = list(feature.names)
+    return names
+
+
+def _decoded(value, class_names=None):
     if isinstance(value, bytes):
         return value.decode("utf-8")
     if hasattr(value, "tolist"):
-        return _decoded(value.tolist())
+        return _decoded(value.tolist(), class_names)
     if isinstance(value, list):
-        return [_decoded(v) for v in value]
+        return [_decoded(v, class_names) for v in value]
     if isinstance(value, dict):
         return {k: _decoded(v) for k, v in value.items()}
+    if class_names is not None and isinstance(value, int):
+        return class_names[value]
     return value
 
 

@@ -19,7 +19,7 @@ from jaxlm import config as config_lib
 from jaxlm import families
 from jaxlm.config import ConfigError, RunConfig
 from jaxlm.convert import store
-from jaxlm.data.sources import resolve_vocab
+from jaxlm.data.sources import resolve_vocab, tfds_dir
 from jaxlm.eval.sources import Source, eval_config, open_source, source_tokenizer
 from jaxlm.finetune import data as task_data
 from jaxlm.finetune.features import Rows, batch_rows
@@ -114,16 +114,17 @@ class Plan:
         return self.config.train.steps
 
 
-def read_split(task: Task, settings, split: str) -> list[dict]:
-    spec = getattr(settings, split)
-    return task_data.read_records(spec, task.field_names(settings), task.roles, f"finetune.{split}")
+def read_split(task: Task, config: RunConfig, split: str) -> list[dict]:
+    settings = config.finetune
+    return task_data.read_records(getattr(settings, split), task.field_names(settings), task.roles,
+                                  f"finetune.{split}", tfds_dir(config.data.tfds_data_dir))
 
 
 def plan(config: RunConfig, source: Source) -> Plan:
     """Reads and checks every split, encodes it and sizes the run: all before any compute."""
     settings = config.finetune
     task = TASKS[settings.task]
-    records = {split: read_split(task, settings, split) for split in SPLITS if getattr(settings, split)}
+    records = {split: read_split(task, config, split) for split in SPLITS if getattr(settings, split)}
     labels = task.labels(settings, records["train"])
     for split, split_records in records.items():
         task.check(split_records, labels, f"finetune.{split}={getattr(settings, split)}")

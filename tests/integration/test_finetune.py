@@ -290,6 +290,24 @@ def test_a_decoder_fine_tunes_on_prompts_and_classifies_from_its_last_token(tmp_
     assert 0 <= summary_of(run_dir)["dev"]["accuracy"] <= 1
 
 
+def test_a_decoder_head_needs_a_pad_token(tmp_path, tiny_gpt2, capsys):
+    """The decoder with the real botchan SentencePiece model, which has no pad piece: refused in one line."""
+    import shutil
+    from jaxlm.data.tokenizers.load import tokenizer_path
+    without_pad = tmp_path / "without-pad"
+    shutil.copytree(tiny_gpt2, without_pad)
+    shutil.rmtree(without_pad / "tokenizer")
+    (without_pad / "tokenizer").mkdir()
+    shutil.copy(tokenizer_path("botchan-unigram-1000"), without_pad / "tokenizer/spiece.model")
+    config, run_dir = write(tmp_path, "no-pad", {"task": "sequence_classification", "init_from": str(without_pad),
+                                                 "train": "polarity:train[:8]"})
+    assert main(["finetune", str(config)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("jaxlm finetune: error:") and "\n" not in error, error
+    assert "the tokenizer has no pad token" in error
+    assert not run_dir.exists()
+
+
 def test_a_frozen_body_leaves_the_pretrained_encoder_bit_identical(tmp_path, minilm_converted):
     """finetune.train_layers=0 (ULMFiT's frozen body) through the whole run: the checkpoint's encoder
     is the source's, only the head moved."""

@@ -1,5 +1,5 @@
 """TFDS corpora: the demo builder (jaxlm.corpora.tfds_builder) and `tfds:` sources (jaxlm.data.tfds_source):
-foreign datasets, bad specs."""
+foreign datasets, bad specs; labelled TFDS datasets read as fine-tuning records (jaxlm.finetune.data)."""
 import json
 import pathlib
 import subprocess
@@ -11,6 +11,7 @@ import pytest
 from jaxlm.corpora import tfds_builder
 from jaxlm.corpora.registry import CORPORA, fetch_austen
 from jaxlm.data import tfds_source
+from jaxlm.finetune.data import read_records
 
 tfds = pytest.importorskip("tensorflow_datasets")
 
@@ -57,6 +58,34 @@ class JaxlmTestContent(JaxlmTestParagraphs):
             yield index, {"content": text, "label": index}
 
 
+class JaxlmTestLabelled(tfds.core.GeneratorBasedBuilder):
+    """Labelled data as TFDS datasets hold it: class labels as ClassLabel ids, alone and per word."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    code_path = None
+
+    def _info(self):
+        return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+            "sentence": tfds.features.Text(), "label": tfds.features.ClassLabel(names=["negative", "positive"]),
+            "meta": {"score": np.float32},
+            "tokens": tfds.features.Sequence(tfds.features.Text()),
+            "ner": tfds.features.Sequence(tfds.features.ClassLabel(names=["O", "B-person", "I-person"]))}),
+            disable_shuffling=True)
+
+    def _split_generators(self, dl_manager):
+        return {"train": self._generate_examples(LABELLED), "test": self._generate_examples(LABELLED[:1])}
+
+    def _generate_examples(self, records):
+        for index, (sentence, label, tokens, tags) in enumerate(records):
+            yield index, {"sentence": sentence, "label": label, "meta": {"score": index / 2},
+                          "tokens": tokens, "ner": tags}
+
+
+LABELLED = [("Ann Lee liked it.", "positive", ["Ann", "Lee", "liked", "it."], ["B-person", "I-person", "O", "O"]),
+            ("Dull.", "negative", ["Dull."], ["O"]),
+            ("Bob did not.", "negative", ["Bob", "did", "not."], ["B-person", "O", "O"])]
+
+
 class JaxlmTestUnprepared(JaxlmTestParagraphs):
     """Registered, never prepared."""
 
@@ -70,7 +99,7 @@ def read_documents(path: pathlib.Path) -> list[list[str]]:
 def data_dir(tmp_path_factory) -> pathlib.Path:
     directory = tmp_path_factory.mktemp("tfds")
     tfds_builder.build_demo("austen", directory)
-    for cls in (JaxlmTestParagraphs, JaxlmTestContent):
+    for cls in (JaxlmTestParagraphs, JaxlmTestContent, JaxlmTestLabelled):
         cls(data_dir=directory, file_format="array_record").download_and_prepare()
     return directory
 
@@ -191,3 +220,17 @@ def test_tfrecord_dataset_is_refused(data_dir, tmp_path):
     info_path.write_text(json.dumps(info))
     with pytest.raises(ValueError, match=r"prepared in the tfrecord file format.*file_format='array_record'"):
         tfds_source.tfds_documents("tfds:jaxlm_test_paragraphs", tmp_path)
+
+
+def test_labelled_dataset_gives_fine_tuning_records_with_label_names(data_dir):
+    roles = {"text": "sentence", "label": "label", "words": "tokens", "tags": "ner", "score": "meta.score"}
+    records = read_records("tfds:jaxlm_test_labelled", roles, ("text", "label"), tfds_data_dir=data_dir)
+    assert records == [{"text": s, "label": label, "words": words, "tags": tags, "score": i / 2}
+                       for i, (s, label, words, tags) in enumerate(LABELLED)]
+    assert read_records("tfds:jaxlm_test_labelled:train[1:]", roles, ("text",), tfds_data_dir=data_dir) == records[1:]
+    with pytest.raises(ValueError, match=r"^finetune.dev: tfds:jaxlm_test_labelled:validation: .* has no split "
+                                         r"'validation'; its splits are: test, train"):
+        read_records("tfds:jaxlm_test_labelled:validation", roles, ("text",), "finetune.dev", data_dir)
+    with pytest.raises(ValueError, match=r"^--input: tfds:jaxlm_test_labelled example 1: no field 'text' .*"
+                                         r"set finetune.fields.text"):
+        read_records("tfds:jaxlm_test_labelled", {"text": "text"}, ("text",), "--input", data_dir)
