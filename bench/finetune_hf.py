@@ -1,12 +1,13 @@
 """Fine-tuning against transformers: each config of configs/finetune run by `jaxlm finetune` and the same
-fine-tune in PyTorch (transformers' *For... head from the same all-MiniLM-L6-v2 weights, fed the same
+fine-tune in PyTorch (transformers' *For... head from the same weights, the init checkpoint written by
+`jaxlm convert to-hf`, fed the same
 rows, AdamW with the same rate, warm-up, linear decay, weight decay, clipping, batch and epochs; dev
 every epoch, test at the best), for several seeds; one table of mean ± spread and seconds.
 
     python bench/finetune_hf.py configs/finetune/polarity-minilm.yaml [CONFIG ...] [--seeds 0,1,2] [--set K=V]
 
-Run `jaxlm convert from-hf all-MiniLM-L6-v2 models/all-minilm` first. Token classification runs
-without a CRF on both sides (transformers has none)."""
+Run `jaxlm convert from-hf all-MiniLM-L6-v2 models/all-minilm` first (or `make demo` for the demo BERT
+configs). Token classification runs without a CRF on both sides (transformers has none)."""
 from __future__ import annotations
 
 import argparse
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 import transformers
 
-from jaxlm.corpora.models import minilm_dir
+from jaxlm.convert import store
 from jaxlm.finetune import run
 from jaxlm.finetune.features import batch_rows
 
@@ -63,12 +64,19 @@ def outputs(task: str, model, rows, size: int):
     return np.concatenate(pieces)
 
 
-def transformers_finetune(plan: run.Plan, seed: int) -> dict:
+def hf_copy(checkpoint: str, directory: pathlib.Path) -> pathlib.Path:
+    """The checkpoint as a transformers directory, as `jaxlm convert to-hf` writes it."""
+    config, params, tokenizer = store.load_checkpoint(checkpoint)
+    store.save_hf(directory / "model", config, params, tokenizer)
+    return directory / "model"
+
+
+def transformers_finetune(plan: run.Plan, seed: int, weights: pathlib.Path) -> dict:
     config, settings, task = plan.config, plan.config.finetune, plan.task
     torch.manual_seed(seed)
     labelled = task.name in ("sequence_classification", "token_classification")
     extra = {"num_labels": len(plan.ctx.labels)} if labelled else {}
-    model = HEADS[task.name].from_pretrained(minilm_dir(), **extra)
+    model = HEADS[task.name].from_pretrained(weights, **extra)
     decay = [p for n, p in model.named_parameters() if not any(k in n for k in ("bias", "LayerNorm"))]
     rest = [p for n, p in model.named_parameters() if any(k in n for k in ("bias", "LayerNorm"))]
     optim = config.optim
@@ -127,6 +135,8 @@ def main() -> None:
     lines = ["| config | metric | jaxlm dev | transformers dev | jaxlm test | transformers test | jaxlm s/run | "
              "transformers s/run |", "|---|---|---|---|---|---|---|---|"]
     for path in args.configs:
+        config, _ = run.load(path, args.set)
+        weights = hf_copy(config.finetune.init_from, pathlib.Path(tempfile.mkdtemp(prefix="bench-finetune-hf-")))
         results = {"jaxlm": [], "transformers": []}
         seconds = {"jaxlm": 0.0, "transformers": 0.0}
         for seed in seeds:
@@ -137,8 +147,9 @@ def main() -> None:
             config, source = run.load(path, [*args.set, f"train.seed={seed}"])
             plan = run.plan(config, source)
             began = time.time()
-            results["transformers"].append(transformers_finetune(plan, seed))
+            results["transformers"].append(transformers_finetune(plan, seed, weights))
             seconds["transformers"] += time.time() - began
+        shutil.rmtree(weights.parent, ignore_errors=True)
         metric = results["jaxlm"][0]["metric"]
         values = {side: {split: [r[split][metric] for r in runs] for split in ("dev", "test")}
                   for side, runs in results.items()}

@@ -27,6 +27,7 @@ from jaxlm.parallel import distributed
 from jaxlm.sentence_embedding import embed_file
 from jaxlm.train import aot
 from jaxlm.train.bench import bench, format_table
+from jaxlm.train.faults import TrainingStopped
 from jaxlm.train.loop import report, train
 
 
@@ -52,7 +53,7 @@ def cmd_prepare(args) -> None:
 def cmd_train(args) -> None:
     config = _load(args)
     final = train(config)
-    if jax.process_index() == 0 and final.get("examples"):
+    if jax.process_index() == 0 and final.get("examples") and not final.get("stopped"):
         print(report(config, final))
 
 
@@ -330,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, OSError, ValueError) as err:
         print(f"jaxlm {getattr(args, 'label', args.command)}: error: {err}", file=sys.stderr)
         return 2
+    except TrainingStopped as err:
+        print(f"jaxlm {getattr(args, 'label', args.command)}: stopped: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         again = " (the same command continues where this one stopped)" if args.command == "prepare" else ""
         print(f"jaxlm {getattr(args, 'label', args.command)}: interrupted{again}", file=sys.stderr)

@@ -14,6 +14,8 @@ from jaxlm.models.presets import model_config
 from jaxlm.parallel.rules import PRESETS as RULES
 from jaxlm.train.optim import OPTIMIZERS
 
+NONFINITE = ("stop", "skip")
+
 
 class ConfigError(ValueError):
     """A configuration the user must fix; the message says how."""
@@ -54,6 +56,9 @@ class TrainConfig:
     keep_checkpoints: int = 3
     init_from: str = ""
     time_limit_minutes: float = 0.0
+    nonfinite: str = "stop"  # a step with a non-finite loss or gradient: stop (naming it) or skip its update
+    max_skipped: int = 10  # nonfinite=skip: stop after this many non-finite steps in a row
+    hang_timeout_s: float = 0.0  # no progress this long: dump stacks, exit 75; 0: 20x the median step, >= 300 s; <0: off
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,6 +288,8 @@ def validate_run(config: RunConfig) -> None:
     sizes = [config.mesh.data, config.mesh.fsdp, config.mesh.tensor]
     if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
         raise ConfigError(f"mesh sizes data={sizes[0]} fsdp={sizes[1]} tensor={sizes[2]}: use positive sizes, at most one -1")
-    for name in ("steps", "global_batch", "log_every", "checkpoint_every", "eval_every"):
+    if train.nonfinite not in NONFINITE:
+        raise ConfigError(f"train.nonfinite={train.nonfinite!r}; choose one of {', '.join(NONFINITE)}")
+    for name in ("steps", "global_batch", "log_every", "checkpoint_every", "eval_every", "max_skipped"):
         if getattr(train, name) <= 0:
             raise ConfigError(f"train.{name} must be positive, got {getattr(train, name)}")

@@ -1,13 +1,16 @@
-"""Orbax checkpoints of a run: train state, data position and resolved config, async, kept K; and
-the one resolver from any checkpoint path to (manager, step)."""
+"""Orbax checkpoints of a run: train state, data position and resolved config, async, kept K; resuming
+from the newest one that restores, past saves cut off or files broken; and the one resolver from any
+checkpoint path to (manager, step)."""
 from __future__ import annotations
 
 import contextlib
 import pathlib
-from typing import Iterator
+import shutil
+from typing import Callable, Iterator
 
 import jax
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 ITEMS = ("state", "data", "config")
 
@@ -39,6 +42,51 @@ def restore(mngr: ocp.CheckpointManager, abstract_state, step: int | None = None
         state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore(),
         config=ocp.args.JsonRestore()))
     return restored["state"], restored["data"], restored["config"]
+
+
+def unfinished(directory: str | pathlib.Path) -> list[pathlib.Path]:
+    """Saves that never committed (Orbax's temporary directories, or a cloud save without its commit
+    marker): what a run stopped while writing leaves behind."""
+    directory = pathlib.Path(directory)
+    return sorted(directory.glob(f"*{ocp.path.step.TMP_DIR_SUFFIX}*")) if directory.is_dir() else []
+
+
+def restore_newest(mngr: ocp.CheckpointManager, abstract_state, warn: Callable[[str], None]):
+    """(state, data position, step) of the newest checkpoint that restores, or None when none does.
+
+    Uncommitted saves are named and left alone (Orbax never lists them). A committed checkpoint that
+    cannot be read (truncated or missing files) is moved to `unreadable-checkpoints/` beside the
+    checkpoints, never deleted, and the one before it is tried. One whose shapes differ from the model
+    is not broken: that stops the run with the shapes named."""
+    for path in unfinished(mngr.directory):
+        warn(f"{path} is a checkpoint save that never committed (the run stopped while writing it); "
+             "it is ignored and left on disk")
+    for step in sorted(mngr.all_steps(), reverse=True):
+        try:
+            stored = stored_tree(mngr, step)
+        except Exception as err:  # Orbax and TensorStore raise many kinds for a broken directory
+            _set_aside(mngr, step, err, warn)
+            continue
+        check_state_fits(stored, abstract_state, f"resuming from {mngr.directory / str(step)}")
+        try:
+            state, position, _ = restore(mngr, abstract_state, step)
+        except Exception as err:  # likewise
+            _set_aside(mngr, step, err, warn)
+            continue
+        return state, position, step
+    return None
+
+
+def _set_aside(mngr: ocp.CheckpointManager, step: int, err: Exception, warn) -> None:
+    source = mngr.directory / str(step)
+    target = pathlib.Path(mngr.directory).parent / "unreadable-checkpoints" / str(step)
+    if jax.process_index() == 0:
+        target.parent.mkdir(exist_ok=True)
+        shutil.move(source, target)
+    multihost_utils.sync_global_devices(f"jaxlm: checkpoint {step} set aside")
+    mngr.reload()
+    reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+    warn(f"checkpoint {step} cannot be restored ({reason}); moved to {target}; resuming from an older one")
 
 
 def resolve(path: str | pathlib.Path) -> tuple[pathlib.Path, int | None]:
@@ -85,6 +133,17 @@ def restore_params(path: str | pathlib.Path, abstract_params, step: int | None =
         restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
             item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
     return restored["state"]["params"]
+
+
+def check_state_fits(stored, abstract_state, where: str) -> None:
+    """The parameters fit (check_fits), and the optimiser state holds the same arrays."""
+    check_fits(stored.get("params", {}), abstract_state.params, where)
+    have = sorted(tuple(leaf.shape) for leaf in jax.tree.leaves(stored))
+    want = sorted(tuple(leaf.shape) for leaf in jax.tree.leaves(abstract_state))
+    if have != want:
+        raise ValueError(f"{where}: the checkpoint's train state holds {len(have)} arrays where this config's "
+                         f"holds {len(want)}: the optimiser settings (optim.*) or the jaxlm version differ from the "
+                         "run's; resume with the run's own config (its config.json)")
 
 
 def check_fits(stored, abstract, where: str, listed: int = 6) -> None:

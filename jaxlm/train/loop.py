@@ -11,6 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from jax.sharding import Mesh
 
 from jaxlm import config as config_lib
@@ -21,7 +22,7 @@ from jaxlm.objectives import Objective
 from jaxlm.parallel import distributed
 from jaxlm.parallel.mesh import logical_sharding, make_mesh, replicated
 from jaxlm.parallel.rules import Rules, rules_for
-from jaxlm.train import checkpoint, flops
+from jaxlm.train import checkpoint, faults, flops
 from jaxlm.train.metrics import MetricsWriter, plot_curves
 from jaxlm.train.optim import make_optimizer, schedule
 from jaxlm.train.state import abstract_state, count_params, create_state, state_shardings
@@ -29,6 +30,8 @@ from jaxlm.train.step import make_eval_step, make_train_step
 
 
 # ---------------------------------------------------------------- set-up (no compute)
+
+NEVER_APPLY_NONFINITE = 2**31 - 1  # the loop stops (train.max_skipped) long before optax would apply one
 
 @dataclasses.dataclass
 class Setup:
@@ -59,7 +62,7 @@ def build(config: RunConfig, devices=None, objective: Objective | None = None,
           optimizer_for: Callable | None = None) -> Setup:
     """Everything the step needs, from the config: mesh (over `devices`, default all), objective (the
     family's pretraining one unless given), optimiser (`optimizer_for(abstract params)` -> (optimizer,
-    schedule), if given, else the config's), shardings."""
+    schedule), if given, else the config's; wrapped so that a non-finite update is dropped), shardings."""
     mesh = make_mesh(config.mesh, devices)
     check_batch(config, mesh)
     rules = rules_for(config.mesh.rules)
@@ -69,6 +72,7 @@ def build(config: RunConfig, devices=None, objective: Objective | None = None,
         optimizer, lr = make_optimizer(config.optim, total), schedule(config.optim, total)
     else:
         optimizer, lr = optimizer_for(nn.unbox(jax.eval_shape(objective.init, jax.random.key(0))))
+    optimizer = optax.apply_if_finite(optimizer, max_consecutive_errors=NEVER_APPLY_NONFINITE)
     with nn.logical_axis_rules(rules):
         shardings = state_shardings(objective.init, optimizer, mesh, rules)
     abstract = abstract_state(objective.init, optimizer, shardings)
@@ -117,7 +121,8 @@ def global_batch(setup: Setup, local: dict) -> dict:
             for k, v in local.items()}
 
 
-def evaluate(setup: Setup, compiled_eval, params, valid) -> dict:
+def evaluate(setup: Setup, compiled_eval, params, valid, beat=lambda: None) -> dict:
+    """Held-out stats over up to `train.eval_batches` batches; `beat()` after each (the watchdog)."""
     size = setup.config.train.global_batch
     batches = min(setup.config.train.eval_batches, len(valid) // size)
     if batches == 0:
@@ -127,17 +132,19 @@ def evaluate(setup: Setup, compiled_eval, params, valid) -> dict:
         local = valid.local_batch(index, size, jax.process_index(), jax.process_count())
         stats = compiled_eval(params, global_batch(setup, local))
         totals = stats if totals is None else jax.tree.map(jnp.add, totals, stats)
+        beat()
     summary = jax.device_get(setup.objective.summarize(totals))
     return {k: float(v) for k, v in summary.items()} | {"examples": batches * size}
 
 
 # ---------------------------------------------------------------- the run
 
-def restore_or_init(setup: Setup, mngr, rng):
-    """Resume order: this run's latest checkpoint, then `train.init_from`, then scratch."""
-    if mngr.latest_step() is not None:
-        state, position, _ = checkpoint.restore(mngr, setup.abstract)
-        return state, int(position["step"]), f"resumed from step {mngr.latest_step()}"
+def restore_or_init(setup: Setup, mngr, rng, warn):
+    """Resume order: this run's newest checkpoint that restores, then `train.init_from`, then scratch."""
+    resumed = checkpoint.restore_newest(mngr, setup.abstract, warn)
+    if resumed is not None:
+        state, position, step = resumed
+        return state, int(position["step"]), f"resumed from step {step}"
     state = create_state(setup.objective.init, setup.optimizer, setup.shardings, setup.mesh, setup.rules, rng)
     if setup.config.train.init_from:
         params = checkpoint.restore_params(setup.config.train.init_from, setup.abstract.params)
@@ -145,9 +152,36 @@ def restore_or_init(setup: Setup, mngr, rng):
     return state, 0, "initialised from scratch"
 
 
+def save(mngr, step: int, state, resolved: dict) -> None:
+    """A checkpoint of `step`; a failed write (disk full, permission denied) stops the run, the older
+    checkpoints kept."""
+    try:
+        checkpoint.save(mngr, step, state, {"step": step}, resolved)
+    except Exception as err:  # Orbax passes on whatever the file system raised
+        raise save_failed(mngr, step, err) from None
+
+
+def wait_for_saves(mngr, step: int) -> None:
+    try:
+        mngr.wait_until_finished()
+    except Exception as err:  # an asynchronous save failed; likewise
+        raise save_failed(mngr, step, err) from None
+
+
+def save_failed(mngr, step: int, err: Exception) -> faults.TrainingStopped:
+    reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    if len(reason) > 200:  # Orbax's messages name every layer; the last says what the file system said
+        reason = reason.rsplit(": ", 1)[-1]
+    kept = ", ".join(map(str, mngr.all_steps())) or "none"
+    return faults.TrainingStopped(
+        f"writing checkpoints to {mngr.directory} failed by step {step} ({reason}); the committed ones are kept "
+        f"(steps: {kept}). Free space or fix the permissions, then run the same command to resume")
+
+
 def train(config: RunConfig) -> dict:
-    """Train (or resume) the run in `config.train.run_dir`; returns the final held-out metrics."""
-    distributed.initialize(config.distributed)
+    """Train (or resume) the run in `config.train.run_dir`; returns the final held-out metrics, or the
+    step and the reason of an early stop (SIGTERM, Ctrl-C, the time limit), saved at that step."""
+    multiprocess = distributed.initialize(config.distributed)
     tokenizer, train_data, valid = open_data(config)
     setup = build(config)
     tcfg, is_main = config.train, jax.process_index() == 0
@@ -155,13 +189,16 @@ def train(config: RunConfig) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     mngr = checkpoint.manager(run_dir / "checkpoints", tcfg.keep_checkpoints)
     rng = jax.random.key(tcfg.seed)
-    state, start, how = restore_or_init(setup, mngr, jax.random.fold_in(rng, 1))
+    warnings = []
+    state, start, how = restore_or_init(setup, mngr, jax.random.fold_in(rng, 1), warnings.append)
     compiled_train, compiled_eval = compile_steps(setup)
     resolved = config_lib.to_dict(config)
     if is_main:
         (run_dir / "config.json").write_text(json.dumps(resolved, indent=2))
 
     writer = MetricsWriter(run_dir, start, tcfg.steps, active=is_main)
+    for warning in warnings:
+        writer.message(f"warning: {warning}")
     writer.message(f"{how}; {count_params(state.params) / 1e6:.2f}M parameters on mesh "
                    f"{dict(setup.mesh.shape)} ({jax.device_count()} devices, {jax.process_count()} processes)")
     writer.message(f"train step memory: {memory_summary(compiled_train)}")
@@ -169,38 +206,62 @@ def train(config: RunConfig) -> dict:
     tokens_per_step = tcfg.global_batch * config.data.max_seq_length
     flops_per_token = setup.objective.flops_per_token()
 
-    if start == 0:  # where held-out metrics start, for the curves and to judge what training bought
-        writer.write(0, evaluate(setup, compiled_eval, state.params, valid), split="eval")
-    step, stop_at = start, tcfg.steps
-    deadline = time.time() + tcfg.time_limit_minutes * 60 if tcfg.time_limit_minutes > 0 else None
-    batches = train_data.iterate(start, tcfg.global_batch, jax.process_index(), jax.process_count())
-    last_time, last_step = time.time(), start
-    while step < stop_at:
-        state, metrics = compiled_train(state, global_batch(setup, next(batches)), rng)
-        step += 1
-        out_of_time = deadline is not None and time.time() > deadline
-        if step % tcfg.log_every == 0 or step == stop_at or out_of_time:
-            values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-            now = time.time()
-            tokens_per_s = (step - last_step) * tokens_per_step / max(now - last_time, 1e-9)
-            values |= {"tokens_per_s": tokens_per_s,
-                       "mfu": flops.mfu(tokens_per_s, flops_per_token, jax.device_count(), peak)}
-            writer.write(step, values)
-            writer.advance(step - last_step)
-            last_time, last_step = now, step
-        if step % tcfg.eval_every == 0 and step < stop_at:
-            writer.write(step, evaluate(setup, compiled_eval, state.params, valid), split="eval")
-        if step % tcfg.checkpoint_every == 0 or step == stop_at or out_of_time:
-            checkpoint.save(mngr, step, state, {"step": step}, resolved)
-        if out_of_time:
-            writer.message(f"train.time_limit_minutes={tcfg.time_limit_minutes} reached at step {step}")
-            break
-    mngr.wait_until_finished()
-    final = evaluate(setup, compiled_eval, state.params, valid)
-    writer.write(step, final, split="eval")
-    writer.close()
-    mngr.close()
-    return final | {"step": step}
+    def check(step: int, metrics) -> None:
+        faults.check_step(step, jax.device_get(metrics), tcfg,
+                          lambda index: train_data.batch_indices(index, tcfg.global_batch), writer.message)
+
+    stop = faults.StopRequests(multiprocess, writer.message)
+    watchdog = faults.Watchdog(tcfg.hang_timeout_s, run_dir / f"hang-process{jax.process_index()}.txt")
+    try:
+        with stop, watchdog:
+            if start == 0:  # where held-out metrics start, for the curves and to judge what training bought
+                writer.write(0, evaluate(setup, compiled_eval, state.params, valid, watchdog.beat), split="eval")
+            step, stop_at, stopping = start, tcfg.steps, False
+            deadline = time.time() + tcfg.time_limit_minutes * 60 if tcfg.time_limit_minutes > 0 else None
+            batches = train_data.iterate(start, tcfg.global_batch, jax.process_index(), jax.process_count())
+            last_time, last_step, pending = time.time(), start, None
+            watchdog.beat()
+            while step < stop_at and not stopping:
+                state, metrics = compiled_train(state, global_batch(setup, next(batches)), rng)
+                step += 1
+                faults.sleep_if_asked(step)
+                if pending is not None:  # the step before, read while this one runs
+                    check(*pending)
+                    watchdog.beat(step_done=True)
+                pending = (step, metrics)
+                if deadline is not None and time.time() > deadline:
+                    stop.ask(f"train.time_limit_minutes={tcfg.time_limit_minutes}")
+                stopping = stop.reached(step)
+                if step % tcfg.log_every == 0 or step == stop_at or stopping:
+                    values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                    now = time.time()
+                    tokens_per_s = (step - last_step) * tokens_per_step / max(now - last_time, 1e-9)
+                    values |= {"tokens_per_s": tokens_per_s,
+                               "mfu": flops.mfu(tokens_per_s, flops_per_token, jax.device_count(), peak)}
+                    writer.write(step, values)
+                    writer.advance(step - last_step)
+                    last_time, last_step = now, step
+                if step % tcfg.eval_every == 0 and step < stop_at and not stopping:
+                    writer.write(step, evaluate(setup, compiled_eval, state.params, valid, watchdog.beat),
+                                 split="eval")
+                if step % tcfg.checkpoint_every == 0 or step == stop_at or stopping:
+                    check(*pending)  # never a checkpoint of a step not known to be finite
+                    pending = None
+                    save(mngr, step, state, resolved)
+                    watchdog.beat()
+            if pending is not None:
+                check(*pending)
+            wait_for_saves(mngr, step)
+            if stopping:
+                writer.message(f"stopped at step {step} on {stop.reason}: checkpoint {step} saved in "
+                               f"{mngr.directory}; run the same command to resume")
+                return {"step": step, "stopped": stop.reason}
+            final = evaluate(setup, compiled_eval, state.params, valid, watchdog.beat)
+            writer.write(step, final, split="eval")
+            return final | {"step": step}
+    finally:
+        writer.close()
+        mngr.close()
 
 
 def heldout_baselines(valid, final: dict) -> dict:

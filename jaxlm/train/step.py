@@ -78,6 +78,9 @@ def make_train_step(objective, optimizer: optax.GradientTransformation, schedule
         metrics = dict(objective.summarize(stats))
         metrics["grad_norm"] = optax.tree.norm(grads)
         metrics["lr"] = schedule(state.step)
+        if isinstance(opt_state, optax.ApplyIfFiniteState):  # the update was dropped if not finite
+            metrics["nonfinite_in_a_row"] = opt_state.notfinite_count
+            metrics["skipped_steps"] = opt_state.total_notfinite
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
     return train_step

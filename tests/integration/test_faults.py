@@ -1,0 +1,247 @@
+"""Faults a long run survives, with real signals sent to real processes: SIGTERM and Ctrl-C save at a
+step every process agrees on and exit 0, and the same command resumes exactly (1 and 2 processes); a
+second Ctrl-C aborts; SIGKILL during a step, an asynchronous save and an evaluation, with the newest
+checkpoint then truncated; non-finite steps stopped at or skipped; a hung step ended by the watchdog;
+a failed checkpoint write."""
+import os
+import pathlib
+import random
+import resource
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import ROOT, kill_when, run_cli, write_config
+from jaxlm import config as config_lib
+from jaxlm.train import checkpoint
+from jaxlm.train.checkpoint import unfinished
+from jaxlm.train.loop import build
+from jaxlm.train.faults import HANG_EXIT, TEST_HANG_ENV
+from jaxlm.train.metrics import read_jsonl
+
+STEPS = 40
+TRAIN = {"steps": STEPS, "checkpoint_every": 10, "log_every": 1}
+
+
+def losses(run_dir) -> dict[int, float]:
+    path = run_dir / "metrics.jsonl"
+    return {r["step"]: r["loss"] for r in read_jsonl(path) if r["split"] == "train"} if path.exists() else {}
+
+
+def committed(run_dir) -> list[int]:
+    checkpoints = run_dir / "checkpoints"
+    return sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()) if checkpoints.exists() else []
+
+
+def config(tmp_path, prepared_dir, name: str, optim=None, **train):
+    return write_config(tmp_path, {"data": {"prepared_dir": str(prepared_dir)}, "optim": optim or {},
+                                   "train": TRAIN | {"run_dir": str(tmp_path / name)} | train}, f"{name}.yaml")
+
+
+def start(config_path, log, env_extra=None, **popen) -> subprocess.Popen:
+    """`jaxlm train CONFIG` as a child on 8 simulated devices, its output in `log`."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               **(env_extra or {}))
+    return subprocess.Popen([sys.executable, "-m", "jaxlm.cli", "train", str(config_path)], cwd=ROOT, env=env,
+                            stdout=log, stderr=subprocess.STDOUT, **popen)
+
+
+def wait_until(ready, proc, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while not ready():
+        assert proc.poll() is None, f"the run ended ({proc.returncode}) before the moment the test waits for"
+        assert time.time() < deadline, "timed out waiting"
+        time.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+def straight(prepared_dir, tmp_path_factory) -> dict[int, float]:
+    """The losses of the uninterrupted run every interrupted one is compared with."""
+    directory = tmp_path_factory.mktemp("straight")
+    run_cli("train", config(directory, prepared_dir, "straight"))
+    got = losses(directory / "straight")
+    assert sorted(got) == list(range(1, STEPS + 1))
+    return got
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_saves_at_the_step_and_the_same_command_resumes_exactly(signum, straight, prepared_dir,
+                                                                               tmp_path):
+    path, run_dir = config(tmp_path, prepared_dir, "run"), tmp_path / "run"
+    with open(tmp_path / "log", "w") as log:
+        proc = start(path, log)
+        wait_until(lambda: len(losses(run_dir)) >= 13, proc)
+        proc.send_signal(signum)
+        assert proc.wait(timeout=300) == 0
+    output = (tmp_path / "log").read_text()
+    name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+    stopped = [line for line in output.splitlines() if line.startswith("stopped at step")]
+    assert len(stopped) == 1 and f" on {name}: checkpoint" in stopped[0], output[-3000:]
+    step = int(stopped[0].split()[3])
+    assert 13 <= step < STEPS and committed(run_dir)[-1] == step and max(losses(run_dir)) == step
+    assert "held-out after" not in output  # a stop is not the end of the run
+
+    resumed = run_cli("train", path)
+    assert f"resumed from step {step}" in resumed.stdout + resumed.stderr
+    assert losses(run_dir) == straight
+
+
+def test_sigterm_to_one_of_two_processes_stops_both_at_one_step_and_one_process_resumes(straight, prepared_dir,
+                                                                                      tmp_path):
+    """2 processes x 4 devices: SIGTERM to process 1 alone (as a preemption notice reaches one host); JAX's
+    preemption sync picks the step, both save it and exit 0; the run resumes as 1 process x 8 devices."""
+    path, run_dir = config(tmp_path, prepared_dir, "pair"), tmp_path / "pair"
+    env = dict(os.environ, JAXLM_TOTAL_DEVICES="8", JAXLM_BIN=str(ROOT / ".venv" / "bin" / "jaxlm"))
+    env.pop("XLA_FLAGS", None)
+    with open(tmp_path / "log", "w") as log:
+        launcher = subprocess.Popen(["bash", str(ROOT / "launch" / "local_multiprocess.sh"), "2", str(path)],
+                                    cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        wait_until(lambda: len(losses(run_dir)) >= 13, launcher)
+        children = (pathlib.Path("/proc") / str(launcher.pid) / "task" / str(launcher.pid) / "children").read_text()
+        workers = [int(pid) for pid in children.split()]
+        assert len(workers) == 2
+        os.kill(workers[1], signal.SIGTERM)
+        assert launcher.wait(timeout=300) == 0
+    output = (tmp_path / "log").read_text()
+    stopped = [line for line in output.splitlines() if line.startswith("stopped at step")]
+    assert len(stopped) == 1 and "on SIGTERM (a preemption notice)" in stopped[0], output[-3000:]
+    step = int(stopped[0].split()[3])
+    assert committed(run_dir)[-1] == step and max(losses(run_dir)) == step
+
+    resumed = run_cli("train", path)
+    assert f"resumed from step {step}" in resumed.stdout + resumed.stderr
+    got = losses(run_dir)
+    assert sorted(got) == sorted(straight)
+    np.testing.assert_allclose([got[s] for s in sorted(got)], [straight[s] for s in sorted(got)], rtol=2e-5)
+
+
+def test_a_second_ctrl_c_aborts_and_the_watchdog_ends_a_hung_step(prepared_dir, tmp_path):
+    """At a step that hangs (the test hook sleeps in it): a second Ctrl-C ends the process at once without
+    a checkpoint; left alone, the watchdog dumps every thread's stack and exits 75 within its timeout."""
+    hang = {TEST_HANG_ENV: "12"}
+    path, run_dir = config(tmp_path, prepared_dir, "aborted"), tmp_path / "aborted"
+    with open(tmp_path / "aborted.log", "w") as log:
+        proc = start(path, log, hang)
+        wait_until(lambda: len(losses(run_dir)) >= 11, proc)
+        proc.send_signal(signal.SIGINT)
+        wait_until(lambda: "Ctrl-C again aborts" in (tmp_path / "aborted.log").read_text(), proc)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == -signal.SIGINT
+    assert all(step <= 10 for step in committed(run_dir))  # no checkpoint for the interrupted step
+
+    path, run_dir = config(tmp_path, prepared_dir, "hung", hang_timeout_s=5), tmp_path / "hung"
+    with open(tmp_path / "hung.log", "w") as log:
+        proc = start(path, log, hang)
+        wait_until(lambda: len(losses(run_dir)) >= 11, proc)
+        began = time.time()
+        assert proc.wait(timeout=120) == HANG_EXIT
+    assert time.time() - began < 5 + 10
+    output = (tmp_path / "hung.log").read_text()
+    assert "watchdog: no training progress for" in output and "exiting 75" in output
+    assert 'in sleep_if_asked' in output and "Thread 0x" in output  # every thread's stack
+    assert "in sleep_if_asked" in (run_dir / "hang-process0.txt").read_text()
+
+
+def test_sigkill_during_a_step_a_save_and_an_evaluation_then_a_truncated_checkpoint(straight, prepared_dir,
+                                                                                   tmp_path):
+    """Killed at random moments of each kind, then the newest checkpoint truncated: every restart resumes
+    from the newest checkpoint that restores, and the losses equal the uninterrupted run's step for step."""
+    rng = random.Random(0)
+    path = config(tmp_path, prepared_dir, "killed", eval_every=25, eval_batches=40)
+    run_dir = tmp_path / "killed"
+    checkpoints = run_dir / "checkpoints"
+
+    def in_a_step(after=rng.randint(12, 18)):  # once checkpoint 10 is committed
+        return 10 in committed(run_dir) and len(losses(run_dir)) >= after
+
+    def in_a_save():  # a save of this run in flight: Orbax's temporary directory of step 20
+        return any(p.name.startswith("20.") for p in unfinished(checkpoints))
+
+    def in_an_evaluation(pause=rng.uniform(0.0, 0.2)):  # the step-25 evaluation has begun
+        if 25 not in losses(run_dir):
+            return False
+        time.sleep(pause)
+        return True
+
+    for moment in (in_a_step, in_a_save, in_an_evaluation):
+        with open(tmp_path / f"{moment.__name__}.log", "w") as log:
+            proc = start(path, log)
+            kill_when(proc, moment)
+            assert proc.returncode == -signal.SIGKILL, f"the run ended before {moment.__name__}"
+    assert "resumed from step 10" in (tmp_path / "in_a_save.log").read_text()
+    after_the_save = (tmp_path / "in_an_evaluation.log").read_text()
+    assert "resumed from step 10" in after_the_save and "20.orbax-checkpoint-tmp" in after_the_save
+    assert 25 in losses(run_dir) and "eval" not in {r["split"] for r in read_jsonl(run_dir / "metrics.jsonl")
+                                                     if r["step"] == 25}
+
+    newest = committed(run_dir)[-1]
+    previous = committed(run_dir)[-2]
+    biggest = max((p for p in (checkpoints / str(newest) / "state").rglob("*") if p.is_file()),
+                  key=lambda p: p.stat().st_size)
+    with open(biggest, "r+b") as handle:
+        handle.truncate(biggest.stat().st_size // 2)
+    resumed = run_cli("train", path)
+    text = resumed.stdout + resumed.stderr
+    assert f"checkpoint {newest} cannot be restored" in text and f"resumed from step {previous}" in text
+    assert (tmp_path / "killed" / "unreadable-checkpoints" / str(newest)).is_dir()  # set aside, not deleted
+    assert losses(run_dir) == straight
+
+
+def test_a_save_cut_off_before_its_commit_is_named_and_the_run_resumes_from_the_one_before(prepared_dir, tmp_path):
+    path, run_dir = config(tmp_path, prepared_dir, "run", steps=20), tmp_path / "run"
+    run_cli("train", path)
+    checkpoints = run_dir / "checkpoints"
+    cut = checkpoints / "20.orbax-checkpoint-tmp-1764000000000000"
+    (checkpoints / "20").rename(cut)  # as a save stopped before Orbax's commit leaves it
+    resumed = run_cli("train", path)
+    text = resumed.stdout + resumed.stderr
+    assert f"{cut} is a checkpoint save that never committed" in text and "resumed from step 10" in text
+    assert cut.is_dir() and committed(run_dir) == [10, 20]
+
+
+def test_a_checkpoint_that_cannot_be_written_stops_the_run_and_keeps_the_older_ones(prepared_dir, tmp_path):
+    """Files over 1 MB fail (RLIMIT_FSIZE, as a full disk would), so the step-20 save fails."""
+    path, run_dir = config(tmp_path, prepared_dir, "run", steps=10), tmp_path / "run"
+    run_cli("train", path)
+    before = sorted(p.relative_to(run_dir) for p in (run_dir / "checkpoints").rglob("*"))
+    path = config(tmp_path, prepared_dir, "run", steps=20)
+    limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, 2**20))  # noqa: E731
+    with open(tmp_path / "log", "w") as log:
+        proc = start(path, log, preexec_fn=limit)
+        assert proc.wait(timeout=300) == 1
+    output = (tmp_path / "log").read_text()
+    stopped = [line for line in output.splitlines() if line.startswith("jaxlm train: stopped:")]
+    assert len(stopped) == 1, output[-3000:]
+    assert "failed by step 20 (File too large" in stopped[0] and "the committed ones are kept (steps: 10)" in stopped[0]
+    assert committed(run_dir) == [10]
+    assert sorted(p.relative_to(run_dir) for p in (run_dir / "checkpoints").rglob("*")
+                  if not str(p.relative_to(run_dir / "checkpoints")).startswith("20")) == before
+
+
+@pytest.mark.parametrize("mode", ["stop", "skip"])
+def test_a_diverging_run_stops_naming_the_step_or_skips_and_counts(mode, prepared_dir, tmp_path):
+    path = config(tmp_path, prepared_dir, "diverged", {"peak_lr": 1e30}, nonfinite=mode, max_skipped=3,
+                  checkpoint_every=2)
+    run_dir = tmp_path / "diverged"
+    proc = run_cli("train", path, check=False)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    error = proc.stderr.strip().splitlines()[-1]
+    records = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["split"] == "train"]
+    first_bad = next(r["step"] for r in records if not np.isfinite(r["loss"]))
+    if mode == "stop":
+        assert error.startswith(f"jaxlm train: stopped: step {first_bad} (loss nan") and "training examples " in error
+        assert "train.nonfinite=stop" in error
+        assert committed(run_dir)[-1] < first_bad
+    else:
+        assert error.startswith("jaxlm train: stopped: 3 non-finite steps in a row") and "max_skipped=3" in error
+        assert [r["skipped_steps"] for r in records if r["step"] >= first_bad][:3] == [1, 2, 3]
+        assert f"skipped step {first_bad}" in proc.stdout + proc.stderr
+    setup = build(config_lib.load(path, []))
+    with checkpoint.open_checkpoint(run_dir) as (mngr, step):
+        state, _, _ = checkpoint.restore(mngr, setup.abstract, step)
+    assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(state))  # finite and loadable
