@@ -20,7 +20,8 @@ from conftest import ROOT, kill_when, run_cli, write_config
 from jaxlm import config as config_lib
 from jaxlm.train import checkpoint
 from jaxlm.train.checkpoint import unfinished
-from jaxlm.train.loop import build
+from jaxlm.data.pipeline import open_data
+from jaxlm.train.loop import build, compile_steps, global_batch
 from jaxlm.train.faults import HANG_EXIT, TEST_HANG_ENV
 from jaxlm.train.metrics import read_jsonl
 
@@ -38,8 +39,11 @@ def committed(run_dir) -> list[int]:
     return sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()) if checkpoints.exists() else []
 
 
+FSDP = {"data": 1, "fsdp": -1, "tensor": 1, "rules": "fsdp"}
+
+
 def config(tmp_path, prepared_dir, name: str, optim=None, **train):
-    return write_config(tmp_path, {"data": {"prepared_dir": str(prepared_dir)}, "optim": optim or {},
+    return write_config(tmp_path, {"data": {"prepared_dir": str(prepared_dir)}, "optim": optim or {}, "mesh": FSDP,
                                    "train": TRAIN | {"run_dir": str(tmp_path / name)} | train}, f"{name}.yaml")
 
 
@@ -60,13 +64,18 @@ def wait_until(ready, proc, timeout: float = 300) -> None:
 
 
 @pytest.fixture(scope="module")
-def straight(prepared_dir, tmp_path_factory) -> dict[int, float]:
-    """The losses of the uninterrupted run every interrupted one is compared with."""
+def straight_run(prepared_dir, tmp_path_factory):
+    """The uninterrupted run (8 devices, FSDP) every interrupted one is compared with: its config path."""
     directory = tmp_path_factory.mktemp("straight")
-    run_cli("train", config(directory, prepared_dir, "straight"))
-    got = losses(directory / "straight")
-    assert sorted(got) == list(range(1, STEPS + 1))
-    return got
+    path = config(directory, prepared_dir, "straight")
+    run_cli("train", path)
+    assert sorted(losses(directory / "straight")) == list(range(1, STEPS + 1))
+    return path
+
+
+@pytest.fixture(scope="module")
+def straight(straight_run) -> dict[int, float]:
+    return losses(straight_run.parent / "straight")
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -91,33 +100,72 @@ def test_a_stop_signal_saves_at_the_step_and_the_same_command_resumes_exactly(si
     assert losses(run_dir) == straight
 
 
-def test_sigterm_to_one_of_two_processes_stops_both_at_one_step_and_one_process_resumes(straight, prepared_dir,
-                                                                                      tmp_path):
+def test_sigterm_stops_two_processes_at_one_step_and_the_run_moves_between_one_and_two(straight, prepared_dir,
+                                                                                     tmp_path):
     """2 processes x 4 devices: SIGTERM to process 1 alone (as a preemption notice reaches one host); JAX's
-    preemption sync picks the step, both save it and exit 0; the run resumes as 1 process x 8 devices."""
+    preemption sync picks the step, both save it and exit 0. The run resumes as 1 process x 8 devices,
+    is stopped again, and finishes as 2 x 4: the losses are the uninterrupted run's."""
     path, run_dir = config(tmp_path, prepared_dir, "pair"), tmp_path / "pair"
     env = dict(os.environ, JAXLM_TOTAL_DEVICES="8", JAXLM_BIN=str(ROOT / ".venv" / "bin" / "jaxlm"))
     env.pop("XLA_FLAGS", None)
-    with open(tmp_path / "log", "w") as log:
+
+    def two_processes(log, stop_after: int | None):
         launcher = subprocess.Popen(["bash", str(ROOT / "launch" / "local_multiprocess.sh"), "2", str(path)],
                                     cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        wait_until(lambda: len(losses(run_dir)) >= 13, launcher)
-        children = (pathlib.Path("/proc") / str(launcher.pid) / "task" / str(launcher.pid) / "children").read_text()
-        workers = [int(pid) for pid in children.split()]
-        assert len(workers) == 2
-        os.kill(workers[1], signal.SIGTERM)
+        if stop_after is not None:
+            wait_until(lambda: len(losses(run_dir)) >= stop_after, launcher)
+            children = pathlib.Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()
+            assert len(children) == 2
+            os.kill(int(children[1]), signal.SIGTERM)
         assert launcher.wait(timeout=300) == 0
-    output = (tmp_path / "log").read_text()
-    stopped = [line for line in output.splitlines() if line.startswith("stopped at step")]
-    assert len(stopped) == 1 and "on SIGTERM (a preemption notice)" in stopped[0], output[-3000:]
-    step = int(stopped[0].split()[3])
-    assert committed(run_dir)[-1] == step and max(losses(run_dir)) == step
 
-    resumed = run_cli("train", path)
-    assert f"resumed from step {step}" in resumed.stdout + resumed.stderr
+    def stopped_at(log) -> int:
+        lines = [line for line in log.read_text().splitlines() if line.startswith("stopped at step")]
+        assert len(lines) == 1, log.read_text()[-3000:]
+        return int(lines[0].split()[3])
+
+    with open(tmp_path / "pair.log", "w") as log:
+        two_processes(log, stop_after=13)
+    first = stopped_at(tmp_path / "pair.log")
+    assert "on SIGTERM (a preemption notice)" in (tmp_path / "pair.log").read_text()
+    assert committed(run_dir)[-1] == first and max(losses(run_dir)) == first
+
+    with open(tmp_path / "single.log", "w") as log:
+        proc = start(path, log)
+        wait_until(lambda: len(losses(run_dir)) >= first + 8, proc)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=300) == 0
+    second = stopped_at(tmp_path / "single.log")
+    assert f"resumed from step {first}" in (tmp_path / "single.log").read_text() and second > first
+
+    with open(tmp_path / "pair-again.log", "w") as log:
+        two_processes(log, stop_after=None)
+    assert f"resumed from step {second}" in (tmp_path / "pair-again.log").read_text()
     got = losses(run_dir)
     assert sorted(got) == sorted(straight)
     np.testing.assert_allclose([got[s] for s in sorted(got)], [straight[s] for s in sorted(got)], rtol=2e-5)
+
+
+@pytest.mark.parametrize("devices, mesh", [(4, {"data": 1, "fsdp": 2, "tensor": 2, "rules": "fsdp_tp"}),
+                                           (2, {"data": 1, "fsdp": 2, "tensor": 1, "rules": "fsdp"}),
+                                           (1, {"data": 1, "fsdp": 1, "tensor": 1, "rules": "dp"})])
+def test_an_fsdp_checkpoint_of_8_devices_resumes_on_fewer_with_the_same_parameters_and_next_loss(
+        devices, mesh, straight_run, straight):
+    base = config_lib.load(straight_run, [])
+    with checkpoint.open_checkpoint(base.train.run_dir, 20) as (mngr, step):
+        on_8, position, _ = checkpoint.restore(mngr, build(base).abstract, step)
+        smaller = config_lib.load(straight_run, [f"mesh.{k}={v}" for k, v in mesh.items()])
+        setup = build(smaller, jax.devices()[:devices])
+        state, _, _ = checkpoint.restore(mngr, setup.abstract, step)
+    assert position == {"step": 20}
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(on_8), jax.tree.leaves(state)):
+        assert b.sharding.mesh.size == devices
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path))
+    compiled, _ = compile_steps(setup, with_eval=False)
+    _, train_data, _ = open_data(smaller)
+    batch = global_batch(setup, train_data.local_batch(20, smaller.train.global_batch))
+    _, metrics = compiled(state, batch, jax.random.key(smaller.train.seed))
+    np.testing.assert_allclose(float(metrics["loss"]), straight[21], rtol=1e-5)
 
 
 def test_a_second_ctrl_c_aborts_and_the_watchdog_ends_a_hung_step(prepared_dir, tmp_path):
