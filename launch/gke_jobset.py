@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""Write the JobSet that runs `jaxlm train` on a GKE TPU node pool: one pod per TPU host of the slice
+(or slices), all started together, the whole set restarted after a fault (the run resumes).
+
+    python launch/gke_jobset.py --name bert-large --image IMAGE --tpu v5p --topology 4x4x4 \\
+        --config configs/bert-large.yaml [--slices N] [--max-restarts N] [--env KEY=VALUE ...] \\
+        [-- section.key=value ...] [--apply]
+
+Without --apply it prints the manifest (the dry run); with it, pipes it to `kubectl apply -f -`.
+The image holds this checkout installed with `pip install -e .[tpu]` (launch/Dockerfile).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import subprocess
+import sys
+
+import yaml
+
+# GKE's node labels and the chips of one host, per TPU generation (multi-host slices)
+ACCELERATORS = {"v4": ("tpu-v4-podslice", 4), "v5p": ("tpu-v5p-slice", 4),
+                "v5e": ("tpu-v5-lite-podslice", 4), "v6e": ("tpu-v6e-slice", 4)}
+GRACE_SECONDS = 300  # between SIGTERM and SIGKILL: the checkpoint at the agreed step is written in it
+
+
+def chips(topology: str) -> int:
+    try:
+        sizes = [int(part) for part in topology.lower().split("x")]
+    except ValueError:
+        sizes = []
+    if not sizes or any(size <= 0 for size in sizes):
+        raise ValueError(f"--topology {topology!r} must look like 4x4x4 or 2x4")
+    return math.prod(sizes)
+
+
+def manifest(args) -> dict:
+    """The JobSet as a dict."""
+    accelerator, per_host = ACCELERATORS[args.tpu]
+    total = chips(args.topology)
+    hosts = max(total // per_host, 1)
+    if total > per_host and total % per_host:
+        raise ValueError(f"--topology {args.topology} has {total} chips, not a multiple of the {per_host} per host")
+    env = [{"name": key, "value": value} for key, value in (pair.split("=", 1) for pair in args.env)]
+    container = {
+        "name": "jaxlm", "image": args.image,
+        "command": ["jaxlm", "train", args.config, *args.overrides],
+        "env": env + [{"name": "JAX_PLATFORMS", "value": "tpu"}],
+        "ports": [{"containerPort": 8471}, {"containerPort": 8080}],
+        "resources": {"limits": {"google.com/tpu": min(total, per_host)}},
+    }
+    pod = {"restartPolicy": "Never", "terminationGracePeriodSeconds": GRACE_SECONDS,
+           "nodeSelector": {"cloud.google.com/gke-tpu-accelerator": accelerator,
+                            "cloud.google.com/gke-tpu-topology": args.topology},
+           "containers": [container]}
+    job = {"parallelism": hosts, "completions": hosts, "backoffLimit": 0, "template": {"spec": pod}}
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": args.name,
+                         "annotations": {"alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}},
+            "spec": {"failurePolicy": {"maxRestarts": args.max_restarts},
+                     "replicatedJobs": [{"name": "slice", "replicas": args.slices, "template": {"spec": job}}]}}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--image", required=True)
+    parser.add_argument("--tpu", required=True, choices=sorted(ACCELERATORS))
+    parser.add_argument("--topology", required=True)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--slices", type=int, default=1)
+    parser.add_argument("--max-restarts", type=int, default=10)
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--apply", action="store_true", help="kubectl apply it instead of printing it")
+    parser.add_argument("overrides", nargs="*", help="section.key=value for jaxlm train (after --)")
+    args = parser.parse_args(argv)
+    try:
+        if args.slices < 1 or args.max_restarts < 0:
+            raise ValueError("--slices must be at least 1 and --max-restarts at least 0")
+        bad = [pair for pair in args.env if "=" not in pair]
+        if bad:
+            raise ValueError(f"--env takes KEY=VALUE, got {bad[0]!r}")
+        text = yaml.safe_dump(manifest(args), sort_keys=False)
+    except ValueError as err:
+        print(f"gke_jobset.py: error: {err}", file=sys.stderr)
+        return 2
+    if not args.apply:
+        print(text, end="")
+        return 0
+    return subprocess.run(["kubectl", "apply", "-f", "-"], input=text, text=True).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Run jaxlm on every worker of a Cloud TPU VM (or of a queued resource's node) with gcloud.
+#
+#   launch/tpu_pod.sh [options] ACTION [CONFIG [section.key=value ...]]
+#
+# ACTION
+#   install  copy this checkout (git archive of HEAD) to every worker and pip-install it with jax[tpu]
+#   train    start `jaxlm train CONFIG` on every worker at once (--worker=all), in the background
+#   wait     until no worker runs jaxlm any more
+#   logs     copy each worker's log to logs/NAME/worker-N.log
+#   stop     SIGTERM on every worker: each saves a checkpoint at the step they agree on and exits 0
+#   run      install, train, wait, logs: the whole job; run it again after a fault and it resumes
+#
+# Options
+#   --tpu NAME         the TPU VM (required)         --zone ZONE      its zone (required)
+#   --project ID       the Google Cloud project      --queued         NAME is a queued resource's node:
+#                                                                      wait until the resource is ACTIVE
+#   --workers N        the worker count (default: asked from gcloud)
+#   --env KEY=VALUE    passed to jaxlm on every worker (repeat it)
+#   --dry-run          print every command instead of running it
+set -euo pipefail
+
+usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+fail() { echo "tpu_pod.sh: error: $*" >&2; exit 2; }
+
+tpu="" zone="" project="" queued=0 workers="" dry_run=0 envs=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --tpu) tpu=${2:?--tpu needs a name}; shift 2 ;;
+    --zone) zone=${2:?--zone needs a zone}; shift 2 ;;
+    --project) project=${2:?--project needs an id}; shift 2 ;;
+    --queued) queued=1; shift ;;
+    --workers) workers=${2:?--workers needs a count}; shift 2 ;;
+    --env) [[ ${2:-} == *=* ]] || fail "--env takes KEY=VALUE, got '${2:-}'"; envs+=("$2"); shift 2 ;;
+    --dry-run) dry_run=1; shift ;;
+    -h|--help) usage ;;
+    --*) fail "unknown option $1 (see --help)" ;;
+    *) break ;;
+  esac
+done
+[ $# -ge 1 ] || usage
+action=$1; shift
+[ -n "$tpu" ] || fail "--tpu NAME is required"
+[ -n "$zone" ] || fail "--zone ZONE is required"
+case "$action" in
+  install|train|wait|logs|stop|run) ;;
+  *) fail "unknown action '$action'; choose install, train, wait, logs, stop or run" ;;
+esac
+if [[ $action == train || $action == run ]]; then
+  [ $# -ge 1 ] || fail "$action needs a CONFIG (a path inside this checkout)"
+  [ -f "$1" ] || fail "config $1 not found"
+fi
+[[ -z $workers || $workers =~ ^[1-9][0-9]*$ ]] || fail "--workers must be a positive count, got '$workers'"
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+source "$here/launch/lib.sh"
+gcloud_tpu=(gcloud compute tpus tpu-vm)
+where=(--zone="$zone")
+[ -n "$project" ] && where+=(--project="$project")
+remote_dir=jaxlm
+logs_dir=jaxlm-logs
+
+run() {  # print the command (dry run) or run it
+  if [ "$dry_run" = 1 ]; then quote "$@"; else "$@"; fi
+}
+
+on_workers() {  # on_workers WORKER COMMAND: one shell command on one worker (or all)
+  run "${gcloud_tpu[@]}" ssh "$tpu" "${where[@]}" --worker="$1" --command="$2"
+}
+
+worker_count() {
+  if [ -n "$workers" ]; then echo "$workers"; return; fi
+  if [ "$dry_run" = 1 ]; then fail "--dry-run needs --workers N (it asks gcloud nothing)"; fi
+  "${gcloud_tpu[@]}" describe "$tpu" "${where[@]}" --format='value(networkEndpoints)' | tr ';' '\n' | grep -c .
+}
+
+wait_until_active() {
+  [ "$queued" = 1 ] || return 0
+  local state=(gcloud compute tpus queued-resources describe "$tpu" "${where[@]}" --format='value(state.state)')
+  if [ "$dry_run" = 1 ]; then
+    echo "until [ \"\$($(quote "${state[@]}"))\" = ACTIVE ]; do sleep 30; done"
+    return
+  fi
+  until [ "$("${state[@]}")" = ACTIVE ]; do echo "waiting for queued resource $tpu to be ACTIVE" >&2; sleep 30; done
+}
+
+install() {
+  local archive=/tmp/jaxlm-$tpu.tar.gz
+  run git -C "$here" archive --format=tar.gz -o "$archive" HEAD
+  run "${gcloud_tpu[@]}" scp "$archive" "$tpu:jaxlm.tar.gz" "${where[@]}" --worker=all
+  on_workers all "rm -rf $remote_dir && mkdir -p $remote_dir && tar -xzf jaxlm.tar.gz -C $remote_dir && cd $remote_dir \
+&& python3 -m venv .venv && .venv/bin/pip install --quiet --upgrade pip && .venv/bin/pip install --quiet -e \".[tpu]\""
+}
+
+train() {
+  local command="" arg
+  for arg in "${envs[@]}"; do command+="$(quote "$arg") "; done
+  command+=".venv/bin/jaxlm train $(quote "$@")"
+  # One log per worker, named by its TPU worker id (from the VM's metadata).
+  on_workers all "cd $remote_dir && mkdir -p ~/$logs_dir && id=\$(curl -s -H Metadata-Flavor:Google \
+http://metadata.google.internal/computeMetadata/v1/instance/attributes/agent-worker-number) \
+&& nohup env $command > ~/$logs_dir/worker-\$id.log 2>&1 < /dev/null &"
+}
+
+# The patterns read [.]venv so that they do not match the shell that runs them.
+wait_for_workers() {
+  local check='while pgrep -f "[.]venv/bin/jaxlm train" > /dev/null; do sleep 30; done'
+  on_workers all "$check"
+}
+
+collect_logs() {
+  local count i
+  count=$(worker_count)
+  run mkdir -p "logs/$tpu"
+  for ((i = 0; i < count; i++)); do
+    run "${gcloud_tpu[@]}" scp "$tpu:$logs_dir/worker-$i.log" "logs/$tpu/worker-$i.log" "${where[@]}" --worker="$i"
+  done
+}
+
+stop() {
+  on_workers all 'pkill -TERM -f "[.]venv/bin/jaxlm train" || true'
+}
+
+wait_until_active
+case "$action" in
+  install) install ;;
+  train) train "$@" ;;
+  wait) wait_for_workers ;;
+  logs) collect_logs ;;
+  stop) stop ;;
+  run) install; train "$@"; wait_for_workers; collect_logs ;;
+esac

@@ -1,0 +1,134 @@
+"""The launchers' dry runs: every command a 4-worker TPU pod job, its GKE JobSet and a 2-node SLURM job
+would run, word for word, and their one-line errors."""
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import ROOT
+
+POD = ["--tpu", "pod-a", "--zone", "us-east5-a", "--project", "my-proj", "--workers", "4"]
+RUN_DIR = "train.run_dir=gs://my-bucket/runs/bert-large"
+
+
+def launch(*args, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([*args], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, **(env or {})))
+
+
+def test_a_4_worker_pod_job_installs_trains_waits_and_collects_every_log():
+    proc = launch("bash", "launch/tpu_pod.sh", "--dry-run", *POD, "--env", "WANDB_MODE=offline",
+                  "run", "configs/bert-large.yaml", RUN_DIR)
+    assert proc.returncode == 0, proc.stderr
+    lines = [shlex.split(line) for line in proc.stdout.splitlines()]
+    ssh = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "pod-a", "--zone=us-east5-a", "--project=my-proj",
+           "--worker=all"]
+    scp = ["gcloud", "compute", "tpus", "tpu-vm", "scp"]
+    assert lines[0] == ["git", "-C", str(ROOT), "archive", "--format=tar.gz", "-o", "/tmp/jaxlm-pod-a.tar.gz", "HEAD"]
+    assert lines[1] == [*scp, "/tmp/jaxlm-pod-a.tar.gz", "pod-a:jaxlm.tar.gz", "--zone=us-east5-a",
+                        "--project=my-proj", "--worker=all"]
+    assert lines[2] == [*ssh, "--command=rm -rf jaxlm && mkdir -p jaxlm && tar -xzf jaxlm.tar.gz -C jaxlm && cd jaxlm "
+                        "&& python3 -m venv .venv && .venv/bin/pip install --quiet --upgrade pip && "
+                        '.venv/bin/pip install --quiet -e ".[tpu]"']
+    assert lines[3][:-1] == ssh
+    remote = lines[3][-1].removeprefix("--command=")
+    assert "nohup env WANDB_MODE=offline .venv/bin/jaxlm train configs/bert-large.yaml " + RUN_DIR in remote
+    assert remote.endswith("> ~/jaxlm-logs/worker-$id.log 2>&1 < /dev/null &")
+    assert lines[4] == [*ssh, '--command=while pgrep -f "[.]venv/bin/jaxlm train" > /dev/null; do sleep 30; done']
+    assert lines[5] == ["mkdir", "-p", "logs/pod-a"]
+    assert lines[6:] == [[*scp, f"pod-a:jaxlm-logs/worker-{i}.log", f"logs/pod-a/worker-{i}.log", "--zone=us-east5-a",
+                          "--project=my-proj", f"--worker={i}"] for i in range(4)]
+
+
+def test_a_queued_pod_waits_until_active_and_stop_sends_sigterm():
+    proc = launch("bash", "launch/tpu_pod.sh", "--dry-run", "--queued", *POD, "stop")
+    assert proc.returncode == 0, proc.stderr
+    wait, stop = proc.stdout.splitlines()
+    assert wait.startswith('until [ "$(gcloud compute tpus queued-resources describe pod-a --zone=us-east5-a')
+    assert wait.endswith('" = ACTIVE ]; do sleep 30; done')
+    assert shlex.split(stop)[-1] == '--command=pkill -TERM -f "[.]venv/bin/jaxlm train" || true'
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tpu", "a", "--zone", "z", "frob"], "unknown action 'frob'"),
+    (["--zone", "z", "stop"], "--tpu NAME is required"),
+    (["--tpu", "a", "--zone", "z", "train"], "train needs a CONFIG"),
+    (["--tpu", "a", "--zone", "z", "train", "nowhere.yaml"], "config nowhere.yaml not found"),
+    (["--dry-run", "--tpu", "a", "--zone", "z", "logs"], "--dry-run needs --workers N"),
+    (["--tpu", "a", "--zone", "z", "--workers", "0", "stop"], "--workers must be a positive count"),
+    (["--tpu", "a", "--zone", "z", "--env", "NOEQUALS", "stop"], "--env takes KEY=VALUE"),
+])
+def test_pod_launcher_bad_input(args, message):
+    proc = launch("bash", "launch/tpu_pod.sh", *args)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("tpu_pod.sh: error: ") and message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_the_gke_jobset_has_one_pod_per_host_on_the_slice():
+    proc = launch(sys.executable, "launch/gke_jobset.py", "--name", "bert-large", "--image", "registry/jaxlm:1",
+                  "--tpu", "v5p", "--topology", "2x2x4", "--config", "configs/bert-large.yaml", "--env", "A=b",
+                  "--", RUN_DIR)
+    assert proc.returncode == 0, proc.stderr
+    jobset = yaml.safe_load(proc.stdout)
+    assert jobset["kind"] == "JobSet" and jobset["spec"]["failurePolicy"] == {"maxRestarts": 10}
+    (replicated,) = jobset["spec"]["replicatedJobs"]
+    job = replicated["template"]["spec"]
+    assert replicated["replicas"] == 1 and job["parallelism"] == job["completions"] == 4  # 16 chips, 4 per host
+    pod = job["template"]["spec"]
+    assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu-v5p-slice",
+                                   "cloud.google.com/gke-tpu-topology": "2x2x4"}
+    (container,) = pod["containers"]
+    assert container["command"] == ["jaxlm", "train", "configs/bert-large.yaml", RUN_DIR]
+    assert {"name": "A", "value": "b"} in container["env"] and container["resources"]["limits"] == {"google.com/tpu": 4}
+    assert pod["terminationGracePeriodSeconds"] >= 60  # time to save at the agreed step after SIGTERM
+
+    bad = launch(sys.executable, "launch/gke_jobset.py", "--name", "x", "--image", "i", "--tpu", "v5p",
+                 "--topology", "4by4", "--config", "c.yaml")
+    assert bad.returncode == 2 and bad.stderr.strip() == "gke_jobset.py: error: --topology '4by4' must look like 4x4x4 or 2x4"
+
+
+@pytest.fixture
+def slurm_env(tmp_path) -> dict:
+    """A 2-node allocation's variables, and an `scontrol` that expands its node list."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text('#!/bin/sh\n[ "$1 $2 $3" = "show hostnames gpu-[01-02]" ] && printf "gpu-01\\ngpu-02\\n"\n')
+    scontrol.chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-[01-02]",
+            "SLURM_NNODES": "2", "SLURM_NTASKS": "2", "SLURM_SUBMIT_DIR": str(ROOT)}
+
+
+def test_a_2_node_slurm_job_runs_one_task_per_node(slurm_env):
+    proc = launch("bash", "launch/gpu_slurm.sbatch", "--dry-run", "configs/bert-large.yaml", RUN_DIR, env=slurm_env)
+    assert proc.returncode == 0, proc.stderr
+    summary, command = proc.stdout.splitlines()
+    assert summary == "jaxlm on 2 nodes, 2 tasks; coordinator gpu-01:24242; job 4242"
+    assert shlex.split(command) == ["srun", "--kill-on-bad-exit=1", "--label", "env", "JAX_PLATFORMS=cuda", "bash", "-c",
+                                    'exec "$@"', "jaxlm", str(ROOT / ".venv/bin/jaxlm"), "train",
+                                    "configs/bert-large.yaml", RUN_DIR]
+
+    explicit = launch("bash", "launch/gpu_slurm.sbatch", "--dry-run", "configs/bert-large.yaml",
+                      env=slurm_env | {"JAXLM_EXPLICIT_COORDINATOR": "1", "JAXLM_TASK_PER_GPU": "1"})
+    words = shlex.split(explicit.stdout.splitlines()[1])
+    assert words[:9] == ["srun", "--kill-on-bad-exit=1", "--label", "--gpus-per-task=1", "env", "JAX_PLATFORMS=cuda",
+                         "JAXLM_COORDINATOR=gpu-01:24242", "JAXLM_NUM_PROCESSES=2", "bash"]
+    assert words[10] == 'export JAXLM_PROCESS_ID=${JAXLM_PROCESS_ID-$SLURM_PROCID}; exec "$@"'
+
+    directives = [line for line in (ROOT / "launch/gpu_slurm.sbatch").read_text().splitlines() if line.startswith("#SBATCH")]
+    assert "#SBATCH --signal=TERM@300" in directives and "#SBATCH --requeue" in directives
+
+
+def test_the_slurm_script_outside_an_allocation_says_how_to_submit_it(slurm_env):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    proc = subprocess.run(["bash", "launch/gpu_slurm.sbatch", "configs/bert-large.yaml"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("gpu_slurm.sbatch: error: SLURM_JOB_ID is not set; submit this script with sbatch "
+                                   "(or run it inside salloc)")
+    missing = launch("bash", "launch/gpu_slurm.sbatch", "nowhere.yaml", env=slurm_env)
+    assert missing.returncode == 2 and missing.stderr.strip() == "gpu_slurm.sbatch: error: config nowhere.yaml not found"
