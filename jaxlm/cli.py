@@ -28,6 +28,7 @@ from jaxlm.sentence_embedding import embed_file
 from jaxlm.train import aot
 from jaxlm.train.bench import bench, format_table
 from jaxlm.train.faults import TrainingStopped
+from jaxlm.train.preflight import preflight
 from jaxlm.train.loop import report, train
 
 
@@ -55,6 +56,14 @@ def cmd_train(args) -> None:
     final = train(config)
     if jax.process_index() == 0 and final.get("examples") and not final.get("stopped"):
         print(report(config, final))
+
+
+def cmd_preflight(args) -> None:
+    config = _load(args)
+    distributed.initialize(config.distributed)
+    lines = preflight(config)
+    if jax.process_index() == 0:
+        print("\n".join(["preflight passed:", *(f"  {line}" for line in lines)]))
 
 
 def cmd_data_show(args) -> None:
@@ -216,6 +225,8 @@ def parser() -> argparse.ArgumentParser:
     prep = command(commands, "prepare", cmd_prepare, "text -> tokenized, pair-built examples in ArrayRecord shards")
     prep.add_argument("--overwrite", action="store_true", help="replace an existing prepared directory")
     command(commands, "train", cmd_train, "train, or resume the run in train.run_dir")
+    command(commands, "preflight", cmd_preflight, "the checks `train` makes on every process before any compute: "
+            "mesh, batch, the same config and data everywhere, a shared run directory")
     bench = command(commands, "bench", cmd_bench, "time the compiled train step: tokens/s and MFU; "
                     "`jaxlm bench data CONFIG [CONFIG ...]`: the input pipeline's examples/s per core")
     bench.add_argument("--json", action="store_true", help="also print the row(s) as JSON")

@@ -68,6 +68,8 @@ class DistributedConfig:
     num_processes: int = 0
     process_id: int = -1
     local_device_count: int = 0
+    init_timeout_s: float = 300.0  # every process must have started within this
+    barrier_timeout_s: float = 600.0  # every process must reach the preflight's meeting points within this
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,8 @@ from jaxlm.eval.tasks import Task
 from jaxlm.parallel.mesh import make_mesh
 from jaxlm.parallel.rules import rules_for
 from jaxlm.train import checkpoint
-from jaxlm.train.loop import build, check_batch, compile_eval, evaluate, heldout_baselines, with_perplexity
+from jaxlm.train.loop import build, compile_eval, evaluate, heldout_baselines, with_perplexity
+from jaxlm.train.preflight import check_batch
 
 @dataclasses.dataclass
 class Plan:

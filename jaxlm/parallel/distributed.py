@@ -1,9 +1,14 @@
-"""Multi-process start-up: jax.distributed.initialize when the config or the environment asks."""
+"""Multi-process start-up: jax.distributed.initialize when the config or the environment asks, after
+a rendezvous that names the processes that did not start; barriers that name the late ones."""
 from __future__ import annotations
 
 import os
+import re
+import socket
+import time
 
 import jax
+from jax._src import distributed as jax_distributed  # the client, for barriers with a timeout (not public)
 
 from jaxlm.config import ConfigError, DistributedConfig
 
@@ -43,11 +48,86 @@ def initialize(config: DistributedConfig) -> bool:
         return False
     if values["local_device_count"]:
         jax.config.update("jax_num_cpu_devices", values["local_device_count"])
+    timeout = max(int(config.init_timeout_s), 1)
     if explicit:
         if not 0 <= values["process_id"] < values["num_processes"]:
             raise ConfigError(f"distributed.process_id={values['process_id']} must be in [0, {values['num_processes']})")
+        rendezvous(values["coordinator"], values["num_processes"], values["process_id"], config.init_timeout_s)
         jax.distributed.initialize(values["coordinator"], num_processes=values["num_processes"],
-                                   process_id=values["process_id"])
+                                   process_id=values["process_id"], initialization_timeout=timeout)
     else:
-        jax.distributed.initialize()
+        jax.distributed.initialize(initialization_timeout=timeout)
     return jax.process_count() > 1
+
+
+def rendezvous(coordinator: str, num_processes: int, process_id: int, timeout_s: float) -> None:
+    """Every process checks in with process 0 on the coordinator's port + 1 before JAX starts. JAX's own
+    start-up ends every process when one is missing, without saying which; this names them.
+
+    Process 0 waits up to `timeout_s` for the others' ids and answers each with "ok" or the missing
+    ids; the others retry until process 0 listens, then wait for its answer."""
+    host, _, port = coordinator.rpartition(":")
+    address, deadline = (host or "127.0.0.1", int(port) + 1), time.monotonic() + timeout_s
+    where = f"distributed.init_timeout_s={timeout_s:g} s"
+    if process_id == 0:
+        _gather(address, num_processes, deadline, where)
+        return
+    while True:
+        try:
+            connection = socket.create_connection(address, timeout=5)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise ConfigError(f"process 0 (the coordinator, {address[0]}:{address[1]}) did not answer within "
+                                  f"{where}; start it, or check the coordinator address") from None
+            time.sleep(0.2)
+    with connection:
+        connection.sendall(f"{process_id}\n".encode())
+        connection.settimeout(max(deadline - time.monotonic(), 0) + 30)
+        try:
+            answer = connection.makefile().readline().strip()
+        except OSError:
+            answer = ""
+    if answer != "ok":
+        missing = answer.removeprefix("missing ") or "some"
+        raise ConfigError(f"processes {missing} of {num_processes} did not start within {where}; start every "
+                          "process (or check distributed.num_processes)")
+
+
+def _gather(address, num_processes: int, deadline: float, where: str) -> None:
+    arrived: dict[int, socket.socket] = {}
+    with socket.create_server(("", address[1]), reuse_port=False) as server:
+        server.settimeout(0.2)
+        while len(arrived) < num_processes - 1 and time.monotonic() < deadline:
+            try:
+                connection, _ = server.accept()
+            except socket.timeout:
+                continue
+            connection.settimeout(5)
+            try:
+                arrived[int(connection.makefile().readline())] = connection
+            except (OSError, ValueError):
+                connection.close()
+        missing = sorted(set(range(1, num_processes)) - set(arrived))
+        for connection in arrived.values():
+            with connection:
+                connection.sendall(("ok\n" if not missing else f"missing {', '.join(map(str, missing))}\n").encode())
+    if missing:
+        raise ConfigError(f"processes {', '.join(map(str, missing))} of {num_processes} did not start within {where}; "
+                          "start every process (or check distributed.num_processes)")
+
+
+def barrier(name: str, timeout_s: float) -> None:
+    """Wait until every process reaches `name`; past `timeout_s`, a ConfigError naming the late ones."""
+    client = jax_distributed.global_state.client
+    if client is None or jax.process_count() == 1:
+        return
+    try:
+        client.wait_at_barrier(f"jaxlm-{name}", int(timeout_s * 1000))
+    except Exception as err:  # JaxRuntimeError: DEADLINE_EXCEEDED, naming the timed-out tasks
+        text = str(err)
+        late = re.findall(r"^\s*(?:/job:\w+/replica:\d+/task:)?(\d+)\s*$", text.split("timed out task names:", 1)[-1],
+                          re.M) if "timed out task names:" in text else []
+        who = f"processes {', '.join(late)}" if late else "some processes"
+        raise ConfigError(f"{who} did not reach {name!r} within distributed.barrier_timeout_s={timeout_s:g} s: "
+                          "they are stuck or dead; see their logs") from None

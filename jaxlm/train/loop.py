@@ -23,6 +23,7 @@ from jaxlm.parallel import distributed
 from jaxlm.parallel.mesh import logical_sharding, make_mesh, replicated
 from jaxlm.parallel.rules import Rules, rules_for
 from jaxlm.train import checkpoint, faults, flops
+from jaxlm.train.preflight import check_batch, preflight
 from jaxlm.train.metrics import MetricsWriter, plot_curves
 from jaxlm.train.optim import make_optimizer, schedule
 from jaxlm.train.state import abstract_state, count_params, create_state, state_shardings
@@ -44,18 +45,6 @@ class Setup:
     shardings: object
     abstract: object
     batch_shardings: dict
-
-
-def check_batch(config: RunConfig, mesh: Mesh) -> None:
-    batch, shards = config.train.global_batch, mesh.shape["data"] * mesh.shape["fsdp"]
-    if batch % shards:
-        raise ConfigError(f"train.global_batch={batch} is not divisible by the batch shards "
-                          f"(mesh data x fsdp = {shards})")
-    if batch % jax.process_count():
-        raise ConfigError(f"train.global_batch={batch} is not divisible by the {jax.process_count()} processes")
-    if (batch // config.optim.grad_accum) % shards:
-        raise ConfigError(f"micro-batch {batch // config.optim.grad_accum} (global_batch / optim.grad_accum) "
-                          f"is not divisible by the batch shards ({shards})")
 
 
 def build(config: RunConfig, devices=None, objective: Objective | None = None,
@@ -182,6 +171,7 @@ def train(config: RunConfig) -> dict:
     """Train (or resume) the run in `config.train.run_dir`; returns the final held-out metrics, or the
     step and the reason of an early stop (SIGTERM, Ctrl-C, the time limit), saved at that step."""
     multiprocess = distributed.initialize(config.distributed)
+    preflight(config)
     tokenizer, train_data, valid = open_data(config)
     setup = build(config)
     tcfg, is_main = config.train, jax.process_index() == 0

@@ -1,0 +1,76 @@
+"""`jaxlm preflight` (and the start of `jaxlm train`) on real processes: two processes pass; a process
+with another config, a run directory that is not shared, and processes that never start are each
+named in one line before any compute."""
+import os
+import socket
+import subprocess
+
+import pytest
+
+from conftest import ROOT, write_config
+
+JAXLM = str(ROOT / ".venv" / "bin" / "jaxlm")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def processes(config, count: int, ids=None, overrides=None, cwd=None, extra=()):
+    """`jaxlm preflight` as processes `ids` of `count` (4 CPU devices each); (returncode, output) of each."""
+    port, started = free_port(), []
+    for index in ids if ids is not None else range(count):
+        env = dict(os.environ, JAX_PLATFORMS="cpu", JAXLM_COORDINATOR=f"127.0.0.1:{port}",
+                   JAXLM_NUM_PROCESSES=str(count), JAXLM_PROCESS_ID=str(index), JAXLM_LOCAL_DEVICE_COUNT="4")
+        env.pop("XLA_FLAGS", None)
+        args = [JAXLM, "preflight", str(config), *extra, *((overrides or {}).get(index, []))]
+        started.append(subprocess.Popen(args, cwd=(cwd or {}).get(index, ROOT), env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True))
+    return [(proc.wait(timeout=300), proc.stdout.read()) for proc in started]
+
+
+@pytest.fixture
+def config(tmp_path, prepared_dir):
+    return write_config(tmp_path, {"data": {"prepared_dir": str(prepared_dir)},
+                                   "train": {"run_dir": str(tmp_path / "run")}})
+
+
+def test_two_processes_pass(config, tmp_path):
+    (code0, out0), (code1, out1) = processes(config, 2)
+    assert code0 == code1 == 0, out0 + out1
+    assert "preflight passed:" in out0 and "over 8 devices of 2 processes" in out0
+    assert "global batch 32: 4 rows per batch shard, 16 read by each process" in out0
+    assert "preflight passed" not in out1  # process 0 reports
+    assert list((tmp_path / "run").iterdir()) == []  # the probe is cleaned up
+
+
+def test_a_process_with_another_config_is_named(config):
+    results = processes(config, 2, overrides={1: ["optim.peak_lr=0.1"]})
+    for code, output in results:
+        assert code == 2, output
+        assert "error: processes 1 see a different config than process 0; give every process the same" in output
+
+
+def test_a_run_directory_that_is_not_shared_is_named(tmp_path, prepared_dir):
+    """The same relative run_dir from two working directories: two directories, as on unshared disks."""
+    config = write_config(tmp_path, {"data": {"prepared_dir": str(prepared_dir)}, "train": {"run_dir": "run"}})
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    results = processes(config, 2, cwd={0: tmp_path / "a", 1: tmp_path / "b"})
+    for code, output in results:
+        assert code == 2, output
+        assert "train.run_dir=run is not shared by the processes (process 0 cannot see what process 1 wrote" in output
+
+
+def test_processes_that_never_start_are_named(config):
+    ((code, output),) = processes(config, 3, ids=[0], extra=["distributed.init_timeout_s=3"])
+    assert code == 2 and "error: processes 1, 2 of 3 did not start within distributed.init_timeout_s=3 s" in output
+    ((code, output),) = processes(config, 2, ids=[1], extra=["distributed.init_timeout_s=3"])
+    assert code == 2 and "error: process 0 (the coordinator, 127.0.0.1:" in output and "did not answer" in output
+
+
+def test_a_mesh_that_does_not_fit_the_devices(config):
+    for code, output in processes(config, 2, extra=["mesh.data=3"]):
+        assert code == 2 and "error: mesh data=3 x fsdp=1 x tensor=1 has 3 devices but 8 are present" in output
