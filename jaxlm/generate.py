@@ -1,7 +1,6 @@
 """Text generation on a KV cache: sampling, greedy and beam search for decoders and encoder-decoders."""
 from __future__ import annotations
 
-import json
 import pathlib
 from typing import Callable, NamedTuple
 

@@ -16,7 +16,7 @@ from jax.sharding import Mesh
 
 from jaxlm import config as config_lib
 from jaxlm import families
-from jaxlm.config import ConfigError, RunConfig
+from jaxlm.config import RunConfig
 from jaxlm.data.pipeline import most_frequent_token_baseline, open_data
 from jaxlm.objectives import Objective
 from jaxlm.parallel import distributed

@@ -34,7 +34,7 @@ def preflight(config: RunConfig) -> list[str]:
     shared_run_dir(pathlib.Path(config.train.run_dir), timeout)
     return [f"mesh {dict(mesh.shape)} over {jax.device_count()} devices of {processes} processes",
             f"global batch {batch}: {batch // shards} rows per batch shard, {batch // processes} read by each process",
-            f"the same config and prepared data on every process",
+            "the same config and prepared data on every process",
             f"train.run_dir={config.train.run_dir} is writable and shared"]
 
 

@@ -1,5 +1,4 @@
 """Evaluation tasks: specs, BIG-bench prompts and shots, the items text becomes, and the metrics."""
-import json
 
 import numpy as np
 import pytest
@@ -8,7 +7,7 @@ from jaxlm.corpora.bigbench import bigbench_task
 from jaxlm.corpora.models import bert_vocab_path, gpt2_tokenizer_dir
 from jaxlm.data.tokenizers.load import load_tokenizer
 from jaxlm.eval import tasks
-from jaxlm.eval.scoring import Item, bucket
+from jaxlm.eval.scoring import bucket
 
 
 @pytest.fixture(scope="module")
