@@ -1,5 +1,5 @@
 """Named model sizes (the published shapes of BERT, RoBERTa, ALBERT, DistilBERT, SpanBERT, GPT-2,
-SmolLM2, T5 and BART, and a tiny Llama) as TransformerConfig presets."""
+SmolLM2, TinyLlama-1.1B, T5 and BART, and a tiny Llama) as TransformerConfig presets."""
 from __future__ import annotations
 
 import dataclasses
@@ -46,6 +46,11 @@ PRESETS: dict[str, TransformerConfig] = {
         family="bart", vocab_size=50265, num_layers=6, max_position_embeddings=1026, position_offset=2,
         type_vocab_size=0, layer_norm_eps=1e-5, activation_dropout=0.1, pad_token_id=1, eos_token_id=2,
         decoder_start_token_id=2),
+    "llama-1b": TransformerConfig(  # TinyLlama-1.1B's shapes
+        family="llama", vocab_size=32000, hidden_size=2048, num_layers=22, num_heads=32, num_kv_heads=4,
+        intermediate_size=5632, max_position_embeddings=2048, type_vocab_size=0, hidden_dropout=0.0,
+        attention_dropout=0.0, layer_norm_eps=1e-5, position_embedding="rope", norm="rmsnorm", activation="swiglu",
+        use_bias=False, tie_embeddings=False),
     "llama-tiny": TransformerConfig(
         family="llama", vocab_size=32000, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=688,
         max_position_embeddings=2048, type_vocab_size=0, hidden_dropout=0.0, attention_dropout=0.0,

@@ -80,7 +80,9 @@ def compile_for_topology(config: RunConfig, topology: str = DEFAULT_TOPOLOGY, *,
     setup = build(config, devices=devices)
     compiled, _ = compile_steps(setup, with_eval=False)
     return {"compiled": compiled, "topology": topology, "device_kind": devices[0].device_kind,
-            "devices": len(devices), "mesh": dict(setup.mesh.shape), "memory": memory_stats(compiled)}
+            "devices": len(devices), "mesh": dict(setup.mesh.shape), "memory": memory_stats(compiled),
+            "global_batch": config.train.global_batch, "grad_accum": config.optim.grad_accum,
+            "remat": config.model.remat}
 
 
 def _mib(count: int) -> str:
@@ -97,7 +99,32 @@ def summary(result: dict) -> str:
     parts = ", ".join(f"{name} {_mib(memory[name])}" for name in ("argument", "output", "temp", "generated_code"))
     line = f"{head}: per device {parts}; total {_mib(memory['total'])}"
     capacity = HBM_BYTES.get(result["device_kind"])
-    if capacity:
-        verdict = "fits" if memory["total"] <= capacity else "does NOT fit"
-        line += f" ({verdict} in {_mib(capacity)} HBM)"
+    if capacity and memory["total"] <= capacity:
+        line += f" (fits in {_mib(capacity)} HBM)"
+    elif capacity:
+        line += (f" (does NOT fit in {_mib(capacity)} HBM: over by {_mib(memory['total'] - capacity)}; "
+                 f"{'; '.join(knobs(result, capacity)) or 'a topology with more chips'})")
     return line
+
+
+def knobs(result: dict, capacity: int) -> list[str]:
+    """What would bring the step under `capacity`: the train state sharded over more chips when it is
+    not spread over all of them, recomputed activations, and the largest batch whose activations fit."""
+    memory, mesh = result["memory"], result["mesh"]
+    advice = []
+    spread = mesh["fsdp"] * mesh["tensor"]
+    if spread < result["devices"]:
+        state = memory["argument"] * spread // result["devices"]
+        advice.append(f"mesh.rules=fsdp mesh.fsdp=-1 mesh.data=1 (the train state over all {result['devices']} "
+                      f"chips: about {_mib(state)} of {_mib(memory['argument'])} per chip)")
+    if result["remat"] == "none":
+        advice.append("model.remat=full (recompute activations in the backward pass)")
+    room = capacity - (memory["total"] - memory["temp"])
+    batch, accum, shards = result["global_batch"], result["grad_accum"], mesh["data"] * mesh["fsdp"]
+    if 0 < room < memory["temp"]:
+        rows = batch // accum * room / memory["temp"]  # activations scale with the micro-batch's rows
+        steps = next((k for k in range(accum + 1, batch + 1)
+                      if batch % k == 0 and (batch // k) % shards == 0 and batch // k <= rows), None)
+        if steps is not None:
+            advice.append(f"optim.grad_accum={steps} (micro-batches of {batch // steps} rows, the same global batch)")
+    return advice
