@@ -142,8 +142,8 @@ def check_state_fits(stored, abstract_state, where: str) -> None:
     want = sorted(tuple(leaf.shape) for leaf in jax.tree.leaves(abstract_state))
     if have != want:
         raise ValueError(f"{where}: the checkpoint's train state holds {len(have)} arrays where this config's "
-                         f"holds {len(want)}: the optimiser settings (optim.*) or the jaxlm version differ from the "
-                         "run's; resume with the run's own config (its config.json)")
+                         f"holds {len(want)}: the optimiser settings (optim.*, train.nonfinite) or the jaxlm version "
+                         "differ from the run's; resume with the run's own config (its config.json)")
 
 
 def check_fits(stored, abstract, where: str, listed: int = 6) -> None:

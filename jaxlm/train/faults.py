@@ -76,9 +76,9 @@ def check_step(step: int, metrics: dict, settings, batch_indices, message=print)
     where = (f"step {step} (loss {float(metrics['loss']):.4g}, gradient norm {float(metrics['grad_norm']):.4g}; "
              f"training examples {', '.join(map(str, indices))} of epoch {epoch})")
     if settings.nonfinite == "stop":
-        raise TrainingStopped(f"{where} is not finite; its update was dropped and the run stopped without saving "
-                              "it (train.nonfinite=stop). Lower optim.peak_lr, raise optim.warmup_steps, or set "
-                              "train.nonfinite=skip, and run the same command to resume from the last checkpoint")
+        raise TrainingStopped(f"{where} is not finite; the run stopped without saving it (train.nonfinite=stop). "
+                              "Lower optim.peak_lr, raise optim.warmup_steps, or set train.nonfinite=skip, and run "
+                              "the same command to resume from the last checkpoint")
     if in_a_row >= settings.max_skipped:
         raise TrainingStopped(f"{in_a_row} non-finite steps in a row, the last {where}; stopped "
                               f"(train.max_skipped={settings.max_skipped}). Lower optim.peak_lr and run the same "

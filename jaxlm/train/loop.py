@@ -51,7 +51,8 @@ def build(config: RunConfig, devices=None, objective: Objective | None = None,
           optimizer_for: Callable | None = None) -> Setup:
     """Everything the step needs, from the config: mesh (over `devices`, default all), objective (the
     family's pretraining one unless given), optimiser (`optimizer_for(abstract params)` -> (optimizer,
-    schedule), if given, else the config's; wrapped so that a non-finite update is dropped), shardings."""
+    schedule), if given, else the config's; with train.nonfinite=skip, wrapped so that a non-finite update
+    is dropped), shardings."""
     mesh = make_mesh(config.mesh, devices)
     check_batch(config, mesh)
     rules = rules_for(config.mesh.rules)
@@ -61,7 +62,8 @@ def build(config: RunConfig, devices=None, objective: Objective | None = None,
         optimizer, lr = make_optimizer(config.optim, total), schedule(config.optim, total)
     else:
         optimizer, lr = optimizer_for(nn.unbox(jax.eval_shape(objective.init, jax.random.key(0))))
-    optimizer = optax.apply_if_finite(optimizer, max_consecutive_errors=NEVER_APPLY_NONFINITE)
+    if config.train.nonfinite == "skip":  # costs one more copy of the optimiser state in the step's memory
+        optimizer = optax.apply_if_finite(optimizer, max_consecutive_errors=NEVER_APPLY_NONFINITE)
     with nn.logical_axis_rules(rules):
         shardings = state_shardings(objective.init, optimizer, mesh, rules)
     abstract = abstract_state(objective.init, optimizer, shardings)

@@ -78,9 +78,13 @@ def make_train_step(objective, optimizer: optax.GradientTransformation, schedule
         metrics = dict(objective.summarize(stats))
         metrics["grad_norm"] = optax.tree.norm(grads)
         metrics["lr"] = schedule(state.step)
-        if isinstance(opt_state, optax.ApplyIfFiniteState):  # the update was dropped if not finite
+        if isinstance(opt_state, optax.ApplyIfFiniteState):  # train.nonfinite=skip: such an update was dropped
             metrics["nonfinite_in_a_row"] = opt_state.notfinite_count
             metrics["skipped_steps"] = opt_state.total_notfinite
+        else:
+            finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"]) & jnp.all(
+                jnp.array([jnp.isfinite(u).all() for u in jax.tree.leaves(updates)]))
+            metrics["nonfinite_in_a_row"] = jnp.logical_not(finite).astype(jnp.int32)
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
     return train_step

@@ -49,7 +49,7 @@ def test_every_parameter_follows_the_rules(preset):
         sharded += expected != PartitionSpec()
     if preset != "dp":
         assert sharded > 0
-    mu = state.opt_state.inner_state[1][0].mu  # inside optax.apply_if_finite: clipping, then AdamW
+    mu = state.opt_state[1][0].mu
     for path, leaf in jax.tree_util.tree_flatten_with_path(mu)[0]:
         assert leaf.sharding == flat_params[path].sharding, jax.tree_util.keystr(path)
 
