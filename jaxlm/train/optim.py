@@ -41,4 +41,3 @@ def make_optimizer(config: OptimConfig, total_steps: int,
                                    weight_decay=config.weight_decay, mask=decay_mask)
     clip = optax.clip_by_global_norm(config.clip_norm) if config.clip_norm > 0 else optax.identity()
     return optax.chain(clip, base)
-
