@@ -88,15 +88,22 @@ def rendezvous(coordinator: str, num_processes: int, process_id: int, timeout_s:
             answer = connection.makefile().readline().strip()
         except OSError:
             answer = ""
+    if not answer.startswith(("ok", "missing ")):
+        raise ConfigError(f"process 0 (the coordinator, {address[0]}:{address[1]}) ended the start-up rendezvous "
+                          "without an answer; see its log")
     if answer != "ok":
-        missing = answer.removeprefix("missing ") or "some"
-        raise ConfigError(f"processes {missing} of {num_processes} did not start within {where}; start every "
-                          "process (or check distributed.num_processes)")
+        raise ConfigError(f"processes {answer.removeprefix('missing ')} of {num_processes} did not start within "
+                          f"{where}; start every process (or check distributed.num_processes)")
 
 
 def _gather(address, num_processes: int, deadline: float, where: str) -> None:
     arrived: dict[int, socket.socket] = {}
-    with socket.create_server(("", address[1]), reuse_port=False) as server:
+    try:
+        server = socket.create_server(("", address[1]))
+    except OSError as err:
+        raise ConfigError(f"process 0 cannot listen on port {address[1]} (the coordinator's port + 1) for the "
+                          f"start-up rendezvous: {err.strerror or err}; choose another coordinator port") from None
+    with server:
         server.settimeout(0.2)
         while len(arrived) < num_processes - 1 and time.monotonic() < deadline:
             try:
