@@ -79,7 +79,9 @@ def restore_newest(mngr: ocp.CheckpointManager, abstract_state, warn: Callable[[
 
 def _set_aside(mngr: ocp.CheckpointManager, step: int, err: Exception, warn) -> None:
     source = mngr.directory / str(step)
-    target = pathlib.Path(mngr.directory).parent / "unreadable-checkpoints" / str(step)
+    aside = pathlib.Path(mngr.directory).parent / "unreadable-checkpoints"
+    target = next(aside / name for name in (str(step), *(f"{step}-{n}" for n in range(2, 10**6)))
+                  if not (aside / name).exists())
     if jax.process_index() == 0:
         target.parent.mkdir(exist_ok=True)
         shutil.move(source, target)
