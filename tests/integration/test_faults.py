@@ -6,7 +6,6 @@ a failed checkpoint write."""
 import os
 import pathlib
 import random
-import resource
 import signal
 import subprocess
 import sys
@@ -47,12 +46,15 @@ def config(tmp_path, prepared_dir, name: str, optim=None, **train):
                                    "train": TRAIN | {"run_dir": str(tmp_path / name)} | train}, f"{name}.yaml")
 
 
-def start(config_path, log, env_extra=None, **popen) -> subprocess.Popen:
-    """`jaxlm train CONFIG` as a child on 8 simulated devices, its output in `log`."""
+def start(config_path, log, env_extra=None, file_limit_kib: int = 0) -> subprocess.Popen:
+    """`jaxlm train CONFIG` as a child on 8 simulated devices, its output in `log`; with `file_limit_kib`,
+    no file it writes may grow past that (bash's ulimit -f: RLIMIT_FSIZE)."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8",
                **(env_extra or {}))
-    return subprocess.Popen([sys.executable, "-m", "jaxlm.cli", "train", str(config_path)], cwd=ROOT, env=env,
-                            stdout=log, stderr=subprocess.STDOUT, **popen)
+    command = [sys.executable, "-m", "jaxlm.cli", "train", str(config_path)]
+    if file_limit_kib:
+        command = ["bash", "-c", f'ulimit -f {file_limit_kib} && exec "$@"', "bash", *command]
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
 def wait_until(ready, proc, timeout: float = 300) -> None:
@@ -258,9 +260,8 @@ def test_a_checkpoint_that_cannot_be_written_stops_the_run_and_keeps_the_older_o
     run_cli("train", path)
     before = sorted(p.relative_to(run_dir) for p in (run_dir / "checkpoints").rglob("*"))
     path = config(tmp_path, prepared_dir, "run", steps=20)
-    limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, 2**20))  # noqa: E731
     with open(tmp_path / "log", "w") as log:
-        proc = start(path, log, preexec_fn=limit)
+        proc = start(path, log, file_limit_kib=1024)
         assert proc.wait(timeout=300) == 1
     output = (tmp_path / "log").read_text()
     stopped = [line for line in output.splitlines() if line.startswith("jaxlm train: stopped:")]
