@@ -9,6 +9,7 @@ import pathlib
 import re
 
 from jaxlm.corpora import labelled
+from jaxlm.data.sources import tfds_dir
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
 
@@ -16,8 +17,9 @@ FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
 def read_records(spec: str, roles: dict[str, str], required: tuple[str, ...], where: str = "",
                  tfds_data_dir=None) -> list[dict]:
     """Records with role names as keys (`roles`: role -> the data's field; the roles not in `required`
-    are optional) from a file, a `tfds:` spec (prepared in `tfds_data_dir`, None: TFDS's default) or a
-    named dataset `NAME:SPLIT`; a `[:N]` suffix keeps the first N (e.g. squad:train[:500])."""
+    are optional) from a file, a `tfds:` spec (prepared in `tfds_data_dir`, the data.tfds_data_dir
+    setting: empty is the jaxlm cache) or a named dataset `NAME:SPLIT`; a `[:N]` suffix keeps the first
+    N (e.g. squad:train[:500])."""
     where = f"{where}: " if where else ""
     match = re.fullmatch(r"(.+)\[:(\d+)\]", spec)
     if match and not spec.startswith("tfds:"):  # TFDS slices its splits itself
@@ -76,7 +78,7 @@ def _tfds_records(spec: str, where: str, data_dir):
     from jaxlm.data.tfds_source import tfds_examples
 
     try:
-        source = tfds_examples(spec, data_dir)
+        source = tfds_examples(spec, tfds_dir(data_dir))
     except (ValueError, FileNotFoundError) as err:
         raise type(err)(f"{where}{err}") from None
     names = _class_names(source.dataset_info.features)

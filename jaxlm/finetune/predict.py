@@ -8,7 +8,6 @@ import pathlib
 import jax
 
 from jaxlm.config import ConfigError
-from jaxlm.data.sources import tfds_dir
 from jaxlm.eval.sources import open_source, source_tokenizer
 from jaxlm.finetune import data as task_data
 from jaxlm.finetune.run import Runner, write_jsonl
@@ -43,7 +42,7 @@ def predict(checkpoint_path, input_spec: str, output, batch_size: int = 32, over
                           "predict reads the checkpoints `jaxlm finetune` writes")
     task, settings = TASKS[config.finetune.task], config.finetune
     records = task_data.read_records(input_spec, task.field_names(settings), task.input_roles, "--input",
-                                     tfds_dir(config.data.tfds_data_dir))
+                                     config.data.tfds_data_dir)
     ctx = Context(config.model, settings, settings.labels, source_tokenizer(source))
     rows = task.rows(ctx, records, labelled=False)
     shards = jax.device_count()

@@ -19,7 +19,7 @@ from jaxlm import config as config_lib
 from jaxlm import families
 from jaxlm.config import ConfigError, RunConfig
 from jaxlm.convert import store
-from jaxlm.data.sources import resolve_vocab, tfds_dir
+from jaxlm.data.sources import resolve_vocab
 from jaxlm.eval.sources import Source, eval_config, open_source, source_tokenizer
 from jaxlm.finetune import data as task_data
 from jaxlm.finetune.features import Rows, batch_rows
@@ -117,7 +117,7 @@ class Plan:
 def read_split(task: Task, config: RunConfig, split: str) -> list[dict]:
     settings = config.finetune
     return task_data.read_records(getattr(settings, split), task.field_names(settings), task.roles,
-                                  f"finetune.{split}", tfds_dir(config.data.tfds_data_dir))
+                                  f"finetune.{split}", config.data.tfds_data_dir)
 
 
 def plan(config: RunConfig, source: Source) -> Plan:
