@@ -10,6 +10,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -52,6 +53,12 @@ def run_cli(*args, devices: int = 8, check: bool = True, timeout: float = 900, e
     if check and proc.returncode != 0:
         raise AssertionError(f"jaxlm {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def kill_when(proc: subprocess.Popen, ready, timeout: float = 600) -> None:

@@ -4,28 +4,29 @@ checkpoint path to (manager, step)."""
 from __future__ import annotations
 
 import contextlib
-import pathlib
-import shutil
 from typing import Callable, Iterator
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 from jax.experimental import multihost_utils
+
+from jaxlm.train.storage import run_path
 
 ITEMS = ("state", "data", "config")
 
 
-def manager(directory: str | pathlib.Path, keep: int, async_save: bool = True) -> ocp.CheckpointManager:
+def manager(directory: epath.PathLike, keep: int, async_save: bool = True) -> ocp.CheckpointManager:
     """The run's manager; the caller decides when to save, so every `save` is forced."""
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
-    return ocp.CheckpointManager(pathlib.Path(directory).absolute(), item_names=ITEMS, options=options)
+    return ocp.CheckpointManager(run_path(directory), item_names=ITEMS, options=options)
 
 
-def best_manager(directory: str | pathlib.Path, metric: str) -> ocp.CheckpointManager:
+def best_manager(directory: epath.PathLike, metric: str) -> ocp.CheckpointManager:
     """A manager that keeps only the checkpoint with the highest `metric` (Orbax's best_fn policy)."""
     options = ocp.CheckpointManagerOptions(max_to_keep=1, best_fn=lambda metrics: metrics[metric], best_mode="max",
                                            keep_checkpoints_without_metrics=False, create=True)
-    return ocp.CheckpointManager(pathlib.Path(directory).absolute(), item_names=ITEMS, options=options)
+    return ocp.CheckpointManager(run_path(directory), item_names=ITEMS, options=options)
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state, data_position: dict, config: dict,
@@ -44,10 +45,10 @@ def restore(mngr: ocp.CheckpointManager, abstract_state, step: int | None = None
     return restored["state"], restored["data"], restored["config"]
 
 
-def unfinished(directory: str | pathlib.Path) -> list[pathlib.Path]:
+def unfinished(directory: epath.PathLike) -> list[epath.Path]:
     """Saves that never committed (Orbax's temporary directories, or a cloud save without its commit
     marker): what a run stopped while writing leaves behind."""
-    directory = pathlib.Path(directory)
+    directory = run_path(directory)
     return sorted(directory.glob(f"*{ocp.path.step.TMP_DIR_SUFFIX}*")) if directory.is_dir() else []
 
 
@@ -79,22 +80,22 @@ def restore_newest(mngr: ocp.CheckpointManager, abstract_state, warn: Callable[[
 
 def _set_aside(mngr: ocp.CheckpointManager, step: int, err: Exception, warn) -> None:
     source = mngr.directory / str(step)
-    aside = pathlib.Path(mngr.directory).parent / "unreadable-checkpoints"
+    aside = mngr.directory.parent / "unreadable-checkpoints"
     target = next(aside / name for name in (str(step), *(f"{step}-{n}" for n in range(2, 10**6)))
                   if not (aside / name).exists())
     if jax.process_index() == 0:
         target.parent.mkdir(exist_ok=True)
-        shutil.move(source, target)
+        source.rename(target)
     multihost_utils.sync_global_devices(f"jaxlm: checkpoint {step} set aside")
     mngr.reload()
     reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
     warn(f"checkpoint {step} cannot be restored ({reason}); moved to {target}; resuming from an older one")
 
 
-def resolve(path: str | pathlib.Path) -> tuple[pathlib.Path, int | None]:
+def resolve(path: epath.PathLike) -> tuple[epath.Path, int | None]:
     """(the Orbax manager directory, the step the path names or None) of a run directory, its
     `checkpoints/` directory, one `checkpoints/<step>` directory or a converted checkpoint."""
-    path = pathlib.Path(path)
+    path = run_path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"no checkpoint directory at {path}")
     if path.name.isdigit() and (path / "state").is_dir():
@@ -105,12 +106,12 @@ def resolve(path: str | pathlib.Path) -> tuple[pathlib.Path, int | None]:
 
 
 @contextlib.contextmanager
-def open_checkpoint(path: str | pathlib.Path, step: int | None = None
+def open_checkpoint(path: epath.PathLike, step: int | None = None
                     ) -> Iterator[tuple[ocp.CheckpointManager, int | None]]:
     """(read-only manager, step) of any path `resolve` takes: `step`, else the path's own step, else
     the latest committed one (None when there is none)."""
     directory, own = resolve(path)
-    mngr = ocp.CheckpointManager(directory.absolute(), item_names=ITEMS,
+    mngr = ocp.CheckpointManager(directory, item_names=ITEMS,
                                  options=ocp.CheckpointManagerOptions(read_only=True))
     try:
         yield mngr, step if step is not None else own if own is not None else mngr.latest_step()
@@ -123,9 +124,9 @@ def stored_tree(mngr: ocp.CheckpointManager, step: int, item: str = "state"):
     return ocp.PyTreeCheckpointer().metadata(mngr.directory / str(step) / item).item_metadata.tree
 
 
-def restore_params(path: str | pathlib.Path, abstract_params, step: int | None = None):
+def restore_params(path: epath.PathLike, abstract_params, step: int | None = None):
     """Only the parameters of another checkpoint (`train.init_from`), onto this run's shardings."""
-    if not pathlib.Path(path).is_dir():
+    if not run_path(path).is_dir():
         raise FileNotFoundError(f"train.init_from={path}: no checkpoint found there")
     with open_checkpoint(path, step) as (mngr, step):
         if step is None:

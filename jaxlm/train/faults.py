@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import faulthandler
 import os
-import pathlib
 import signal
 import statistics
 import sys
 import threading
 import time
+import traceback
 
+from etils import epath
 from jax.experimental import multihost_utils
 
 HANG_EXIT = 75  # EX_TEMPFAIL: the job may be restarted
@@ -92,7 +93,7 @@ class Watchdog:
     `timeout_s` 0 the limit is `factor` times the median step time once `warmup` steps ran, at least
     `floor_s`; below 0 there is no watchdog."""
 
-    def __init__(self, timeout_s: float, dump: pathlib.Path, factor: float = 20.0, warmup: int = 10,
+    def __init__(self, timeout_s: float, dump: epath.Path, factor: float = 20.0, warmup: int = 10,
                  floor_s: float = 300.0):
         self.fixed, self.dump, self.factor, self.warmup, self.floor = timeout_s, dump, factor, warmup, floor_s
         self.step_times: list[float] = []
@@ -135,13 +136,18 @@ class Watchdog:
         print(text, file=sys.stderr, flush=True)
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         try:
-            with open(self.dump, "w") as handle:
-                print(text, file=handle, flush=True)
-                faulthandler.dump_traceback(file=handle, all_threads=True)
-        except OSError:
+            self.dump.write_text(f"{text}\n\n{thread_stacks()}")
+        except Exception:  # any failure to write the dump: the hung run must still end
             pass
         sys.stderr.flush()
         os._exit(HANG_EXIT)
+
+
+def thread_stacks() -> str:
+    """Every thread's stack as text (faulthandler writes only to a file descriptor, not to cloud storage)."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    return "\n".join(f"thread {names.get(ident, ident)} (most recent call last):\n"
+                     + "".join(traceback.format_stack(frame)) for ident, frame in sys._current_frames().items())
 
 
 def sleep_if_asked(step: int) -> None:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import pathlib
 import time
 from typing import Callable
 
@@ -28,6 +27,7 @@ from jaxlm.train.metrics import MetricsWriter, plot_curves
 from jaxlm.train.optim import make_optimizer, schedule
 from jaxlm.train.state import abstract_state, count_params, create_state, state_shardings
 from jaxlm.train.step import make_eval_step, make_train_step
+from jaxlm.train.storage import run_path
 
 
 # ---------------------------------------------------------------- set-up (no compute)
@@ -177,7 +177,7 @@ def train(config: RunConfig) -> dict:
     tokenizer, train_data, valid = open_data(config)
     setup = build(config)
     tcfg, is_main = config.train, jax.process_index() == 0
-    run_dir = pathlib.Path(tcfg.run_dir)
+    run_dir = run_path(tcfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     mngr = checkpoint.manager(run_dir / "checkpoints", tcfg.keep_checkpoints)
     rng = jax.random.key(tcfg.seed)
@@ -273,7 +273,7 @@ def with_perplexity(final: dict) -> dict:
 def report(config: RunConfig, final: dict) -> str:
     """Held-out accuracy next to its trivial baselines, perplexity for token-level objectives, and the
     plot of the curves."""
-    run_dir = pathlib.Path(config.train.run_dir)
+    run_dir = run_path(config.train.run_dir)
     summary = {"step": final["step"], "loss": final["loss"], "examples": final["examples"]}
     lines = [f"  held-out loss {final['loss']:.4f}"]
     valid = open_data(config)[2] if "mlm_acc" in final else None  # the MLM baseline counts its tokens

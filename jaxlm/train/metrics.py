@@ -1,11 +1,14 @@
 """Where metrics go: a progress bar, TensorBoard events and a JSONL file; and the final plot."""
 from __future__ import annotations
 
+import io
 import json
 import math
-import pathlib
 
+from etils import epath
 from tqdm.auto import tqdm
+
+from jaxlm.train.storage import GrowingText
 
 BAR_KEYS = ("loss", "mlm_acc", "nsp_acc", "tokens_per_s", "mfu")
 
@@ -13,13 +16,13 @@ BAR_KEYS = ("loss", "mlm_acc", "nsp_acc", "tokens_per_s", "mfu")
 class MetricsWriter:
     """Writes on process 0 only; every other process gets a silent writer."""
 
-    def __init__(self, run_dir: pathlib.Path, start_step: int, total_steps: int, active: bool = True):
+    def __init__(self, run_dir: epath.Path, start_step: int, total_steps: int, active: bool = True):
         self.active = active
         if not active:
             return
         from tensorboardX import SummaryWriter  # here: it imports torch where installed (1.5 s per process)
 
-        self.jsonl = open(run_dir / "metrics.jsonl", "a", buffering=1)
+        self.jsonl = GrowingText(epath.Path(run_dir) / "metrics.jsonl")
         self.tb = SummaryWriter(str(run_dir / "tensorboard"))
         self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
 
@@ -49,17 +52,17 @@ class MetricsWriter:
             self.jsonl.close()
 
 
-def read_jsonl(path: pathlib.Path) -> list[dict]:
+def read_jsonl(path: epath.PathLike) -> list[dict]:
     """Records in order, keeping the last record for each (split, step): a resumed run rewrites steps."""
     latest: dict[tuple, dict] = {}
-    for line in pathlib.Path(path).read_text().splitlines():
+    for line in epath.Path(path).read_text().splitlines():
         if line.strip():
             record = json.loads(line)
             latest[(record.get("split"), record["step"])] = record
     return sorted(latest.values(), key=lambda r: (r.get("split") or "", r["step"]))
 
 
-def plot_curves(jsonl_path: pathlib.Path, png_path: pathlib.Path, baselines: dict | None = None,
+def plot_curves(jsonl_path: epath.PathLike, png_path: epath.PathLike, baselines: dict | None = None,
                 panels: dict | None = None) -> None:
     """One panel per metric the records hold (loss, the pretraining accuracies and `panels`: key -> title)."""
     from matplotlib.figure import Figure  # here: 0.5 s that only the end of a run needs
@@ -82,4 +85,6 @@ def plot_curves(jsonl_path: pathlib.Path, png_path: pathlib.Path, baselines: dic
         ax.set_xlabel("step")
         ax.legend()
     fig.tight_layout()
-    fig.savefig(png_path, dpi=100)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
+    epath.Path(png_path).write_bytes(png.getvalue())

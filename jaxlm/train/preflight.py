@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import pathlib
-import shutil
 
 import jax
 import numpy as np
@@ -17,6 +16,7 @@ from jaxlm.config import ConfigError, RunConfig
 from jaxlm.data.pipeline import MANIFEST
 from jaxlm.parallel import distributed
 from jaxlm.parallel.mesh import make_mesh
+from jaxlm.train.storage import run_path
 
 
 def preflight(config: RunConfig) -> list[str]:
@@ -31,7 +31,7 @@ def preflight(config: RunConfig) -> list[str]:
     same_everywhere("config", config_fingerprint(config), "give every process the same config file and overrides")
     same_everywhere("prepared data", data_fingerprint(config.data.prepared_dir),
                     f"prepare data.prepared_dir={config.data.prepared_dir} once where every process reads it")
-    shared_run_dir(pathlib.Path(config.train.run_dir), timeout)
+    shared_run_dir(config.train.run_dir, timeout)
     return [f"mesh {dict(mesh.shape)} over {jax.device_count()} devices of {processes} processes",
             f"global batch {batch}: {batch // shards} rows per batch shard, {batch // processes} read by each process",
             "the same config and prepared data on every process",
@@ -78,21 +78,23 @@ def same_everywhere(what: str, fingerprint: str, fix: str) -> None:
         raise ConfigError(f"processes {', '.join(map(str, differ))} see a different {what} than process 0; {fix}")
 
 
-def shared_run_dir(run_dir: pathlib.Path, timeout_s: float) -> None:
-    """Each process writes a file under the run directory, then looks for every other one's."""
+def shared_run_dir(run_dir: str, timeout_s: float) -> None:
+    """Each process writes a file under the run directory (train.run_dir), then looks for every other one's."""
     token = int(multihost_utils.broadcast_one_to_all(np.int32(np.random.randint(1, 2**31 - 1))))
-    probe = run_dir / f".preflight-{token}"
+    probe = run_path(run_dir) / f".preflight-{token}"
     me, processes = jax.process_index(), jax.process_count()
     try:
         probe.mkdir(parents=True, exist_ok=True)
         (probe / f"process-{me}").write_text(str(token))
-    except OSError as err:
-        raise ConfigError(f"train.run_dir={run_dir} is not writable on process {me}: {err.strerror or err}") from None
+    except Exception as err:  # OSError locally; the cloud clients' own errors (credentials, permissions)
+        reason = getattr(err, "strerror", None) or str(err).strip().splitlines()[0][:300] or type(err).__name__
+        raise ConfigError(f"train.run_dir={run_dir} is not writable on process {me}: {reason}") from None
     distributed.barrier("preflight-written", timeout_s)
     seen = np.array([(probe / f"process-{i}").is_file() for i in range(processes)])
     every = np.asarray(multihost_utils.process_allgather(seen)).reshape(processes, processes)
     distributed.barrier("preflight-read", timeout_s)
-    shutil.rmtree(probe, ignore_errors=True)
+    if me == 0:
+        probe.rmtree(missing_ok=True)
     blind = [(i, j) for i in range(processes) for j in range(processes) if not every[i, j]]
     if blind:
         pairs = "; ".join(f"process {i} cannot see what process {j} wrote" for i, j in blind[:6])

@@ -2,11 +2,13 @@
 step every process agrees on and exit 0, and the same command resumes exactly (1 and 2 processes); a
 second Ctrl-C aborts; SIGKILL during a step, an asynchronous save and an evaluation, with the newest
 checkpoint then truncated; non-finite steps stopped at or skipped; a hung step ended by the watchdog;
-a failed checkpoint write."""
+a failed checkpoint write; a run directory in a Cloud Storage bucket (a local emulator) stopped and
+resumed."""
 import os
 import pathlib
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -14,8 +16,9 @@ import time
 import jax
 import numpy as np
 import pytest
+from etils import epath
 
-from conftest import ROOT, kill_when, run_cli, write_config
+from conftest import ROOT, free_port, kill_when, run_cli, write_config
 from jaxlm import config as config_lib
 from jaxlm.train import checkpoint
 from jaxlm.train.checkpoint import unfinished
@@ -264,7 +267,8 @@ def test_a_checkpoint_that_cannot_be_written_stops_the_run_and_keeps_the_older_o
         proc = start(path, log, file_limit_kib=1024)
         assert proc.wait(timeout=300) == 1
     output = (tmp_path / "log").read_text()
-    stopped = [line for line in output.splitlines() if line.startswith("jaxlm train: stopped:")]
+    marker = "jaxlm train: stopped:"  # the progress bar's last redraw may come first on its line
+    stopped = [line[line.index(marker):] for line in output.splitlines() if marker in line]
     assert len(stopped) == 1, output[-3000:]
     assert "failed by step 20 (File too large" in stopped[0] and "the committed ones are kept (steps: 10)" in stopped[0]
     assert committed(run_dir) == [10]
@@ -294,3 +298,64 @@ def test_a_diverging_run_stops_naming_the_step_or_skips_and_counts(mode, prepare
     with checkpoint.open_checkpoint(run_dir) as (mngr, step):
         state, _, _ = checkpoint.restore(mngr, setup.abstract, step)
     assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(state))  # finite and loadable
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture
+def bucket(monkeypatch):
+    """A local Cloud Storage server (tests/storage_emulator.py) holding the bucket `runs`, and the
+    environment that points TensorStore (Orbax's arrays), gcsfs (etils.epath) and google-cloud-storage
+    (tensorboardX) at it, set here and returned for the child processes."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url, "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test",
+           "FSSPEC_GCS_TOKEN": "anon", "GOOGLE_CLOUD_PROJECT": "test",
+           # gcsfs would ask the gRPC Storage Control API for the bucket type, which the emulator lacks
+           "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+    server = subprocess.Popen([sys.executable, str(ROOT / "tests" / "storage_emulator.py"), str(port), "runs"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 60
+        while not listening(port):
+            assert server.poll() is None and time.time() < deadline, "the storage emulator did not start"
+            time.sleep(0.2)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        yield env
+    finally:
+        server.terminate()
+        server.wait()
+
+
+def test_a_run_in_a_cloud_storage_bucket_stops_on_sigterm_and_resumes_exactly(bucket, straight, prepared_dir, tmp_path):
+    run_dir = epath.Path("gs://runs/run")
+    path = write_config(tmp_path, {"data": {"prepared_dir": str(prepared_dir)}, "mesh": FSDP,
+                                   "train": TRAIN | {"run_dir": str(run_dir)}}, "cloud.yaml")
+    with open(tmp_path / "log", "w") as log:
+        proc = start(path, log, bucket)
+        wait_until(lambda: (run_dir / "checkpoints" / "10").exists(), proc)  # a listing, read afresh each time
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=300) == 0
+    output = (tmp_path / "log").read_text()
+    stopped = [line for line in output.splitlines() if line.startswith("stopped at step")]
+    assert len(stopped) == 1 and "saved in gs://runs/run/checkpoints" in stopped[0], output[-3000:]
+    step = int(stopped[0].split()[3])
+
+    resumed = run_cli("train", path, env_extra=bucket)
+    assert f"resumed from step {step}" in resumed.stdout + resumed.stderr
+    assert losses(run_dir) == straight  # the metrics lines of both runs, each rewritten whole into the bucket
+    assert {p.name for p in run_dir.iterdir()} >= {"checkpoints", "tensorboard", "config.json", "summary.json",
+                                                   "curves.png", "metrics.jsonl"}
+    assert any(p.name.startswith("events.out.tfevents") for p in (run_dir / "tensorboard").iterdir())
+    assert not (ROOT / "gs:").exists() and not (ROOT / "runs" / "run").exists()  # nothing written locally
+
+    started = run_cli("train", path, f"train.run_dir={tmp_path / 'local'}", "train.init_from=gs://runs/run",
+                      "train.steps=1", env_extra=bucket)
+    assert "initialised from gs://runs/run" in started.stdout + started.stderr
+
+    missing = run_cli("train", path, "train.run_dir=gs://no-such-bucket/run", check=False, env_extra=bucket)
+    assert missing.returncode == 2 and "train.run_dir=gs://no-such-bucket/run is not writable" in missing.stderr

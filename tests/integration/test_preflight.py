@@ -1,21 +1,15 @@
 """`jaxlm preflight` (and the start of `jaxlm train`) on real processes: two processes pass; a process
 with another config, a run directory that is not shared, and processes that never start are each
-named in one line before any compute."""
+named in one line before any compute; a process late at a barrier is named."""
 import os
-import socket
 import subprocess
+import sys
 
 import pytest
 
-from conftest import ROOT, write_config
+from conftest import ROOT, free_port, write_config
 
 JAXLM = str(ROOT / ".venv" / "bin" / "jaxlm")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def processes(config, count: int, ids=None, overrides=None, cwd=None, extra=()):
@@ -74,3 +68,33 @@ def test_processes_that_never_start_are_named(config):
 def test_a_mesh_that_does_not_fit_the_devices(config):
     for code, output in processes(config, 2, extra=["mesh.data=3"]):
         assert code == 2 and "error: mesh data=3 x fsdp=1 x tensor=1 has 3 devices but 8 are present" in output
+
+
+LATE_PROCESS = """
+import sys, time
+import jax
+from jaxlm.config import ConfigError, DistributedConfig
+from jaxlm.parallel import distributed
+distributed.initialize(DistributedConfig())
+if jax.process_index() == 1:
+    time.sleep(15)
+try:
+    distributed.barrier("the test's barrier", 3)
+except ConfigError as err:
+    print(f"error: {err}")
+    sys.exit(2)
+"""
+
+
+def test_a_process_late_at_a_barrier_is_named():
+    port, started = free_port(), []
+    for index in range(2):
+        env = dict(os.environ, JAX_PLATFORMS="cpu", JAXLM_COORDINATOR=f"127.0.0.1:{port}", JAXLM_NUM_PROCESSES="2",
+                   JAXLM_PROCESS_ID=str(index), JAXLM_LOCAL_DEVICE_COUNT="1")
+        started.append(subprocess.Popen([sys.executable, "-c", LATE_PROCESS], cwd=ROOT, env=env, text=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    code, output = started[0].wait(timeout=120), started[0].stdout.read()
+    started[1].kill()
+    assert code == 2, output
+    assert ("error: processes 1 did not reach \"the test's barrier\" within distributed.barrier_timeout_s=3 s: "
+            "they are stuck or dead; see their logs") in output
