@@ -58,6 +58,8 @@ class TrainConfig:
     time_limit_minutes: float = 0.0
     nonfinite: str = "stop"  # a step with a non-finite loss or gradient: stop (naming it) or skip its update
     max_skipped: int = 10  # nonfinite=skip: stop after this many non-finite steps in a row
+    spike_sigmas: float = 0.0  # nonfinite=skip: also skip a step whose loss is this many std above the window's mean
+    spike_window: int = 200  # the recent accepted losses spike_sigmas compares with
     hang_timeout_s: float = 0.0  # no progress this long: dump stacks, exit 75; 0: 20x the median step, >= 300 s; <0: off
 
 
@@ -292,6 +294,9 @@ def validate_run(config: RunConfig) -> None:
         raise ConfigError(f"mesh sizes data={sizes[0]} fsdp={sizes[1]} tensor={sizes[2]}: use positive sizes, at most one -1")
     if train.nonfinite not in NONFINITE:
         raise ConfigError(f"train.nonfinite={train.nonfinite!r}; choose one of {', '.join(NONFINITE)}")
-    for name in ("steps", "global_batch", "log_every", "checkpoint_every", "eval_every", "max_skipped"):
+    if train.spike_sigmas < 0 or (train.spike_sigmas > 0 and train.nonfinite != "skip"):
+        raise ConfigError(f"train.spike_sigmas={train.spike_sigmas:g}: loss spikes are skipped like non-finite steps; "
+                          "set train.nonfinite=skip with it, and a positive value (0 turns it off)")
+    for name in ("steps", "global_batch", "log_every", "checkpoint_every", "eval_every", "max_skipped", "spike_window"):
         if getattr(train, name) <= 0:
             raise ConfigError(f"train.{name} must be positive, got {getattr(train, name)}")

@@ -81,10 +81,12 @@ def check_step(step: int, metrics: dict, settings, batch_indices, message=print)
                               "Lower optim.peak_lr, raise optim.warmup_steps, or set train.nonfinite=skip, and run "
                               "the same command to resume from the last checkpoint")
     if in_a_row >= settings.max_skipped:
-        raise TrainingStopped(f"{in_a_row} non-finite steps in a row, the last {where}; stopped "
+        what = "skipped steps (non-finite or loss spikes)" if "loss_spikes" in metrics else "non-finite steps"
+        raise TrainingStopped(f"{in_a_row} {what} in a row, the last {where}; stopped "
                               f"(train.max_skipped={settings.max_skipped}). Lower optim.peak_lr and run the same "
                               "command to resume from the last checkpoint")
-    message(f"skipped {where}: not finite, its update dropped ({int(metrics['skipped_steps'])} skipped in all)")
+    why = "a loss spike (train.spike_sigmas)" if metrics.get("last_step_spiked") else "not finite"
+    message(f"skipped {where}: {why}, its update dropped ({int(metrics['skipped_steps'])} skipped in all)")
 
 
 class Watchdog:

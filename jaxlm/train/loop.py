@@ -24,7 +24,7 @@ from jaxlm.parallel.rules import Rules, rules_for
 from jaxlm.train import checkpoint, faults, flops
 from jaxlm.train.preflight import check_batch, preflight
 from jaxlm.train.metrics import MetricsWriter, plot_curves
-from jaxlm.train.optim import make_optimizer, schedule
+from jaxlm.train.optim import make_optimizer, reject_loss_spikes, schedule
 from jaxlm.train.state import abstract_state, count_params, create_state, state_shardings
 from jaxlm.train.step import make_eval_step, make_train_step
 from jaxlm.train.storage import run_path
@@ -52,7 +52,7 @@ def build(config: RunConfig, devices=None, objective: Objective | None = None,
     """Everything the step needs, from the config: mesh (over `devices`, default all), objective (the
     family's pretraining one unless given), optimiser (`optimizer_for(abstract params)` -> (optimizer,
     schedule), if given, else the config's; with train.nonfinite=skip, wrapped so that a non-finite update
-    is dropped), shardings."""
+    is dropped, and with train.spike_sigmas a loss spike too), shardings."""
     mesh = make_mesh(config.mesh, devices)
     check_batch(config, mesh)
     rules = rules_for(config.mesh.rules)
@@ -64,6 +64,8 @@ def build(config: RunConfig, devices=None, objective: Objective | None = None,
         optimizer, lr = optimizer_for(nn.unbox(jax.eval_shape(objective.init, jax.random.key(0))))
     if config.train.nonfinite == "skip":  # costs one more copy of the optimiser state in the step's memory
         optimizer = optax.apply_if_finite(optimizer, max_consecutive_errors=NEVER_APPLY_NONFINITE)
+    if config.train.spike_sigmas > 0:
+        optimizer = optax.chain(reject_loss_spikes(config.train.spike_sigmas, config.train.spike_window), optimizer)
     with nn.logical_axis_rules(rules):
         shardings = state_shardings(objective.init, optimizer, mesh, rules)
     abstract = abstract_state(objective.init, optimizer, shardings)

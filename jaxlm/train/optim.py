@@ -1,9 +1,11 @@
-"""The optimiser: AdamW or LAMB, warm-up then linear decay, decay mask, global-norm clipping."""
+"""The optimiser: AdamW or LAMB, warm-up then linear decay, decay mask, global-norm clipping; the
+rejection of loss spikes."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import optax
 
 if TYPE_CHECKING:  # jaxlm.config validates optim.name against OPTIMIZERS, so it imports this module
@@ -41,3 +43,35 @@ def make_optimizer(config: OptimConfig, total_steps: int,
                                    weight_decay=config.weight_decay, mask=decay_mask)
     clip = optax.clip_by_global_norm(config.clip_norm) if config.clip_norm > 0 else optax.identity()
     return optax.chain(clip, base)
+
+
+class LossSpikeState(NamedTuple):
+    recent_losses: jax.Array  # the last `window` accepted losses, a ring
+    losses_seen: jax.Array  # accepted losses so far
+    loss_spikes: jax.Array  # steps rejected as spikes so far
+    last_step_spiked: jax.Array
+
+
+def reject_loss_spikes(sigmas: float, window: int) -> optax.GradientTransformationExtraArgs:
+    """Chained before optax.apply_if_finite: a step whose loss (the `loss` extra argument) is more than
+    `sigmas` standard deviations above the mean of the last `window` accepted losses gets non-finite
+    gradients, so apply_if_finite drops its update as it drops a non-finite step, and counts it among
+    the skipped steps in a row. No step is a spike before `window` losses were accepted. (optax has no
+    loss-based test; this one reuses its rejection, which holds the only copy of the optimiser state.)"""
+
+    def init(params):
+        del params
+        zero = jnp.zeros((), jnp.int32)
+        return LossSpikeState(jnp.zeros(window, jnp.float32), zero, zero, jnp.zeros((), bool))
+
+    def update(updates, state: LossSpikeState, params=None, *, loss, **extra_args):
+        del params, extra_args
+        loss = loss.astype(jnp.float32)
+        mean, spread = state.recent_losses.mean(), state.recent_losses.std()
+        spike = (state.losses_seen >= window) & (loss > mean + sigmas * spread)
+        accepted = jnp.isfinite(loss) & ~spike
+        recent = jnp.where(accepted, state.recent_losses.at[state.losses_seen % window].set(loss), state.recent_losses)
+        updates = jax.tree.map(lambda g: jnp.where(spike, jnp.full_like(g, jnp.nan), g), updates)
+        return updates, LossSpikeState(recent, state.losses_seen + accepted, state.loss_spikes + spike, spike)
+
+    return optax.GradientTransformationExtraArgs(init, update)

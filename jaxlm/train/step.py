@@ -69,18 +69,23 @@ def make_gradients(objective, grad_accum: int = 1):
 def make_train_step(objective, optimizer: optax.GradientTransformation, schedule, grad_accum: int = 1):
     """A pure step: the batch's gradient (over `grad_accum` micro-batches), one optimiser update."""
     gradients = make_gradients(objective, grad_accum)
+    optimizer = optax.with_extra_args_support(optimizer)
 
     def train_step(state: TrainState, batch: dict, rng: jax.Array):
         rng = jax.random.fold_in(rng, state.step)
         grads, stats = gradients(state.params, batch, rng)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
         metrics = dict(objective.summarize(stats))
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params, loss=metrics["loss"])
+        params = optax.apply_updates(state.params, updates)
         metrics["grad_norm"] = optax.tree.norm(grads)
         metrics["lr"] = schedule(state.step)
-        if isinstance(opt_state, optax.ApplyIfFiniteState):  # train.nonfinite=skip: such an update was dropped
-            metrics["nonfinite_in_a_row"] = opt_state.notfinite_count
-            metrics["skipped_steps"] = opt_state.total_notfinite
+        skipping = optax.tree.get(opt_state, "notfinite_count")  # train.nonfinite=skip: such an update was dropped
+        if skipping is not None:
+            metrics["nonfinite_in_a_row"] = skipping
+            metrics["skipped_steps"] = optax.tree.get(opt_state, "total_notfinite")
+            if optax.tree.get(opt_state, "loss_spikes") is not None:  # train.spike_sigmas: some were spikes
+                metrics["loss_spikes"] = optax.tree.get(opt_state, "loss_spikes")
+                metrics["last_step_spiked"] = optax.tree.get(opt_state, "last_step_spiked")
         else:
             finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"]) & jnp.all(
                 jnp.array([jnp.isfinite(u).all() for u in jax.tree.leaves(updates)]))

@@ -28,6 +28,7 @@ CASES = {
     "unknown section": ({}, ["trian.steps=5"], ["unknown section", "valid sections"]),
     "bad number": ({}, ["train.steps=many"], ["train.steps must be a number"]),
     "batch vs mesh": ({"train": {"global_batch": 12}}, [], ["global_batch=12", "batch shards"]),
+    "spikes without skipping": ({}, ["train.spike_sigmas=3"], ["train.spike_sigmas=3:", "set train.nonfinite=skip"]),
 }
 
 

@@ -1,5 +1,7 @@
-"""Optimiser: decay mask, schedule, LAMB, and gradient accumulation equal to one big batch."""
+"""Optimiser: decay mask, schedule, LAMB, gradient accumulation equal to one big batch, and loss spikes
+rejected."""
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -8,7 +10,7 @@ from jaxlm.config import OptimConfig
 import flax.linen as nn
 
 from jaxlm.train.loop import build, compile_steps, global_batch
-from jaxlm.train.optim import decay_mask, schedule
+from jaxlm.train.optim import decay_mask, reject_loss_spikes, schedule
 from jaxlm.train.state import create_state
 from jaxlm.train.step import make_gradients
 
@@ -126,3 +128,45 @@ def test_clipping_bounds_the_update():
     updates, _ = clipped.update(grads, clipped.init(grads))
     assert np.isclose(float(optax.tree.norm(updates)), 1e-3, rtol=1e-4)
     assert config.optim.clip_norm == 1e-3
+
+
+def test_a_loss_spike_is_rejected_as_a_non_finite_step_and_kept_out_of_the_window():
+    """reject_loss_spikes before optax.apply_if_finite(sgd): losses 1.0 ± 0.1 fill the window of 4; a loss
+    of 5 is a spike (its update dropped, counted, kept out of the window), then 1.05 is accepted again."""
+    optimizer = optax.chain(reject_loss_spikes(3.0, 4), optax.apply_if_finite(optax.sgd(0.1), 10))
+    params = {"w": jnp.ones(3)}
+    state = optimizer.init(params)
+    grads = {"w": jnp.full(3, 2.0)}
+    for loss in (1.0, 1.1, 0.9, 1.0, 5.0, 1.05):
+        updates, state = optimizer.update(grads, state, params, loss=jnp.float32(loss))
+        spike_state, finite_state = state[0], state[1]
+        if loss == 5.0:
+            assert bool(spike_state.last_step_spiked) and int(finite_state.notfinite_count) == 1
+            np.testing.assert_array_equal(updates["w"], 0.0)
+        else:
+            assert not bool(spike_state.last_step_spiked) and int(finite_state.notfinite_count) == 0
+            np.testing.assert_allclose(updates["w"], -0.2)
+    assert int(spike_state.loss_spikes) == 1 and int(spike_state.losses_seen) == 5
+    np.testing.assert_allclose(spike_state.recent_losses, [1.05, 1.1, 0.9, 1.0])  # a ring: 1.05 replaced the first
+
+
+def test_the_train_step_drops_a_spiking_update_and_reports_it():
+    """The real compiled step with train.spike_sigmas: a window of zeros makes any loss a spike."""
+    config = _config(train={"nonfinite": "skip", "spike_sigmas": 3.0, "spike_window": 4})
+    setup = build(config)
+    state = create_state(setup.objective.init, setup.optimizer, setup.shardings, setup.mesh, setup.rules,
+                         jax.random.key(0))
+    train_step, _ = compile_steps(setup)
+    batch = global_batch(setup, setup.objective.synthetic_batch(config.train.global_batch))
+    state, metrics = train_step(state, batch, jax.random.key(1))
+    assert int(metrics["loss_spikes"]) == 0 and int(metrics["skipped_steps"]) == 0
+    spike_state = state.opt_state[0]
+    primed = spike_state._replace(recent_losses=jnp.zeros_like(spike_state.recent_losses),
+                                  losses_seen=jnp.full_like(spike_state.losses_seen, 4))
+    before = state.replace(opt_state=(primed, *state.opt_state[1:]))
+    params_before = jax.device_get(before.params)  # the step donates its input state
+    after, metrics = train_step(before, batch, jax.random.key(1))
+    assert bool(metrics["last_step_spiked"]) and int(metrics["loss_spikes"]) == 1
+    assert int(metrics["nonfinite_in_a_row"]) == 1 and int(metrics["skipped_steps"]) == 1
+    for old, new in zip(jax.tree.leaves(params_before), jax.tree.leaves(after.params)):
+        np.testing.assert_array_equal(np.asarray(old), np.asarray(new))
