@@ -206,9 +206,12 @@ def cmd_compile(args) -> None:
     config = _load(args)
     result = aot.compile_for_topology(config, args.topology, chips_per_host_bounds=aot.parse_bounds(args.chips_per_host),
                                       num_slices=args.num_slices)
-    print(aot.summary(result))
+    line = aot.summary(result)
+    print(line)
     if args.json:
         print(json.dumps({k: v for k, v in result.items() if k != "compiled"}))
+    if "does NOT fit" in line:
+        raise SystemExit(1)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -7,8 +7,11 @@ what each chip would hold. `jaxlm compile CONFIG [overrides] --topology v5e:2x2`
 """
 from __future__ import annotations
 
+import math
 import os
+import re
 
+import jax
 from jax._src import xla_bridge
 
 from jaxlm.config import RunConfig
@@ -16,8 +19,15 @@ from jaxlm.train.loop import build, compile_steps
 
 DEFAULT_TOPOLOGY = "v5e:2x2"
 MEMORY_FIELDS = ("argument", "output", "temp", "generated_code", "alias")
-# High-bandwidth memory per device, for the "fits" verdict (device_kind as libtpu reports it).
-HBM_BYTES = {"TPU v4": 32 << 30, "TPU v5 lite": 16 << 30, "TPU v5": 95 << 30, "TPU v6 lite": 32 << 30}
+# High-bandwidth memory per device, for the "fits" verdict (device_kind as libtpu reports it). A compile-only
+# v4 device is one TensorCore, half a 32 GiB chip (v4:2x2x1 has 8 devices); a v5p device is a whole chip.
+HBM_BYTES = {"TPU v4": 16 << 30, "TPU v5 lite": 16 << 30, "TPU v5": 95 << 30, "TPU v6 lite": 32 << 30}
+# XLA's refusal when the step cannot fit, e.g. "the total memory required for HLO temporaries (72.03G)
+# exceeds available HBM (15.25G)" or "Used 20.5G of 15.48G hbm"; its G is 2**30 bytes.
+UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+OUT_OF_MEMORY = (re.compile(r"required for (?P<what>[\w ]+?) \((?P<need>[\d.]+)(?P<need_unit>[KMGT]?)\) exceeds "
+                            r"available HBM \((?P<have>[\d.]+)(?P<have_unit>[KMGT]?)\)"),
+                 re.compile(r"Used (?P<need>[\d.]+)(?P<need_unit>[KMGT]?) of (?P<have>[\d.]+)(?P<have_unit>[KMGT]?) hbm"))
 INSTALL = 'pip install "jax[tpu]==0.10.2" (libtpu==0.0.42.1)'
 
 
@@ -75,14 +85,41 @@ def compile_for_topology(config: RunConfig, topology: str = DEFAULT_TOPOLOGY, *,
     """AOT-compile `config`'s train step for `topology`, the mesh from `config.mesh` over its chips.
 
     Returns {"compiled", "topology", "device_kind", "devices", "mesh", "memory"}; `memory` is
-    `memory_stats(compiled)` (bytes per device)."""
+    `memory_stats(compiled)` (bytes per device). When XLA refuses the step for want of memory, "compiled"
+    is None and "exhausted" holds what it said: {"what", "need", "available", "state"} (bytes per device)."""
     devices = topology_devices(topology, chips_per_host_bounds=chips_per_host_bounds, num_slices=num_slices)
     setup = build(config, devices=devices)
-    compiled, _ = compile_steps(setup, with_eval=False)
-    return {"compiled": compiled, "topology": topology, "device_kind": devices[0].device_kind,
-            "devices": len(devices), "mesh": dict(setup.mesh.shape), "memory": memory_stats(compiled),
-            "global_batch": config.train.global_batch, "grad_accum": config.optim.grad_accum,
-            "remat": config.model.remat}
+    result = {"topology": topology, "device_kind": devices[0].device_kind, "devices": len(devices),
+              "mesh": dict(setup.mesh.shape), "global_batch": config.train.global_batch,
+              "grad_accum": config.optim.grad_accum, "remat": config.model.remat}
+    try:
+        compiled, _ = compile_steps(setup, with_eval=False)
+    except jax.errors.JaxRuntimeError as err:
+        exhausted = out_of_memory(str(err))
+        if exhausted is None:
+            raise
+        return result | {"compiled": None, "memory": {}, "exhausted": exhausted | {"state": state_bytes(setup.abstract)}}
+    return result | {"compiled": compiled, "memory": memory_stats(compiled)}
+
+
+def out_of_memory(message: str) -> dict | None:
+    """{"what", "need", "available"} (bytes) from XLA's RESOURCE_EXHAUSTED message; None for any other error."""
+    if "RESOURCE_EXHAUSTED" not in message:
+        return None
+    for pattern in OUT_OF_MEMORY:
+        found = pattern.search(message)
+        if found:
+            fields = found.groupdict()
+            return {"what": fields.get("what") or "the step",
+                    "need": int(float(fields["need"]) * UNITS[fields["need_unit"]]),
+                    "available": int(float(fields["have"]) * UNITS[fields["have_unit"]])}
+    return None
+
+
+def state_bytes(abstract) -> int:
+    """Bytes of the train state on one device, from the shardings its ShapeDtypeStructs carry."""
+    return sum(math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
+               for leaf in jax.tree.leaves(abstract))
 
 
 def _mib(count: int) -> str:
@@ -93,6 +130,8 @@ def summary(result: dict) -> str:
     """One line: where it was compiled for, and the per-device memory of the train step."""
     mesh = " ".join(f"{k}={v}" for k, v in result["mesh"].items())
     head = f"{result['topology']} ({result['devices']} x {result['device_kind']}, mesh {mesh})"
+    if "exhausted" in result:
+        return f"{head}: {refusal(result)}"
     memory = result["memory"]
     if not memory:
         return f"{head}: memory analysis unavailable"
@@ -105,6 +144,17 @@ def summary(result: dict) -> str:
         line += (f" (does NOT fit in {_mib(capacity)} HBM: over by {_mib(memory['total'] - capacity)}; "
                  f"{'; '.join(knobs(result, capacity)) or 'a topology with more chips'})")
     return line
+
+
+def refusal(result: dict) -> str:
+    """XLA's own out-of-memory verdict, and what would bring the step under it."""
+    exhausted = result["exhausted"]
+    need, available, state = exhausted["need"], exhausted["available"], exhausted["state"]
+    # knobs() reasons from memory_analysis() fields; the state is the argument and XLA's need the temporaries
+    memory = {"argument": state, "temp": need, "total": state + need}
+    advice = knobs(result | {"memory": memory}, available) or ["a topology with more chips"]
+    return (f"does NOT fit: {exhausted['what']} need {_mib(need)} per device of {_mib(available)} HBM available "
+            f"(over by {_mib(need - available)}; train state {_mib(state)} per device); {'; '.join(advice)}")
 
 
 def knobs(result: dict, capacity: int) -> list[str]:

@@ -210,3 +210,20 @@ def test_llama_style_decoder_with_splash_compiles_for_tpu():
     assert "bf16[4,4,128,32]" in hlo and "bf16[4,2,128,32]" in hlo
     stats = compiled.memory_analysis()  # (libtpu reports temp 0 for this small program)
     assert 0 < stats.output_size_in_bytes < stats.argument_size_in_bytes  # grads: the params' shards, no batch
+
+
+@tpu
+def test_a_step_too_big_for_the_topology_says_by_how_much_and_which_knob(capsys):
+    """The 1B Llama at its full batch on 4 v4 chips: XLA refuses it before compiling, and the command
+    says so in one line, exit 1 (with optim.grad_accum=8, the advice, it compiles to 15.06 GiB)."""
+    from jaxlm import cli
+
+    config = pathlib.Path(__file__).resolve().parents[2] / "configs" / "llama-1b.yaml"
+    args = cli.parser().parse_args(["compile", str(config), "--topology", "v4:2x2x1"])
+    with pytest.raises(SystemExit) as stopped:
+        args.handler(args)
+    assert stopped.value.code == 1
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("v4:2x2x1 (8 x TPU v4, mesh data=1 fsdp=8 tensor=1): does NOT fit: HLO temporaries need ")
+    assert "train state 1.54 GiB per device" in line
+    assert line.endswith("optim.grad_accum=8 (micro-batches of 64 rows, the same global batch)")
