@@ -85,14 +85,26 @@ def cmd_bench(args) -> None:
             print(json.dumps(row))
 
 
+def _whole_numbers(text: str, option: str) -> list[int]:
+    try:
+        numbers = [int(part) for part in text.split(",")]
+    except ValueError:
+        numbers = [-1]
+    if min(numbers) < 0:
+        raise ConfigError(f"{option} {text!r}: give whole numbers separated by commas, e.g. 0,1,2")
+    return numbers
+
+
 def cmd_bench_data(args) -> None:
     """`jaxlm bench data CONFIG [CONFIG ...] [overrides]`: one row per config."""
     paths = [a for a in args.overrides if "=" not in a]
     overrides = [a for a in args.overrides if "=" in a]
     if not paths:
         raise ConfigError("jaxlm bench data needs at least one config, e.g. jaxlm bench data configs/bert-tiny.yaml")
-    rows = [{"config": pathlib.Path(path).stem} | bench_data(config_lib.load(path, overrides), args.batches)
-            for path in paths]
+    workers = [None] if args.workers is None else _whole_numbers(args.workers, "--workers")
+    rows = [{"config": pathlib.Path(path).stem} | bench_data(config_lib.load(path, overrides), args.batches,
+                                                             workers=count)
+            for path in paths for count in workers]
     print(format_data_table(rows))
     if args.json:
         for row in rows:
@@ -234,6 +246,8 @@ def parser() -> argparse.ArgumentParser:
                     "`jaxlm bench data CONFIG [CONFIG ...]`: the input pipeline's examples/s per core")
     bench.add_argument("--json", action="store_true", help="also print the row(s) as JSON")
     bench.add_argument("--batches", type=int, default=20, help="bench data: batches of 256 timed per config")
+    bench.add_argument("--workers", help="bench data: time the trainer's loader with these grain worker counts, "
+                       "e.g. 0,1,2 (default: the transform in one thread, per core)")
     data = commands.add_parser("data", help="inspect the data").add_subparsers(dest="data_command", required=True)
     show = command(data, "show", cmd_data_show, "print examples exactly as the model receives them (JSON lines)")
     show.add_argument("--n", type=int, default=4, help="how many examples")

@@ -277,6 +277,9 @@ def validate(config: RunConfig) -> None:
         raise ConfigError(f"data.max_predictions={data.max_predictions} exceeds data.max_seq_length={data.max_seq_length}")
     if not data.corpus:
         raise ConfigError("data.corpus is empty; name text files or demo corpora (demo:austen, demo:wikipedia, demo:news)")
+    if data.workers < 0:
+        raise ConfigError(f"data.workers={data.workers}: use 0 (batches built in a background thread) or a number "
+                          "of worker processes")
     validate_run(config)
 
 

@@ -3,14 +3,15 @@ run's train and held-out splits opened from its config."""
 from __future__ import annotations
 
 import json
-import queue
-import threading
+import signal
 from collections import Counter
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Iterator
 
+import grain
 import numpy as np
+from absl import flags as absl_flags
 from array_record.python.array_record_data_source import ArrayRecordDataSource
 
 from jaxlm import families
@@ -34,6 +35,22 @@ def load_manifest(data_dir: str | Path) -> dict:
 
 
 ID_FIELDS = ("input_ids", "masked_labels", "targets", "decoder_input_ids")
+LAST_STEP = 2**62  # iterate() runs until its consumer stops
+PICKLE_EVERY_ARRAY = 2**62  # grain's min_shm_size: no array is large enough for a shared memory block
+
+
+def _leave_signals_to_the_trainer(worker_index: int, worker_count: int) -> None:
+    """In a grain worker: Ctrl-C and SIGTERM reach the whole process group, but only the trainer acts on
+    them (it saves, then closes the workers); a worker that died of them would end the run first."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _check_processes(global_batch: int, process_index: int, process_count: int) -> None:
+    if global_batch % process_count:
+        raise ValueError(f"global_batch {global_batch} is not divisible by process_count {process_count}")
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"process_index {process_index} not in [0, {process_count})")
 
 
 def _check(manifest: dict, key: str, expected, data_dir) -> None:
@@ -53,6 +70,9 @@ class PretrainingData:
     def __init__(self, data_dir: str | Path, split: str, *, seed: int, family: str | None = None,
                  tokenizer_fingerprint: str | None = None, vocab_size: int | None = None,
                  max_seq_length: int | None = None, data: DataConfig | None = None, **settings):
+        self._opened_with = ((data_dir, split), dict(
+            seed=seed, family=family, tokenizer_fingerprint=tokenizer_fingerprint, vocab_size=vocab_size,
+            max_seq_length=max_seq_length, data=data, **settings))
         self.data_dir = Path(data_dir)
         self.manifest = load_manifest(self.data_dir)
         _check(self.manifest, "tokenizer_fingerprint", tokenizer_fingerprint, data_dir)
@@ -81,6 +101,11 @@ class PretrainingData:
 
     def __len__(self) -> int:
         return self._len
+
+    def __reduce__(self):
+        """Pickled as how it was opened: a grain worker process opens its own copy of the split."""
+        args, kwargs = self._opened_with
+        return partial(PretrainingData, **kwargs), args
 
     def _permutation(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(self._len)
@@ -113,49 +138,42 @@ class PretrainingData:
     def local_batch(self, step: int, global_batch: int, process_index: int = 0,
                     process_count: int = 1) -> dict[str, np.ndarray]:
         """This process's contiguous slice of global batch `step`, stacked."""
-        if global_batch % process_count:
-            raise ValueError(f"global_batch {global_batch} is not divisible by process_count {process_count}")
-        if not 0 <= process_index < process_count:
-            raise ValueError(f"process_index {process_index} not in [0, {process_count})")
+        _check_processes(global_batch, process_index, process_count)
         epoch, indices = self.batch_indices(step, global_batch)
         per = global_batch // process_count
         indices = indices[process_index * per:(process_index + 1) * per]
         records = self._source.__getitems__(indices.tolist())
         return self._make(records, indices, epoch)
 
-    def iterate(self, start_step: int, global_batch: int, process_index: int = 0,
-                process_count: int = 1, prefetch: int = 2) -> Iterator[dict[str, np.ndarray]]:
-        """Local batches for start_step, start_step + 1, ..., built ahead in a background thread."""
+    def iterate(self, start_step: int, global_batch: int, process_index: int = 0, process_count: int = 1,
+                prefetch: int = 2, workers: int = 0) -> Iterator[dict[str, np.ndarray]]:
+        """This process's batches of steps start_step, start_step + 1, ... through grain: a MapDataset
+        of steps whose element is `local_batch(step)`, built `prefetch` ahead by a thread, or by
+        `workers` processes (each opens its own copy of this split) that take the steps in turn.
+
+        An element is a whole batch, not an example, because the transforms are vectorised over the batch
+        (each row still drawn from its own (seed, epoch, index) generator); the batches are the same
+        for any number of workers, and the step is the whole position to resume from."""
         self.steps_per_epoch(global_batch)
-        q: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
-        stop = threading.Event()
-
-        def put(item) -> None:
-            while not stop.is_set():
-                try:
-                    return q.put(item, timeout=0.1)
-                except queue.Full:
-                    continue
-
-        def produce():
-            step = start_step
-            try:
-                while not stop.is_set():
-                    put((self.local_batch(step, global_batch, process_index, process_count), None))
-                    step += 1
-            except BaseException as e:  # handed to the consumer
-                put((None, e))
-
-        thread = threading.Thread(target=produce, daemon=True, name="PretrainingData.iterate")
-        thread.start()
+        _check_processes(global_batch, process_index, process_count)
+        build = partial(self.local_batch, global_batch=global_batch, process_index=process_index,
+                        process_count=process_count)
+        steps = grain.MapDataset.range(start_step, start_step + LAST_STEP).map(build)
+        stream = steps.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=max(1, prefetch)))
+        if workers:
+            if not absl_flags.FLAGS.is_parsed():  # grain 0.2.18 reads its absl flags (google/grain#1355)
+                absl_flags.FLAGS.mark_as_parsed()
+            # batches come back pickled, not in shared memory blocks (which grain 0.2.18 leaks when closed)
+            stream = grain.experimental.WithOptionsIterDataset(
+                stream, grain.experimental.DatasetOptions(min_shm_size=PICKLE_EVERY_ARRAY))
+            stream = stream.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers,
+                                                                     per_worker_buffer_size=max(1, prefetch)),
+                                        worker_init_fn=_leave_signals_to_the_trainer)
+        iterator = iter(stream)
         try:
-            while True:
-                batch, error = q.get()
-                if error is not None:
-                    raise error
-                yield batch
+            yield from iterator
         finally:
-            stop.set()
+            iterator.close()
 
     def show(self, n: int, tokenizer) -> list[dict]:
         """The first n examples of epoch 0 in visiting order, JSON-friendly, as the model sees them;

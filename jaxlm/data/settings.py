@@ -39,6 +39,8 @@ class DataConfig:
     valid_fraction: float = 0.05
     shard_size: int = 20000
     seed: int = 12345
+    # the input pipeline (grain): 0 builds batches in a background thread, N in N worker processes
+    workers: int = 0
 
 
 def data_settings(data: DataConfig | None = None, **overrides) -> DataConfig:

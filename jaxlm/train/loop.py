@@ -1,6 +1,7 @@
 """The training loop, top to bottom: set-up, compile, train, evaluate, checkpoint, report."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -206,13 +207,14 @@ def train(config: RunConfig) -> dict:
 
     stop = faults.StopRequests(multiprocess, writer.message)
     watchdog = faults.Watchdog(tcfg.hang_timeout_s, run_dir / f"hang-process{jax.process_index()}.txt")
+    batches = train_data.iterate(start, tcfg.global_batch, jax.process_index(), jax.process_count(),
+                                 workers=config.data.workers)
     try:
-        with stop, watchdog:
+        with stop, watchdog, contextlib.closing(batches):
             if start == 0:  # where held-out metrics start, for the curves and to judge what training bought
                 writer.write(0, evaluate(setup, compiled_eval, state.params, valid, watchdog.beat), split="eval")
             step, stop_at, stopping = start, tcfg.steps, False
             deadline = time.time() + tcfg.time_limit_minutes * 60 if tcfg.time_limit_minutes > 0 else None
-            batches = train_data.iterate(start, tcfg.global_batch, jax.process_index(), jax.process_count())
             last_time, last_step, pending = time.time(), start, None
             watchdog.beat()
             while step < stop_at and not stopping:

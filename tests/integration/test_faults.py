@@ -44,8 +44,9 @@ def committed(run_dir) -> list[int]:
 FSDP = {"data": 1, "fsdp": -1, "tensor": 1, "rules": "fsdp"}
 
 
-def config(tmp_path, prepared_dir, name: str, optim=None, **train):
-    return write_config(tmp_path, {"data": {"prepared_dir": str(prepared_dir)}, "optim": optim or {}, "mesh": FSDP,
+def config(tmp_path, prepared_dir, name: str, optim=None, workers: int = 0, **train):
+    return write_config(tmp_path, {"data": {"prepared_dir": str(prepared_dir), "workers": workers},
+                                   "optim": optim or {}, "mesh": FSDP,
                                    "train": TRAIN | {"run_dir": str(tmp_path / name)} | train}, f"{name}.yaml")
 
 
@@ -57,7 +58,8 @@ def start(config_path, log, env_extra=None, file_limit_kib: int = 0) -> subproce
     command = [sys.executable, "-m", "jaxlm.cli", "train", str(config_path)]
     if file_limit_kib:
         command = ["bash", "-c", f'ulimit -f {file_limit_kib} && exec "$@"', "bash", *command]
-    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    # a process group of its own, so that a test can signal it whole as a terminal's Ctrl-C does
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def wait_until(ready, proc, timeout: float = 300) -> None:
@@ -83,16 +85,23 @@ def straight(straight_run) -> dict[int, float]:
     return losses(straight_run.parent / "straight")
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_stop_signal_saves_at_the_step_and_the_same_command_resumes_exactly(signum, straight, prepared_dir,
-                                                                               tmp_path):
-    path, run_dir = config(tmp_path, prepared_dir, "run"), tmp_path / "run"
+@pytest.mark.parametrize("signum, workers", [(signal.SIGTERM, 0), (signal.SIGINT, 0), (signal.SIGINT, 2)],
+                         ids=["sigterm", "ctrl-c", "ctrl-c-to-the-group-with-2-grain-workers"])
+def test_a_stop_signal_saves_at_the_step_and_the_same_command_resumes_exactly(signum, workers, straight,
+                                                                               prepared_dir, tmp_path):
+    """With grain workers the signal goes to the whole process group, workers included (as a terminal's
+    Ctrl-C or SLURM's scancel does), and their batches are the straight run's, built without workers."""
+    path, run_dir = config(tmp_path, prepared_dir, "run", workers=workers), tmp_path / "run"
     with open(tmp_path / "log", "w") as log:
         proc = start(path, log)
         wait_until(lambda: len(losses(run_dir)) >= 13, proc)
-        proc.send_signal(signum)
+        if workers:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
         assert proc.wait(timeout=300) == 0
     output = (tmp_path / "log").read_text()
+    assert "KeyboardInterrupt" not in output, output[-3000:]  # nor in a worker
     name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
     stopped = [line for line in output.splitlines() if line.startswith("stopped at step")]
     assert len(stopped) == 1 and f" on {name}: checkpoint" in stopped[0], output[-3000:]

@@ -5,6 +5,7 @@ import hashlib
 import json
 import math
 import pathlib
+import shutil
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from jaxlm.corpora.text import text_documents
 from jaxlm.data.denoising import t5_lengths
 from jaxlm.data.layouts import encode_row
 from jaxlm.data.pipeline import PretrainingData
-from jaxlm.data.prepare import partial_dir, prepare
+from jaxlm.data.prepare import WORD_STARTS, partial_dir, prepare
 from jaxlm.data.sources import model_tokenizer
 from jaxlm.families import make_objective
 
@@ -164,11 +165,14 @@ def test_process_slices_make_the_global_batch(prepared):
             assert np.array_equal(np.concatenate([p[name] for p in parts]), whole[name]), name
 
 
-def test_iterate_resumes_at_any_step(prepared):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_loader_resumes_at_any_step_with_any_number_of_workers(prepared, workers):
+    """grain's loader, in a thread or in 2 worker processes: each process's slice of the batches from any
+    step on, across an epoch's end, exactly as built in place."""
     data = prepared.open()
     start = data.steps_per_epoch(BATCH) - 2  # crosses into epoch 1
     for process in (0, 1):
-        stream = data.iterate(start, BATCH, process, 2)
+        stream = data.iterate(start, BATCH, process, 2, workers=workers)
         try:
             for k in range(4):
                 got = next(stream)
@@ -176,6 +180,20 @@ def test_iterate_resumes_at_any_step(prepared):
                 assert _equal(got, expected), (process, k)
         finally:
             stream.close()
+
+
+def test_a_worker_that_cannot_build_its_batch_fails_the_loader_with_its_error(build, tmp_path):
+    """The split's directory loses its word table after opening: a worker, which opens its own copy, fails,
+    and the trainer's next() raises that error rather than waiting or passing on a batch."""
+    prepared = build("bert")
+    copy = tmp_path / "copy"
+    shutil.copytree(prepared.path, copy)
+    data = dataclasses.replace(prepared, path=copy).open()
+    (copy / WORD_STARTS).unlink()
+    stream = data.iterate(0, BATCH, workers=1)
+    with pytest.raises(FileNotFoundError, match=WORD_STARTS):
+        next(stream)
+    stream.close()
 
 
 
