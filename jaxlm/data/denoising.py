@@ -8,23 +8,37 @@ import numpy as np
 from jaxlm.models.bart import shift_tokens_right
 
 
+def seq2seq_batch(inputs: Sequence[np.ndarray], targets: Sequence[np.ndarray], *, max_seq_length: int,
+                  max_target_length: int, pad_id: int, decoder_start_id: int) -> dict[str, np.ndarray]:
+    """The padded fields of `Seq2SeqObjective` for a batch of (inputs, targets) token sequences, stacked;
+    decoder inputs are the targets shifted right."""
+    input_lengths = np.array([len(x) for x in inputs])
+    target_lengths = np.array([len(x) for x in targets])
+    if input_lengths.max(initial=0) > max_seq_length or target_lengths.max(initial=0) > max_target_length:
+        row = int(np.argmax((input_lengths > max_seq_length) | (target_lengths > max_target_length)))
+        raise ValueError(f"corrupted example has {input_lengths[row]} input and {target_lengths[row]} target tokens, "
+                         f"more than max_seq_length={max_seq_length} / max_target_length={max_target_length}")
+
+    def padded(sequences, lengths, size):
+        out = np.full((len(sequences), size), pad_id, np.int32)
+        filled = np.arange(size) < lengths[:, None]
+        if len(sequences):
+            out[filled] = np.concatenate(sequences)
+        return out, filled
+
+    input_ids, input_mask = padded(inputs, input_lengths, max_seq_length)
+    target_ids, target_mask = padded(targets, target_lengths, max_target_length)
+    return {"input_ids": input_ids, "input_mask": input_mask.astype(np.int32),
+            "decoder_input_ids": shift_tokens_right(target_ids, pad_id, decoder_start_id),
+            "targets": target_ids, "target_weights": target_mask.astype(np.float32)}
+
+
 def seq2seq_arrays(inputs: np.ndarray, targets: np.ndarray, *, max_seq_length: int,
                    max_target_length: int, pad_id: int, decoder_start_id: int) -> dict[str, np.ndarray]:
-    """The padded fields of `Seq2SeqObjective`; decoder inputs are the targets shifted right."""
-    if len(inputs) > max_seq_length or len(targets) > max_target_length:
-        raise ValueError(f"corrupted example has {len(inputs)} input and {len(targets)} target tokens, "
-                         f"more than max_seq_length={max_seq_length} / max_target_length={max_target_length}")
-    def padded(x, size):
-        out = np.full(size, pad_id, np.int32)
-        out[:len(x)] = x
-        return out
-
-    target_ids = padded(targets, max_target_length)
-    return {"input_ids": padded(inputs, max_seq_length),
-            "input_mask": (np.arange(max_seq_length) < len(inputs)).astype(np.int32),
-            "decoder_input_ids": shift_tokens_right(target_ids[None], pad_id, decoder_start_id)[0],
-            "targets": target_ids,
-            "target_weights": (np.arange(max_target_length) < len(targets)).astype(np.float32)}
+    """`seq2seq_batch` of one example."""
+    batch = seq2seq_batch([np.asarray(inputs)], [np.asarray(targets)], max_seq_length=max_seq_length,
+                          max_target_length=max_target_length, pad_id=pad_id, decoder_start_id=decoder_start_id)
+    return {name: value[0] for name, value in batch.items()}
 
 
 def random_segmentation(num_items: int, num_segments: int, rng: np.random.Generator) -> np.ndarray:
@@ -101,13 +115,20 @@ def t5_span_corruption(tokens: np.ndarray, rng: np.random.Generator, *, sentinel
     """T5's span corruption: inputs = the kept tokens with sentinel_ids[i] for noise span i, + EOS;
     targets = sentinel_ids[i] then span i, for every span, + EOS. Lengths default to the exact
     ones of `t5_input_target_lengths` for len(tokens)."""
-    tokens = np.asarray(tokens, np.int32)
-    mask = random_spans_noise_mask(len(tokens), rng, noise_density, mean_span_length)
-    inputs = np.append(_replace_spans(tokens, mask, sentinel_ids), eos_id)
-    targets = np.append(_replace_spans(tokens, ~mask, sentinel_ids), eos_id)
+    inputs, targets = t5_corrupt(tokens, rng, sentinel_ids=sentinel_ids, eos_id=eos_id, noise_density=noise_density,
+                                 mean_span_length=mean_span_length)
     return seq2seq_arrays(inputs, targets, max_seq_length=max_seq_length or len(inputs),
                           max_target_length=max_target_length or len(targets), pad_id=pad_id,
                           decoder_start_id=decoder_start_id)
+
+
+def t5_corrupt(tokens: np.ndarray, rng: np.random.Generator, *, sentinel_ids: Sequence[int], eos_id: int,
+               noise_density: float = 0.15, mean_span_length: float = 3.0) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, targets) of `t5_span_corruption`, unpadded."""
+    tokens = np.asarray(tokens, np.int32)
+    mask = random_spans_noise_mask(len(tokens), rng, noise_density, mean_span_length)
+    return (np.append(_replace_spans(tokens, mask, sentinel_ids), eos_id),
+            np.append(_replace_spans(tokens, ~mask, sentinel_ids), eos_id))
 
 
 class Infill(NamedTuple):

@@ -6,8 +6,7 @@ from typing import Callable
 
 import numpy as np
 
-from jaxlm.data.denoising import (bart_target_length, infill, permute_sentences, seq2seq_arrays, t5_lengths,
-                                  t5_span_corruption)
+from jaxlm.data.denoising import bart_target_length, infill, permute_sentences, seq2seq_batch, t5_corrupt, t5_lengths
 from jaxlm.data.layouts import Row
 from jaxlm.data.masking import TokenMasker
 from jaxlm.data.packing import causal_example, sentence_order_pair
@@ -124,11 +123,12 @@ def t5_transform(manifest: dict, table: np.ndarray, data: DataConfig) -> Transfo
     special, seq = manifest["special_ids"], manifest["max_seq_length"]
     pad, target = _pad_id(special), t5_lengths(data)[1]
 
-    @per_row
-    def transform(row, rng):
-        return t5_span_corruption(row.tokens, rng, sentinel_ids=special["sentinels"], eos_id=special["eos"],
-                                  noise_density=data.noise_density, mean_span_length=data.mean_span_length,
-                                  max_seq_length=seq, max_target_length=target, pad_id=pad, decoder_start_id=pad)
+    def transform(rows, rngs):
+        pairs = [t5_corrupt(row.tokens, rng, sentinel_ids=special["sentinels"], eos_id=special["eos"],
+                            noise_density=data.noise_density, mean_span_length=data.mean_span_length)
+                 for row, rng in zip(rows, rngs)]
+        return seq2seq_batch([p[0] for p in pairs], [p[1] for p in pairs], max_seq_length=seq,
+                             max_target_length=target, pad_id=pad, decoder_start_id=pad)
 
     return transform
 
@@ -138,16 +138,18 @@ def bart_transform(manifest: dict, table: np.ndarray, data: DataConfig) -> Trans
     special, seq = manifest["special_ids"], manifest["max_seq_length"]
     pad, target = _pad_id(special), bart_target_length(data)
 
-    @per_row
-    def transform(row, rng):
+    def corrupt(row, rng):
         inner = row.tokens[1:-1]
         if data.permute_sentences:
             bounds = np.append(row.sentence_starts - 1, len(inner))
             inner = permute_sentences([inner[s:e] for s, e in zip(bounds[:-1], bounds[1:])], rng)
         inputs = infill(inner, rng, mask_id=special["mask"], mask_ratio=data.mask_ratio,
                         poisson_lambda=data.poisson_lambda)
-        return seq2seq_arrays(np.concatenate([row.tokens[:1], inputs, row.tokens[-1:]]), row.tokens,
-                              max_seq_length=seq, max_target_length=target, pad_id=pad,
-                              decoder_start_id=special["eos"])
+        return np.concatenate([row.tokens[:1], inputs, row.tokens[-1:]])
+
+    def transform(rows, rngs):
+        return seq2seq_batch([corrupt(row, rng) for row, rng in zip(rows, rngs)], [row.tokens for row in rows],
+                             max_seq_length=seq, max_target_length=target, pad_id=pad,
+                             decoder_start_id=special["eos"])
 
     return transform
