@@ -10,7 +10,10 @@ from jaxlm.data.masking import random_non_special
 
 def candidate_mask(tokens: np.ndarray, special_ids: Iterable[int]) -> np.ndarray:
     """True where a token may be masked (it is not a special token)."""
-    return ~np.isin(tokens, np.fromiter(special_ids, np.int64))
+    candidates = np.ones(np.shape(tokens), bool)
+    for special in special_ids:  # a handful: faster than np.isin's sort on a short row
+        candidates &= tokens != special
+    return candidates
 
 
 def word_bounds(word_starts: np.ndarray, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
