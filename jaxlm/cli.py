@@ -5,6 +5,7 @@ import argparse
 import json
 import os
 import pathlib
+import shlex
 import sys
 
 import jax
@@ -46,7 +47,17 @@ def cmd_prepare(args) -> None:
         print(f"{data.prepared_dir} is already prepared for this config and tokenizer "
               "(pass --overwrite to rebuild it)")
         return
-    manifest = prepare(inputs, data.prepared_dir, tokenizer, family=family, data=data, overwrite=args.overwrite)
+    if args.workers < 1:
+        raise ConfigError(f"--workers {args.workers}: give 1 or more Beam worker processes")
+    if args.runner is None and (args.workers > 1 or args.beam_args):
+        raise ConfigError("--workers and --beam-args need a Beam runner: add --runner direct (or another runner)")
+    beam_args = shlex.split(args.beam_args or "")
+    if args.runner and args.runner.lower() in ("direct", "directrunner"):
+        # Beam takes seconds to import: only a Beam preparation loads it
+        from jaxlm.data.beam import direct_workers
+        beam_args += direct_workers(args.workers)
+    manifest = prepare(inputs, data.prepared_dir, tokenizer, family=family, data=data, overwrite=args.overwrite,
+                       runner=args.runner, beam_args=beam_args)
     counts = {split: {k: v for k, v in info.items() if k != "shards"} for split, info in manifest["splits"].items()}
     print(json.dumps({"prepared_dir": data.prepared_dir, "family": manifest["family"], "splits": counts}, indent=2))
 
@@ -239,6 +250,11 @@ def parser() -> argparse.ArgumentParser:
 
     prep = command(commands, "prepare", cmd_prepare, "text -> tokenized, pair-built examples in ArrayRecord shards")
     prep.add_argument("--overwrite", action="store_true", help="replace an existing prepared directory")
+    prep.add_argument("--runner", help="tokenize with an Apache Beam pipeline on this runner: direct (this machine, "
+                      "--workers processes), or dataflow, flink, spark with their options in --beam-args")
+    prep.add_argument("--workers", type=int, default=1, help="worker processes of the direct runner (default 1)")
+    prep.add_argument("--beam-args", help="the runner's own options, e.g. \"--project=P --region=R "
+                      "--temp_location=gs://B/tmp\" for Dataflow")
     command(commands, "train", cmd_train, "train, or resume the run in train.run_dir")
     command(commands, "preflight", cmd_preflight, "the checks `train` makes on every process before any compute: "
             "mesh, batch, the same config and data everywhere, a shared run directory")

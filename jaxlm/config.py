@@ -280,6 +280,9 @@ def validate(config: RunConfig) -> None:
     if data.workers < 0:
         raise ConfigError(f"data.workers={data.workers}: use 0 (batches built in a background thread) or a number "
                           "of worker processes")
+    if data.undecodable not in ("fail", "skip"):
+        raise ConfigError(f"data.undecodable={data.undecodable!r}; choose fail (stop at a line that is not UTF-8, "
+                          "naming it) or skip (leave such lines out)")
     validate_run(config)
 
 

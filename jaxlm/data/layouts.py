@@ -2,12 +2,12 @@
 their byte encoding; the randomness each epoch adds lives in `examples.py`."""
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
 from jaxlm.data.denoising import t5_lengths
-from jaxlm.data.packing import causal_rows, sentence_rows
+from jaxlm.data.packing import causal_rows, sentence_rows, stream_chunks
 from jaxlm.data.pairs import create_instances
 from jaxlm.data.settings import DataConfig
 
@@ -46,26 +46,26 @@ def check_roles(roles: Sequence[str], special: dict, family: str) -> None:
 
 
 def build_rows(layout: str, documents: Sequence[Document], rng: np.random.Generator, settings: DataConfig,
-               special: dict) -> list[Row]:
-    """The stored rows of one split, in creation order (the caller shuffles)."""
+               special: dict) -> Iterator[Row]:
+    """The stored rows of one split, in creation order (the caller shuffles), yielded as they are made
+    from `documents` (no empty document or sentence: `pairs.non_empty`), read one at a time."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; known: {', '.join(LAYOUTS)}")
     seq = settings.max_seq_length
     if layout in ("nsp_pairs", "sop_pairs"):
         instances = create_instances(documents, seq, rng, cls_id=special["cls"], sep_id=special["sep"],
                                      short_seq_prob=settings.short_seq_prob, dupe_factor=settings.dupe_factor,
                                      random_next_prob=0.5 if layout == "nsp_pairs" else 0.0)
-        return [Row(x.tokens, x.len_a, x.is_random_next) for x in instances]
+        return (Row(x.tokens, x.len_a, x.is_random_next) for x in instances)
     if layout in ("sentence_rows", "bart_rows"):
         # BART frames rows with BOS/EOS and keeps documents apart; RoBERTa/SpanBERT: [CLS] ... [SEP]
         first, last = (special["bos"], special["eos"]) if layout == "bart_rows" else (special["cls"], special["sep"])
-        rows = sentence_rows(documents, seq - 2, sep_id=None if layout == "bart_rows" else special["sep"],
+        rows = sentence_rows(iter(documents), seq - 2, sep_id=None if layout == "bart_rows" else special["sep"],
                              cross_documents=layout == "sentence_rows")
-        return [Row(np.r_[first, tokens, last].astype(np.int32), sentence_starts=starts + 1) for tokens, starts in rows]
-    docs = [np.concatenate([np.asarray(s, np.int32) for s in doc]) for doc in documents if sum(map(len, doc))]
+        return (Row(np.r_[first, tokens, last].astype(np.int32), sentence_starts=starts + 1) for tokens, starts in rows)
+    docs = (np.concatenate([np.asarray(s, np.int32) for s in doc]) for doc in documents)
     if layout == "causal":
-        return [Row(r) for r in causal_rows(docs, seq, special["eos"], packed=settings.packed)]
-    if layout == "t5_chunks":
-        # T5 concatenates the corpus and cuts raw chunks that span-corrupt to exactly max_seq_length
-        stream = np.concatenate(docs)
-        size = t5_lengths(settings)[0]
-        return [Row(stream[i:i + size]) for i in range(0, len(stream), size) if len(stream[i:i + size]) >= 2]
-    raise ValueError(f"unknown layout {layout!r}; known: {', '.join(LAYOUTS)}")
+        return (Row(r) for r in causal_rows(docs, seq, special["eos"], packed=settings.packed))
+    # T5 concatenates the corpus and cuts raw chunks that span-corrupt to exactly max_seq_length
+    size = t5_lengths(settings)[0]
+    return (Row(chunk) for chunk in stream_chunks(docs, size, size) if len(chunk) >= 2)

@@ -1,47 +1,47 @@
 """Rows from documents: RoBERTa full-sentence rows, ALBERT sentence-order pairs, causal-LM packing."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
 Document = Sequence[Sequence[int]]
 
 
-def sentence_rows(documents: Sequence[Document], capacity: int, *, sep_id: int | None,
-                  cross_documents: bool = True) -> list[tuple[np.ndarray, np.ndarray]]:
+def sentence_rows(documents: Iterable[Document], capacity: int, *, sep_id: int | None,
+                  cross_documents: bool = True) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Whole sentences laid contiguously into rows of at most `capacity` tokens: (tokens, the
-    position where each sentence starts). Across documents a `sep_id` token separates them (None:
-    no separator); without `cross_documents` every document starts a new row. A sentence longer
-    than a row is cut into row-sized pieces, so every token lands in exactly one row."""
+    position where each sentence starts), yielded as they fill. Across documents a `sep_id` token
+    separates them (None: no separator); without `cross_documents` every document starts a new row.
+    A sentence longer than a row is cut into row-sized pieces, so every token lands in exactly one row."""
     if capacity < 1:
         raise ValueError(f"rows must hold at least one token, got capacity {capacity}")
-    rows: list[tuple[np.ndarray, np.ndarray]] = []
     row: list[int] = []
     starts: list[int] = []
 
     def flush():
-        if row:
-            rows.append((np.array(row, np.int32), np.array(starts, np.int32)))
-            row.clear()
-            starts.clear()
+        filled = (np.array(row, np.int32), np.array(starts, np.int32))
+        row.clear()
+        starts.clear()
+        return filled
 
     for d, document in enumerate(d for d in documents if any(len(s) for s in d)):
-        if d and not cross_documents:
-            flush()
+        if d and not cross_documents and row:
+            yield flush()
         for j, sentence in enumerate(s for s in document if len(s)):
             lead = [sep_id] if d and not j and row and sep_id is not None else []
             if len(row) + len(lead) + len(sentence) > capacity:
-                flush()
+                if row:
+                    yield flush()
                 lead = []
             row.extend(lead)
             for i in range(0, len(sentence), capacity):
-                if i:
-                    flush()
+                if i and row:
+                    yield flush()
                 starts.append(len(row))
                 row.extend(sentence[i:i + capacity])
-    flush()
-    return rows
+    if row:
+        yield flush()
 
 
 def pack_sentences(documents: Sequence[Document], max_seq_length: int, *, cls_id: int,
@@ -66,18 +66,30 @@ def sentence_order_pair(segment_a: Sequence[int], segment_b: Sequence[int], rng:
     return tokens, len(first) + 2, swapped
 
 
-def causal_rows(docs: Sequence[Sequence[int]], max_seq_length: int, eos_id: int, *,
-                packed: bool = True) -> list[np.ndarray]:
-    """Causal-LM rows before `causal_example`: every document followed by EOS; packed, the stream
-    cut into rows of max_seq_length tokens plus the next one (the last position's target);
-    unpacked, one document per row, truncated to max_seq_length + 1."""
-    if not docs:
-        raise ValueError("causal_rows got no documents")
-    sequences = [np.r_[np.asarray(d, np.int64), eos_id].astype(np.int32) for d in docs]
+def causal_rows(docs: Iterable[Sequence[int]], max_seq_length: int, eos_id: int, *,
+                packed: bool = True) -> Iterator[np.ndarray]:
+    """Causal-LM rows before `causal_example`, yielded as they fill: every document followed by EOS;
+    packed, the stream cut into rows of max_seq_length tokens plus the next one (the last position's
+    target); unpacked, one document per row, truncated to max_seq_length + 1."""
+    sequences = (np.r_[np.asarray(d, np.int64), eos_id].astype(np.int32) for d in docs)
     if not packed:
-        return [s[:max_seq_length + 1] for s in sequences]
-    stream = np.concatenate(sequences)
-    return [stream[start:start + max_seq_length + 1] for start in range(0, len(stream), max_seq_length)]
+        yield from (s[:max_seq_length + 1] for s in sequences)
+        return
+    yield from stream_chunks(sequences, max_seq_length + 1, max_seq_length)
+
+
+def stream_chunks(pieces: Iterable[np.ndarray], size: int, step: int) -> Iterator[np.ndarray]:
+    """The concatenation of `pieces` cut into windows of `size` tokens starting every `step` tokens
+    (the last ones shorter), without holding more than a window and a piece."""
+    buffer = np.zeros(0, np.int32)
+    for piece in pieces:
+        buffer = np.concatenate([buffer, piece])
+        while len(buffer) > size:
+            yield buffer[:size]
+            buffer = buffer[step:]
+    while len(buffer):
+        yield buffer[:size]
+        buffer = buffer[step:]
 
 
 def causal_example(row: np.ndarray, max_seq_length: int, eos_id: int) -> dict[str, np.ndarray]:

@@ -1,7 +1,7 @@
 """BERT sentence-pair instances for MLM+NSP, built from documents of tokenized sentences."""
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -91,18 +91,21 @@ def instances_from_document(documents: Sequence[Document], index: int, max_seq_l
 
 def create_instances(documents: Sequence[Document], max_seq_length: int, rng: np.random.Generator,
                      *, cls_id: int, sep_id: int, short_seq_prob: float = 0.1,
-                     dupe_factor: int = 1, random_next_prob: float = 0.5) -> list[Instance]:
-    """All instances of `dupe_factor` passes over `documents`, in creation order.
+                     dupe_factor: int = 1, random_next_prob: float = 0.5) -> Iterator[Instance]:
+    """All instances of `dupe_factor` passes over `documents`, in creation order, as they are made.
 
-    Random B segments come only from `documents`; empty sentences are ignored.
+    `documents` hold no empty document and no empty sentence (`non_empty`); random B segments come
+    only from them, read by index.
     """
     if max_seq_length < 5:
         raise ValueError(f"max_seq_length must be at least 5 ([CLS] A [SEP] B [SEP]), got {max_seq_length}")
-    docs = [[s for s in doc if len(s)] for doc in documents]
-    docs = [d for d in docs if d]
-    out: list[Instance] = []
     for _ in range(dupe_factor):
-        for index in range(len(docs)):
-            out.extend(instances_from_document(docs, index, max_seq_length, short_seq_prob,
-                                               rng, cls_id, sep_id, random_next_prob))
-    return out
+        for index in range(len(documents)):
+            yield from instances_from_document(documents, index, max_seq_length, short_seq_prob,
+                                               rng, cls_id, sep_id, random_next_prob)
+
+
+def non_empty(documents: Sequence[Document]) -> list[list[Sequence[int]]]:
+    """The documents without their empty sentences, those left empty dropped."""
+    docs = [[s for s in doc if len(s)] for doc in documents]
+    return [d for d in docs if d]

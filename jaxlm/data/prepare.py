@@ -1,8 +1,11 @@
-"""Offline preparation for every objective: corpora -> tokenized documents (cached in chunks, so an
-interrupted run continues) -> the objective's rows in ArrayRecord shards + a manifest."""
+"""Offline preparation for every objective, streaming: corpora cut into pieces -> tokenized pieces on
+disk (in this process, or by Apache Beam workers; finished pieces kept, so an interrupted run
+continues) -> the objective's rows, spilled in creation order, shuffled into ArrayRecord shards +
+a manifest. Memory is bounded by a piece and per-document offsets, not by the corpus."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -16,9 +19,11 @@ from array_record.python.array_record_module import ArrayRecordWriter
 from tqdm.auto import tqdm
 
 from jaxlm import families
-from jaxlm.data.layouts import Row, build_rows, check_roles, encode_row
+from jaxlm.data.layouts import build_rows, check_roles
+from jaxlm.data.pieces import UNDECODABLE, Piece, is_tfds, piece_documents, plan_pieces, source_documents, source_info
 from jaxlm.data.settings import PREPARATION_FIELDS, DataConfig, data_settings
-from jaxlm.data.sources import read_source
+from jaxlm.data.sources import tfds_dir
+from jaxlm.data.tokenized import Documents, RowSpill, TokenizedCorpus, piece_done, piece_path, tokenize_piece
 from jaxlm.data.tokenizers.roles import special_ids, word_start_table
 
 FORMAT = "jaxlm.rows.v1"
@@ -27,8 +32,6 @@ MANIFEST = "manifest.json"
 DOCUMENTS = "documents.json"
 WORD_STARTS = "word_starts.npy"
 SPLITS = ("train", "valid")
-CHUNK_DOCUMENTS = 500
-_TOKENIZE_BATCH = 4096
 
 
 def split_documents(n: int, valid_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -59,38 +62,32 @@ def deferred_interrupts():
     check()
 
 
-def tokenize_chunk(documents: Sequence[Sequence[str]], tokenizer, bar, check=lambda: None) -> dict[str, np.ndarray]:
-    """Documents of sentences as flat ids + sentence lengths + sentences per document."""
-    sentences = [s for doc in documents for s in doc]
-    ids: list[list[int]] = []
-    for start in range(0, len(sentences), _TOKENIZE_BATCH):
-        batch = sentences[start:start + _TOKENIZE_BATCH]
-        ids.extend(tokenizer.encode_batch(batch))
-        bar.update(len(batch))
-        check()
-    flat = np.fromiter((t for s in ids for t in s), np.int32, sum(map(len, ids)))
-    return {"ids": flat, "sentence_lengths": np.array([len(s) for s in ids], np.int32),
-            "doc_sentences": np.array([len(d) for d in documents], np.int32)}
-
-
-def chunk_documents(chunk: dict[str, np.ndarray]) -> list[list[list[int]]]:
-    sentences = np.split(chunk["ids"], np.cumsum(chunk["sentence_lengths"])[:-1]) if len(chunk["sentence_lengths"]) else []
-    bounds = np.r_[0, np.cumsum(chunk["doc_sentences"])]
-    return [[s.tolist() for s in sentences[a:b]] for a, b in zip(bounds[:-1], bounds[1:])]
-
-
-def write_shards(rows: Sequence[Row], directory: Path, split: str, shard_size: int,
+def write_shards(records: Sequence[bytes], directory: Path, split: str, shard_size: int,
                  progress: bool = True) -> list[str]:
-    n_shards = max(1, -(-len(rows) // shard_size))
+    """`records` in order into ArrayRecord shards of `shard_size`; their names."""
+    n_shards = max(1, -(-len(records) // shard_size))
     names = [f"{split}-{i:05d}-of-{n_shards:05d}.array_record" for i in range(n_shards)]
-    with tqdm(total=len(rows), desc=f"write {split}", unit="ex", disable=not progress) as bar:
+    with tqdm(total=len(records), desc=f"write {split}", unit="ex", disable=not progress) as bar:
         for i, name in enumerate(names):
             writer = ArrayRecordWriter(str(directory / name), "group_size:1")
-            for row in rows[i * shard_size:(i + 1) * shard_size]:
-                writer.write(encode_row(row))
+            for k in range(i * shard_size, min((i + 1) * shard_size, len(records))):
+                writer.write(records[k])
             writer.close()
-            bar.update(min(shard_size, len(rows) - i * shard_size))
+            bar.update(min(shard_size, len(records) - i * shard_size))
     return names
+
+
+class _Shuffled(Sequence):
+    """A spill's records in the order of `order`."""
+
+    def __init__(self, spill: RowSpill, order: np.ndarray):
+        self._spill, self._order = spill, order
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __getitem__(self, k: int) -> bytes:
+        return self._spill.record(int(self._order[k]))
 
 
 def _check_arguments(data: DataConfig, output_dir: Path, overwrite: bool) -> None:
@@ -102,6 +99,10 @@ def _check_arguments(data: DataConfig, output_dir: Path, overwrite: bool) -> Non
         raise ValueError(f"dupe_factor and shard_size must be >= 1, got {data.dupe_factor} and {data.shard_size}")
     if not 0.0 <= data.valid_fraction < 1.0:
         raise ValueError(f"valid_fraction must be in [0, 1), got {data.valid_fraction}")
+    if data.piece_mb <= 0:
+        raise ValueError(f"piece_mb must be > 0, got {data.piece_mb}")
+    if data.undecodable not in UNDECODABLE:
+        raise ValueError(f"undecodable must be one of {', '.join(UNDECODABLE)}, got {data.undecodable!r}")
     if output_dir.exists() and not output_dir.is_dir():
         raise FileExistsError(f"output_dir {output_dir} exists and is not a directory")
     if output_dir.is_dir() and any(output_dir.iterdir()) and not overwrite:
@@ -121,7 +122,7 @@ def _replace_dir(tmp: Path, output_dir: Path) -> None:
 
 
 def partial_dir(output_dir: Path) -> Path:
-    """Where an unfinished preparation of output_dir keeps its work (tokenized chunks) to continue from."""
+    """Where an unfinished preparation of output_dir keeps its work (tokenized pieces) to continue from."""
     return output_dir.with_name(f".{output_dir.name}.partial")
 
 
@@ -130,9 +131,9 @@ def _open_work(work: Path, settings: dict, progress: bool) -> None:
     key = json.dumps(settings, sort_keys=True)
     stamp = work / "settings.json"
     if work.is_dir() and stamp.is_file() and stamp.read_text() == key:
-        done = len(list(work.glob("tokens-*.npz")))
+        done = len(list(work.glob("piece-*.documents")))
         if progress and done:
-            print(f"continuing an interrupted preparation: {done} tokenized chunk(s) in {work}")
+            print(f"continuing an interrupted preparation: {done} tokenized piece(s) in {work}")
         shutil.rmtree(work / "out", ignore_errors=True)
         return
     shutil.rmtree(work, ignore_errors=True)
@@ -141,24 +142,45 @@ def _open_work(work: Path, settings: dict, progress: bool) -> None:
     stamp.write_text(key)
 
 
-def _tokenized_sources(sources: list[tuple[list[list[str]], dict]], tokenizer, work: Path,
-                       progress: bool, check) -> list[list[list[int]]]:
-    """Every source's documents tokenized, chunk by chunk; chunks already in `work` are read back."""
-    plan = [(s, c, docs[c:c + CHUNK_DOCUMENTS]) for s, (docs, _) in enumerate(sources)
-            for c in range(0, len(docs), CHUNK_DOCUMENTS)]
-    path = lambda s, c: work / f"tokens-{s:03d}-{c // CHUNK_DOCUMENTS:05d}.npz"
-    todo = sum(len(sent) for s, c, docs in plan if not path(s, c).is_file() for sent in docs)
-    out: list[list[list[int]]] = []
-    with tqdm(total=todo, desc="tokenize", unit="sent", disable=not progress) as bar:
-        for s, c, docs in plan:
-            target = path(s, c)
-            if not target.is_file():
-                tmp = target.with_name(target.stem + ".tmp.npz")
-                np.savez(tmp, **tokenize_chunk(docs, tokenizer, bar, check))
-                os.replace(tmp, target)
-            with np.load(target) as chunk:
-                out.extend(chunk_documents(dict(chunk)))
-    return out
+def tokenize_pieces(pieces: Sequence[Piece], inputs: Sequence, tokenizer, work: Path, data: DataConfig,
+                    progress: bool = True, check=lambda: None) -> None:
+    """Tokenizes each piece not yet in `work`, one after the other in this process."""
+    tfds_root = tfds_dir(data.tfds_data_dir)
+    todo = [p for p in pieces if not piece_done(work, p)]
+    with tqdm(total=len(todo), desc="tokenize", unit="piece", disable=not progress or not todo) as bar:
+        for piece in todo:
+            documents = piece_documents(inputs[piece.source], piece, data.text_field, tfds_root, data.undecodable)
+            tokenize_piece(documents, tokenizer, piece_path(work, piece), check)
+            bar.update()
+
+
+def _check_documents(inputs: Sequence, data: DataConfig) -> None:
+    """ValueError unless the corpus has two documents (read until it does: no tokenization yet)."""
+    tfds_root = tfds_dir(data.tfds_data_dir)
+    found = itertools.islice((d for p in inputs for d in source_documents(p, data.text_field, tfds_root,
+                                                                         data.undecodable)), 2)
+    n_docs = sum(1 for _ in found)
+    names = ", ".join(map(str, inputs))
+    if n_docs == 0:
+        raise ValueError(f"empty corpus: no non-empty documents in {names} (expected UTF-8, one sentence "
+                         "per line, blank line between documents; or JSONL with a text field)")
+    if n_docs < 2:
+        raise ValueError(f"the corpus has only {n_docs} document; a train and a held-out split need at least 2 "
+                         "(separate documents with a blank line)")
+
+
+def _write_documents_json(path: Path, splits: dict, source_of: np.ndarray, index_in_source: np.ndarray) -> None:
+    """documents.json ({split: [[source, document], ...]}) written a block at a time."""
+    with open(path, "w") as f:
+        f.write("{")
+        for n, (split, ids) in enumerate(splits.items()):
+            f.write(f"{', ' if n else ''}{json.dumps(split)}: [")
+            for start in range(0, len(ids), 65536):
+                block = ids[start:start + 65536]
+                pairs = ", ".join(f"[{s}, {d}]" for s, d in zip(source_of[block].tolist(), index_in_source[block].tolist()))
+                f.write((", " if start else "") + pairs)
+            f.write("]")
+        f.write("}")
 
 
 def _input_name(source) -> str:
@@ -196,17 +218,19 @@ def already_prepared(output_dir, settings: dict) -> bool:
 
 def prepare(input_files: Sequence[str | os.PathLike], output_dir: str | os.PathLike, tokenizer, *,
             family: str = "bert", data: DataConfig | None = None, progress: bool = True, overwrite: bool = False,
-            **settings) -> dict:
+            runner: str | None = None, beam_args: Sequence[str] = (), **settings) -> dict:
     """Writes `family`'s train/valid rows as array_record shards, manifest.json, documents.json and
     word_starts.npy. Inputs: sentence-per-line text files, JSONL files or `tfds:` specs. The
     settings are `data` (default: DataConfig's defaults) with `settings` (DataConfig fields) on top.
+    With a Beam `runner` (e.g. "direct", with `beam_args` such as ["--direct_num_workers=2"]) the
+    pieces are tokenized by an Apache Beam pipeline; the output is the same whoever tokenizes.
 
-    Interrupted (Ctrl-C, a crash), it leaves output_dir as it was and its tokenized chunks in
+    Interrupted (Ctrl-C, a crash), it leaves output_dir as it was and its tokenized pieces in
     `partial_dir(output_dir)`; the same call again continues from them."""
     output_dir = Path(output_dir)
     if not input_files:
         raise ValueError("no input files given")
-    missing = [str(p) for p in input_files if not str(p).startswith("tfds:") and not Path(p).is_file()]
+    missing = [str(p) for p in input_files if not is_tfds(p) and not Path(p).is_file()]
     if missing:
         raise FileNotFoundError(f"input file(s) not found: {', '.join(missing)}")
     data = data_settings(data, **settings)
@@ -214,49 +238,54 @@ def prepare(input_files: Sequence[str | os.PathLike], output_dir: str | os.PathL
     _check_arguments(data, output_dir, overwrite)
     special = special_ids(tokenizer)
     check_roles(registered.roles, special, family)
+    _check_documents(input_files, data)
     seed = data.seed
-    sources = [read_source(p, data.text_field, data.tfds_data_dir or None) for p in input_files]
-    n_docs = sum(len(docs) for docs, _ in sources)
-    names = ", ".join(map(str, input_files))
-    if n_docs == 0:
-        raise ValueError(f"empty corpus: no non-empty documents in {names} (expected UTF-8, one sentence "
-                         "per line, blank line between documents; or JSONL with a text field)")
-    if n_docs < 2:
-        raise ValueError(f"the corpus has only {n_docs} document; a train and a held-out split need at least 2 "
-                         "(separate documents with a blank line)")
-    origin = [(s, d) for s, (docs, _) in enumerate(sources) for d in range(len(docs))]
-    split_ids = dict(zip(SPLITS, split_documents(n_docs, data.valid_fraction, seed)))
     recorded_settings = preparation_settings(input_files, tokenizer, family, data)
-    manifest = {"format": FORMAT, "record": RECORD, **recorded_settings,
-                "sources": [info | {"documents": len(docs)} for docs, info in sources],
-                "vocab_size": int(tokenizer.vocab_size), "special_ids": special, "splits": {}}
-
     work = partial_dir(output_dir)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
-    _open_work(work, recorded_settings | {"input_stats": [_input_stat(p) for p in input_files]}, progress)
+    _open_work(work, recorded_settings | {"input_stats": [_input_stat(p) for p in input_files],
+                                          "piece_mb": data.piece_mb}, progress)
+    pieces = [piece for s, source in enumerate(input_files)
+              for piece in plan_pieces(s, source, tfds_dir(data.tfds_data_dir), piece_mb=data.piece_mb)]
     with deferred_interrupts() as check:
-        tokenized = _tokenized_sources(sources, tokenizer, work, progress, check)
+        if runner:
+            # Beam takes seconds to import and only this path needs it
+            from jaxlm.data.beam import tokenize_on_beam
+            tokenize_on_beam(pieces, input_files, tokenizer, work, data, runner, beam_args)
+        else:
+            tokenize_pieces(pieces, input_files, tokenizer, work, data, progress, check)
+        corpus = TokenizedCorpus(work, pieces)
+        source_of = np.repeat([p.source for p in pieces], corpus.piece_documents).astype(np.int32)
+        per_source = np.bincount(source_of, minlength=len(input_files))
+        index_in_source = np.arange(len(corpus)) - np.r_[0, np.cumsum(per_source)][source_of]
+        split_ids = dict(zip(SPLITS, split_documents(len(corpus), data.valid_fraction, seed)))
+        manifest = {"format": FORMAT, "record": RECORD, **recorded_settings,
+                    "sources": [source_info(p, tfds_dir(data.tfds_data_dir)) | {"documents": int(n)}
+                                for p, n in zip(input_files, per_source)],
+                    "vocab_size": int(tokenizer.vocab_size), "special_ids": special, "splits": {}}
         tmp = work / "out"
         tmp.mkdir()
         tmp.chmod(0o755)
         for k, (split, ids) in enumerate(split_ids.items()):
             if len(ids) == 0:
                 continue
-            rows = build_rows(registered.layout, [tokenized[i] for i in ids], np.random.default_rng([seed, 1, k]),
-                              data, special)
-            check()
-            order = np.random.default_rng([seed, 2, k]).permutation(len(rows))
-            rows = [rows[i] for i in order]
-            manifest["splits"][split] = {
-                "documents": len(ids), "examples": len(rows), "tokens": int(sum(len(r.tokens) for r in rows)),
-                **({"random_next": int(sum(r.label for r in rows))} if registered.layout == "nsp_pairs" else {}),
-                "shards": write_shards(rows, tmp, split, data.shard_size, progress),
-            }
+            with RowSpill(work / f"rows-{split}.bin") as spill:
+                for row in build_rows(registered.layout, Documents(corpus, ids), np.random.default_rng([seed, 1, k]),
+                                      data, special):
+                    spill.append(row)
+                    check()
+                spill.seal()
+                order = np.random.default_rng([seed, 2, k]).permutation(len(spill))
+                manifest["splits"][split] = {
+                    "documents": len(ids), "examples": len(spill), "tokens": spill.tokens,
+                    **({"random_next": spill.labels} if registered.layout == "nsp_pairs" else {}),
+                    "shards": write_shards(_Shuffled(spill, order), tmp, split, data.shard_size, progress),
+                }
+            os.remove(work / f"rows-{split}.bin")
+        corpus.close()
     np.save(tmp / WORD_STARTS, word_start_table(tokenizer))
-    recorded = {split: [list(origin[i]) for i in ids] for split, ids in split_ids.items()}
-    (tmp / DOCUMENTS).write_text(json.dumps(recorded))
+    _write_documents_json(tmp / DOCUMENTS, split_ids, source_of, index_in_source)
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
     _replace_dir(tmp, output_dir)
     shutil.rmtree(work)
     return manifest
-

@@ -5,7 +5,8 @@ import dataclasses
 
 # The settings that decide the stored rows: a manifest records them and prepared data must match them.
 PREPARATION_FIELDS = ("max_seq_length", "short_seq_prob", "dupe_factor", "packed", "noise_density",
-                      "mean_span_length", "valid_fraction", "seed", "shard_size", "text_field")
+                      "mean_span_length", "valid_fraction", "seed", "shard_size", "text_field",
+                      "undecodable")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -13,6 +14,7 @@ class DataConfig:
     # demo:NAME, sentence-per-line .txt files, .jsonl files (data.text_field), tfds:NAME[:SPLIT]
     corpus: tuple[str, ...] = ("demo:austen", "demo:wikipedia")
     text_field: str = "text"
+    undecodable: str = "fail"  # a corpus line that is not UTF-8: fail (naming file and line) or skip it
     tfds_data_dir: str = ""  # "": the jaxlm cache
     prepared_dir: str = "data/prepared"
     # tokenizer: a WordPiece vocab (bert-base-uncased or a vocab.txt), gpt2 or an encoder.json +
@@ -38,6 +40,7 @@ class DataConfig:
     permute_sentences: bool = True
     valid_fraction: float = 0.05
     shard_size: int = 20000
+    piece_mb: float = 16.0  # text tokenized as one unit (by one Beam worker; kept when a run is interrupted)
     seed: int = 12345
     # the input pipeline (grain): 0 builds batches in a background thread, N in N worker processes
     workers: int = 0

@@ -1,19 +1,14 @@
 """Names in a config resolved to real inputs: corpora (`demo:NAME`, text or JSONL files, `tfds:`
-datasets) read as documents of sentences, and the tokenizer (data.vocab) checked against the model."""
+datasets; `pieces.py` reads them) and the tokenizer (data.vocab) checked against the model."""
 from __future__ import annotations
 
-import json
 import pathlib
 
 from jaxlm.config import ConfigError, DataConfig, RunConfig
 from jaxlm.corpora.download import cache_dir
 from jaxlm.corpora.registry import CORPORA
-from jaxlm.corpora.text import split_sentences, text_documents
-from jaxlm.data.tfds_source import tfds_documents, tfds_fingerprint
 from jaxlm.data.tokenizers import load
 from jaxlm.data.tokenizers.roles import special_ids
-
-JSONL_SUFFIXES = (".jsonl", ".ndjson")
 
 
 def resolve_corpus(names: tuple[str, ...], fetch: bool = True) -> list[pathlib.Path | str]:
@@ -40,48 +35,9 @@ def resolve_corpus(names: tuple[str, ...], fetch: bool = True) -> list[pathlib.P
     return paths
 
 
-def text_to_sentences(text: str) -> list[str]:
-    """A document's text as sentences: each non-blank line split with `split_sentences`."""
-    return [s for line in text.splitlines() for s in split_sentences(line)]
-
-
-def jsonl_documents(path: pathlib.Path, text_field: str = "text") -> list[list[str]]:
-    """One document per line of a JSON Lines file: the object's `text_field`, split into sentences."""
-    documents = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{number} is not valid JSON ({err.msg}); JSONL needs one object per line") from None
-            if not isinstance(record, dict) or text_field not in record:
-                keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
-                raise ValueError(f"{path}:{number} has no {text_field!r} field (it has: {keys}); "
-                                 "set data.text_field to the field holding the text")
-            sentences = text_to_sentences(str(record[text_field]))
-            if sentences:
-                documents.append(sentences)
-    return documents
-
-
 def tfds_dir(setting: str | None) -> str:
     """Where `tfds:` datasets are prepared: data.tfds_data_dir, or the jaxlm cache when it is empty."""
     return setting or str(cache_dir() / "tfds")
-
-
-def read_source(source: pathlib.Path | str, text_field: str = "text",
-                tfds_data_dir: str | None = None) -> tuple[list[list[str]], dict]:
-    """(documents, what a manifest records about the source) of one resolved corpus entry."""
-    if isinstance(source, str) and source.startswith("tfds:"):
-        data_dir = tfds_dir(tfds_data_dir)
-        return tfds_documents(source, data_dir, text_field), tfds_fingerprint(source, data_dir)
-    path = pathlib.Path(source)
-    if not path.is_file():
-        raise FileNotFoundError(f"input file(s) not found: {path}")
-    documents = jsonl_documents(path, text_field) if path.suffix in JSONL_SUFFIXES else text_documents(path)
-    return documents, {"path": str(path.resolve()), "bytes": path.stat().st_size}
 
 
 def resolve_vocab(config: DataConfig) -> pathlib.Path:

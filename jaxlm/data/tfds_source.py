@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Iterator
 
 import numpy as np
 
@@ -157,14 +158,24 @@ def tfds_documents(spec: str, data_dir, text_field: str = "text") -> list[list[s
     into sentences with :func:`jaxlm.corpora.text.split_sentences`. Empty texts are skipped.
     A missing ``jaxlm_demo_corpus`` config is built into ``data_dir`` first; ``data_dir=None``
     means TFDS's default (TFDS_DATA_DIR or ~/tensorflow_datasets)."""
+    return list(tfds_range_documents(spec, data_dir, text_field))
+
+
+def tfds_range_documents(spec: str, data_dir, text_field: str = "text", start: int = 0,
+                         stop: int | None = None) -> Iterator[list[str]]:
+    """The documents of examples start..stop of a TFDS split (as `tfds_documents`), read lazily."""
     builder, split, _ = _open(spec, data_dir, text_field)
     source = _data_source(builder, split, spec)
-    documents = []
-    for index in range(len(source)):
+    for index in range(start, len(source) if stop is None else stop):
         document = _sentences(source[index][text_field])
         if document:
-            documents.append(document)
-    return documents
+            yield document
+
+
+def tfds_length(spec: str, data_dir) -> int:
+    """The number of examples of a TFDS split."""
+    builder, split, _ = _open(spec, data_dir)
+    return len(_data_source(builder, split, spec))
 
 
 def tfds_fingerprint(spec: str, data_dir) -> dict:

@@ -30,6 +30,7 @@ CASES = {
     "batch vs mesh": ({"train": {"global_batch": 12}}, [], ["global_batch=12", "batch shards"]),
     "spikes without skipping": ({}, ["train.spike_sigmas=3"], ["train.spike_sigmas=3:", "set train.nonfinite=skip"]),
     "negative workers": ({}, ["data.workers=-2"], ["data.workers=-2: use 0", "worker processes"]),
+    "unknown undecodable policy": ({}, ["data.undecodable=drop"], ["data.undecodable='drop'", "fail", "skip"]),
 }
 
 

@@ -6,6 +6,7 @@ import pytest
 from array_record.python.array_record_data_source import ArrayRecordDataSource
 
 import jaxlm.data.prepare as prep
+from jaxlm.data import pieces, tokenized
 from jaxlm.corpora.models import bert_vocab_path
 from jaxlm.corpora.registry import fetch_demo_corpus
 from jaxlm.data.pipeline import PretrainingData
@@ -128,14 +129,13 @@ def test_existing_output_is_kept_unless_overwrite(tmp_path, tokenizer):
 
 
 def test_interrupted_prepare_continues_where_it_stopped(tmp_path, tokenizer, austen, monkeypatch):
-    """Ctrl-C while tokenizing leaves the output untouched and the finished chunks on disk; the
+    """Ctrl-C while tokenizing leaves the output untouched and the finished pieces on disk; the
     same call continues from them and writes exactly what an uninterrupted run writes."""
-    kwargs = dict(valid_fraction=0.1, seed=4, shard_size=5000, progress=False)
+    kwargs = dict(valid_fraction=0.1, seed=4, shard_size=5000, piece_mb=0.15, progress=False)
     wiki = [p for p in fetch_demo_corpus() if p.name == "wikipedia.txt"]
     inputs = austen + wiki
     reference = prepare(inputs, tmp_path / "reference", tokenizer, **kwargs)
-    monkeypatch.setattr(prep, "CHUNK_DOCUMENTS", 60)
-    calls, real_tokenize = [], prep.tokenize_chunk
+    calls, real_tokenize = [], prep.tokenize_piece
 
     def interrupted_after_three(*args, **kw):
         if len(calls) == 3:
@@ -144,16 +144,16 @@ def test_interrupted_prepare_continues_where_it_stopped(tmp_path, tokenizer, aus
         return real_tokenize(*args, **kw)
 
     out = tmp_path / "data" / "out"
-    monkeypatch.setattr(prep, "tokenize_chunk", interrupted_after_three)
+    monkeypatch.setattr(prep, "tokenize_piece", interrupted_after_three)
     with pytest.raises(KeyboardInterrupt):
         prepare(inputs, out, tokenizer, **kwargs)
-    assert not out.exists() and len(list(partial_dir(out).glob("tokens-*.npz"))) == 3
+    assert not out.exists() and len(list(partial_dir(out).glob("piece-*.documents"))) == 3
 
     calls.clear()
-    monkeypatch.setattr(prep, "tokenize_chunk", lambda *a, **kw: calls.append(1) or real_tokenize(*a, **kw))
+    monkeypatch.setattr(prep, "tokenize_piece", lambda *a, **kw: calls.append(1) or real_tokenize(*a, **kw))
     manifest = prepare(inputs, out, tokenizer, **kwargs)
-    total_chunks = sum(-(-n // 60) for n in (269, len(read_documents(wiki[0]))))
-    assert len(calls) == total_chunks - 3
+    total_pieces = sum(len(pieces.plan_pieces(s, path, piece_mb=0.15)) for s, path in enumerate(inputs))
+    assert total_pieces > 6 and len(calls) == total_pieces - 3
     assert not partial_dir(out).exists() and sorted(p.name for p in out.parent.iterdir()) == ["out"]
     assert manifest["splits"] == reference["splits"]
     for split, info in manifest["splits"].items():
@@ -242,13 +242,12 @@ def test_show_is_json_friendly(train, tokenizer):
 
 def test_ctrl_c_stops_prepare_between_batches(tmp_path, austen, monkeypatch):
     """A real SIGINT while tokenizing stops prepare at the next batch even when Python handles it
-    inside a garbage-collection hook (where JAX ignores exceptions); the finished chunks stay."""
+    inside a garbage-collection hook (where JAX ignores exceptions); the finished pieces stay."""
     import gc
     import os
     import signal
 
-    monkeypatch.setattr(prep, "CHUNK_DOCUMENTS", 40)
-    monkeypatch.setattr(prep, "_TOKENIZE_BATCH", 256)
+    monkeypatch.setattr(tokenized, "TOKENIZE_BATCH", 256)
 
     def interrupt_in_gc_hook(*_):
         gc.callbacks.remove(interrupt_in_gc_hook)
@@ -269,9 +268,9 @@ def test_ctrl_c_stops_prepare_between_batches(tmp_path, austen, monkeypatch):
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
-            prepare(austen, out, Interrupting(bert_vocab_path()), progress=False)
+            prepare(austen, out, Interrupting(bert_vocab_path()), piece_mb=0.04, progress=False)
     finally:
         signal.signal(signal.SIGINT, previous)
-    kept = len(list(partial_dir(out).glob("tokens-*.npz")))
-    assert not out.exists() and 0 < kept < -(-269 // 40)
-    assert prepare(austen, out, WordPieceTokenizer(bert_vocab_path()), progress=False)["splits"]["train"]["examples"] > 0
+    kept = len(list(partial_dir(out).glob("piece-*.documents")))
+    assert not out.exists() and 0 < kept < len(pieces.plan_pieces(0, austen[0], piece_mb=0.04))
+    assert prepare(austen, out, WordPieceTokenizer(bert_vocab_path()), piece_mb=0.04, progress=False)["splits"]["train"]["examples"] > 0

@@ -1,0 +1,159 @@
+"""A corpus cut into pieces that are tokenized apart (in order by one process, or by Beam workers):
+byte ranges of text and JSONL files ending at a document boundary, example ranges of TFDS splits;
+each piece's documents read lazily, with any line that is not UTF-8 named (fatal or skipped)."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sys
+from typing import Iterator, NamedTuple
+
+from jaxlm.corpora.text import split_sentences
+from jaxlm.data import tfds_source
+
+PIECE_EXAMPLES = 20000
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+UNDECODABLE = ("fail", "skip")
+
+
+class Piece(NamedTuple):
+    source: int  # position of the source in the corpus list
+    index: int  # position of the piece in its source
+    start: int  # byte offset (files) or example index (TFDS)
+    stop: int
+    first_line: int = 1  # line number at `start` (files)
+
+
+def is_tfds(source) -> bool:
+    return isinstance(source, str) and source.startswith("tfds:")
+
+
+def text_to_sentences(text: str) -> list[str]:
+    """A document's text as sentences: each non-blank line split with `split_sentences`."""
+    return [s for line in text.splitlines() for s in split_sentences(line)]
+
+
+def plan_pieces(position: int, source, tfds_data_dir: str | None = None, *, piece_mb: float) -> list[Piece]:
+    """The pieces of one resolved corpus entry (about `piece_mb` of text or PIECE_EXAMPLES TFDS
+    examples each), in order; together they cover it exactly once."""
+    piece_bytes, piece_examples = max(1, int(piece_mb * 2**20)), PIECE_EXAMPLES
+    if is_tfds(source):
+        n = tfds_source.tfds_length(source, tfds_data_dir)
+        return [Piece(position, i, a, min(a + piece_examples, n)) for i, a in enumerate(range(0, n, piece_examples))]
+    path = pathlib.Path(source)
+    ends_a_document = (lambda line: True) if path.suffix in JSONL_SUFFIXES else (lambda line: not line.strip())
+    size = path.stat().st_size
+    pieces: list[Piece] = []
+    start, line = 0, 1
+    with open(path, "rb") as f:
+        while start < size:
+            stop = size
+            if start + piece_bytes < size:
+                f.seek(start + piece_bytes)
+                f.readline()
+                for raw in iter(f.readline, b""):
+                    if ends_a_document(raw):
+                        stop = f.tell()
+                        break
+            pieces.append(Piece(position, len(pieces), start, stop, line))
+            f.seek(start)
+            line += sum(block.count(b"\n") for block in _blocks(f, stop - start))
+            start = stop
+    return pieces
+
+
+def _blocks(f, n: int, size: int = 1 << 20) -> Iterator[bytes]:
+    while n > 0:
+        block = f.read(min(size, n))
+        if not block:
+            return
+        n -= len(block)
+        yield block
+
+
+def _lines(path: pathlib.Path, piece: Piece, undecodable: str) -> Iterator[tuple[int, str]]:
+    """(line number, text) of the piece's lines as text mode reads them (\\r, \\r\\n and \\n end a line)."""
+    number = piece.first_line
+    with open(path, "rb") as f:
+        f.seek(piece.start)
+        while f.tell() < piece.stop:
+            raw = f.readline()
+            if not raw:
+                raise FileNotFoundError(f"{path} ended at byte {f.tell()} while it was being read (it was "
+                                        f"{piece.stop} bytes or more when the preparation started); it changed "
+                                        "under the preparation: restore it and run the same command again")
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                where = f"{path}:{number}: not UTF-8 (byte {err.start} of the line: {err.reason})"
+                if undecodable == "fail":
+                    raise ValueError(f"{where}; fix the file, or set data.undecodable=skip to leave such lines out") from None
+                print(f"warning: {where}; line left out (data.undecodable=skip)", file=sys.stderr)
+            else:
+                parts = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+                for part in parts[:-1] if parts[-1] == "" else parts:
+                    yield number, part
+            number += 1
+
+
+def text_piece_documents(path: pathlib.Path, piece: Piece, undecodable: str = "fail") -> Iterator[list[str]]:
+    """Documents of a sentence-per-line file's piece; blank lines separate documents; empty ones dropped."""
+    document: list[str] = []
+    for _, line in _lines(path, piece, undecodable):
+        line = line.strip()
+        if line:
+            document.append(line)
+        elif document:
+            yield document
+            document = []
+    if document:
+        yield document
+
+
+def jsonl_piece_documents(path: pathlib.Path, piece: Piece, text_field: str = "text",
+                          undecodable: str = "fail") -> Iterator[list[str]]:
+    """One document per line of a JSON Lines file's piece: the object's `text_field`, split into sentences."""
+    for number, line in _lines(path, piece, undecodable):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number} is not valid JSON ({err.msg}); JSONL needs one object per line") from None
+        if not isinstance(record, dict) or text_field not in record:
+            keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
+            raise ValueError(f"{path}:{number} has no {text_field!r} field (it has: {keys}); "
+                             "set data.text_field to the field holding the text")
+        sentences = text_to_sentences(str(record[text_field]))
+        if sentences:
+            yield sentences
+
+
+def piece_documents(source, piece: Piece, text_field: str = "text", tfds_data_dir: str | None = None,
+                    undecodable: str = "fail") -> Iterator[list[str]]:
+    """The documents (lists of sentences) of one piece of a resolved corpus entry, read lazily."""
+    if is_tfds(source):
+        return tfds_source.tfds_range_documents(source, tfds_data_dir, text_field, piece.start, piece.stop)
+    path = pathlib.Path(source)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} disappeared while it was being prepared; restore it and run the same "
+                                "command again (finished pieces are kept)")
+    if path.suffix in JSONL_SUFFIXES:
+        return jsonl_piece_documents(path, piece, text_field, undecodable)
+    return text_piece_documents(path, piece, undecodable)
+
+
+def source_documents(source, text_field: str = "text", tfds_data_dir: str | None = None,
+                     undecodable: str = "fail") -> Iterator[list[str]]:
+    """Every document of a resolved corpus entry, read lazily."""
+    stop = tfds_source.tfds_length(source, tfds_data_dir) if is_tfds(source) else os.stat(source).st_size
+    return piece_documents(source, Piece(0, 0, 0, stop), text_field, tfds_data_dir, undecodable)
+
+
+def source_info(source, tfds_data_dir: str | None = None) -> dict:
+    """What a manifest records about a source (without its document count)."""
+    if is_tfds(source):
+        return tfds_source.tfds_fingerprint(source, tfds_data_dir)
+    path = pathlib.Path(source)
+    return {"path": str(path.resolve()), "bytes": os.stat(path).st_size}
