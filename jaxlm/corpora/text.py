@@ -43,3 +43,14 @@ def text_documents(path: pathlib.Path) -> list[list[str]]:
             elif documents[-1]:
                 documents.append([])
     return [d for d in documents if d]
+
+
+def write_repeated(paths: Iterable[pathlib.Path], target: pathlib.Path, size: int) -> None:
+    """A corpus of at least `size` bytes at `target`: the documents of `paths` (BERT text format), copied
+    over and over (a stand-in for a large corpus where only the amount matters)."""
+    documents = "".join(pathlib.Path(p).read_text(encoding="utf-8").strip("\n") + "\n\n" for p in paths)
+    tmp = target.with_name(target.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for _ in range(-(-size // len(documents.encode("utf-8")))):
+            f.write(documents)
+    tmp.replace(target)

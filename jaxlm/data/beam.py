@@ -3,13 +3,22 @@ a worker into the preparation's work directory, the same files byte for byte as 
 tokenization writes, so the rows built from them are the same whatever the runner and workers."""
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import re
+import sys
+import threading
+import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
-import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions
+import psutil
+
+# Beam's import warns on the root logger that Google Cloud's optional clients are absent
+logging.getLogger().addFilter(lambda record: not record.getMessage().startswith("apitools not found"))
+import apache_beam as beam  # noqa: E402
+from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
 from jaxlm.data.pieces import Piece, piece_documents
 from jaxlm.data.settings import DataConfig
@@ -18,6 +27,8 @@ from jaxlm.data.tokenized import piece_done, piece_path, tokenize_piece
 
 RUNNER_NAMES = {"direct": "DirectRunner", "dataflow": "DataflowRunner", "flink": "FlinkRunner",
                 "spark": "SparkRunner", "prism": "PrismRunner"}
+WORKER_GRACE_S = 10
+STOP_WAIT_S = 5
 # the exceptions a worker raises for bad input, re-raised here with the worker's message
 _INPUT_ERRORS = {"ValueError": ValueError, "FileNotFoundError": FileNotFoundError, "OSError": OSError,
                  "UnicodeDecodeError": ValueError}
@@ -49,28 +60,95 @@ def direct_workers(workers: int) -> list[str]:
 
 
 def tokenize_on_beam(pieces: Sequence[Piece], inputs: Sequence, tokenizer, work: Path, data: DataConfig,
-                     runner: str, beam_args: Sequence[str] = ()) -> None:
+                     runner: str, beam_args: Sequence[str] = (), check: Callable[[], None] = lambda: None) -> None:
     """Runs the pipeline over the pieces not yet in `work` and waits for it; a worker's input error
-    comes back as the same exception with the worker's message."""
+    comes back as the same exception with the worker's message, a worker's death as a RuntimeError."""
     todo = [tuple(p) for p in pieces if not piece_done(work, p)]
     if not todo:
         return
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
-    try:
+
+    def run():
         with beam.Pipeline(options=pipeline_options(runner, beam_args)) as pipeline:
             _ = (pipeline | "pieces" >> beam.Create(todo) | "spread" >> beam.Reshuffle()
                  | "tokenize" >> beam.ParDo(TokenizePiece(inputs, tokenizer, str(work), data)))
+
+    log = work / "beam.log"
+    try:
+        with _stderr_to(log):
+            _run_watching_workers(run, check)
+    except KeyboardInterrupt:
+        raise
     except Exception as err:  # noqa: BLE001 - Beam wraps a worker's exception in its own types
-        raise _worker_error(err) from None
+        raise _worker_error(err, log) from None
 
 
-def _worker_error(err: Exception) -> Exception:
-    """The input error a worker raised, found in Beam's wrapped message; otherwise a RuntimeError."""
-    if type(err).__name__ in _INPUT_ERRORS and type(err) in _INPUT_ERRORS.values():
+@contextlib.contextmanager
+def _stderr_to(path: Path):
+    """This process's stderr, and so that of the workers it starts, appended to `path` in the block:
+    Beam's and its workers' logs (and their tracebacks when Ctrl-C reaches them) stay off the terminal."""
+    saved, target = os.dup(2), os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stderr.flush()
+    os.dup2(target, 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(target)
+
+
+def _run_watching_workers(run: Callable[[], None], check: Callable[[], None], poll_s: float = 0.2) -> None:
+    """`run()` in a thread, watched: Beam's direct runner waits forever on a worker process that died, so
+    a dead worker (or Ctrl-C, via `check`) stops the remaining workers and raises here."""
+    failure: list[BaseException] = []
+
+    def target():
+        try:
+            run()
+        except BaseException as err:  # noqa: BLE001 - handed to the waiting thread
+            failure.append(err)
+
+    thread = threading.Thread(target=target, name="beam-pipeline", daemon=True)
+    thread.start()
+    me, workers, first_death = psutil.Process(), {}, {}
+    try:
+        while thread.is_alive():
+            thread.join(poll_s)
+            check()
+            for child in me.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if child.pid not in workers and "sdk_worker_main" in " ".join(child.cmdline()):
+                        workers[child.pid] = child
+            for pid, worker in workers.items():
+                if not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE:
+                    first_death.setdefault(pid, time.monotonic())
+            # workers also exit when the pipeline ends: a death counts once the pipeline outlives it
+            dead = [pid for pid, when in first_death.items() if time.monotonic() - when > WORKER_GRACE_S]
+            if dead and thread.is_alive():
+                raise RuntimeError(f"the Beam pipeline failed: worker process {dead[0]} died (killed, or out of "
+                                   "memory?); tokenized pieces that finished are kept, run the same command again")
+    except BaseException:
+        for worker in workers.values():
+            with contextlib.suppress(psutil.Error):
+                worker.kill()
+        thread.join(STOP_WAIT_S)  # Beam's threads report the killed workers into the log, not the terminal
+        raise
+    if failure:
+        raise failure[0]
+
+
+def _worker_error(err: Exception, log: Path) -> Exception:
+    """The input error a worker raised, found in Beam's wrapped message; otherwise a RuntimeError
+    pointing at the pipeline's log."""
+    if type(err) in _INPUT_ERRORS.values():
         return err
     found = re.findall(rf"^(?:\w+\.)*({'|'.join(_INPUT_ERRORS)}): (.+)$", str(err), re.MULTILINE)
     if found:
         name, message = found[-1]
         return _INPUT_ERRORS[name](re.sub(r" \[while running .*\]$", "", message))
+    if str(err).startswith("the Beam pipeline failed"):
+        return RuntimeError(f"{err} (Beam's log: {log})")
     last = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
-    return RuntimeError(f"the Beam pipeline failed: {last}")
+    return RuntimeError(f"the Beam pipeline failed: {last} (Beam's log: {log})")

@@ -15,13 +15,21 @@ class Instance(NamedTuple):
 
 
 def truncate_pair(a: list[int], b: list[int], max_num_tokens: int, rng: np.random.Generator) -> None:
-    """Shortens the longer of a and b, one token at a time from a random end, until both fit."""
-    while len(a) + len(b) > max_num_tokens:
-        longer = a if len(a) > len(b) else b
-        if rng.random() < 0.5:
-            del longer[0]
-        else:
-            longer.pop()
+    """Shortens the longer of a and b, one token at a time from a random end, until both fit (one
+    uniform draw per token removed, drawn at once; the cuts made once at the end)."""
+    excess = len(a) + len(b) - max_num_tokens
+    if excess <= 0:
+        return
+    cuts = {id(a): [0, 0], id(b): [0, 0]}  # tokens off the front, off the back
+    left = {id(a): len(a), id(b): len(b)}
+    for from_front in (rng.random(excess) < 0.5).tolist():
+        longer = id(a) if left[id(a)] > left[id(b)] else id(b)
+        left[longer] -= 1
+        cuts[longer][0 if from_front else 1] += 1
+    for side in (a, b):
+        front, back = cuts[id(side)]
+        del side[len(side) - back:]
+        del side[:front]
 
 
 def _random_segments(documents: Sequence[Document], exclude: int, target: int,
@@ -32,8 +40,8 @@ def _random_segments(documents: Sequence[Document], exclude: int, target: int,
         other += 1
     doc = documents[other]
     out: list[int] = []
-    for segment in doc[int(rng.integers(len(doc))):]:
-        out.extend(segment)
+    for k in range(int(rng.integers(len(doc))), len(doc)):  # by index: a stored document reads only these
+        out.extend(doc[k])
         if len(out) >= target:
             break
     return out
@@ -50,7 +58,7 @@ def instances_from_document(documents: Sequence[Document], index: int, max_seq_l
     With `random_next_prob=0` (ALBERT's sentence-order pairs) B always continues A, and
     one-sentence documents give no pairs.
     """
-    document = documents[index]
+    document = list(documents[index])
     max_num_tokens = max_seq_length - 3
     target = max_num_tokens
     if rng.random() < short_seq_prob:

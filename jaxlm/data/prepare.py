@@ -251,7 +251,7 @@ def prepare(input_files: Sequence[str | os.PathLike], output_dir: str | os.PathL
         if runner:
             # Beam takes seconds to import and only this path needs it
             from jaxlm.data.beam import tokenize_on_beam
-            tokenize_on_beam(pieces, input_files, tokenizer, work, data, runner, beam_args)
+            tokenize_on_beam(pieces, input_files, tokenizer, work, data, runner, beam_args, check)
         else:
             tokenize_pieces(pieces, input_files, tokenizer, work, data, progress, check)
         corpus = TokenizedCorpus(work, pieces)

@@ -90,17 +90,43 @@ class TokenizedCorpus:
             self._fds[key] = os.open((self._paths, self._sentence_paths)[which][piece], os.O_RDONLY)
         return np.frombuffer(os.pread(self._fds[key], 4 * count, 4 * start), "<i4")
 
-    def document(self, index: int) -> list[list[int]]:
+    def document(self, index: int) -> "StoredDocument":
         piece = int(self._piece[index])
         lengths = self._read(1, piece, int(self._sentence_start[index]), int(self._sentences[index]))
-        tokens = self._read(0, piece, int(self._token_start[index]), int(self.n_tokens[index])).tolist()
-        bounds = np.r_[0, np.cumsum(lengths)].tolist()
-        return [tokens[a:b] for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+        return StoredDocument(self, piece, int(self._token_start[index]), lengths[lengths > 0])
 
     def close(self) -> None:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+
+
+class StoredDocument(Sequence):
+    """A document's non-empty sentences (token lists), read from its piece when indexed or iterated."""
+
+    def __init__(self, corpus: TokenizedCorpus, piece: int, token_start: int, lengths: np.ndarray):
+        self._corpus, self._piece, self._start = corpus, piece, token_start
+        self._bounds = np.r_[0, np.cumsum(lengths)].tolist()
+
+    def __len__(self) -> int:
+        return len(self._bounds) - 1
+
+    def _sentences(self, a: int, b: int) -> list[list[int]]:
+        first, bounds = self._bounds[a], self._bounds[a:b + 1]
+        tokens = self._corpus._read(0, self._piece, self._start + first, bounds[-1] - first).tolist()
+        return [tokens[x - first:y - first] for x, y in zip(bounds[:-1], bounds[1:])]
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            a, b, step = k.indices(len(self))
+            return self._sentences(a, max(a, b))[::step]
+        if not -len(self) <= k < len(self):
+            raise IndexError(k)
+        k %= len(self)
+        return self._sentences(k, k + 1)[0]
+
+    def __iter__(self):
+        return iter(self._sentences(0, len(self)))
 
 
 class Documents(Sequence):

@@ -1,0 +1,90 @@
+"""Preparation at corpus scale: a corpus of --mb megabytes made of the demo corpora's documents repeated,
+prepared by `jaxlm prepare` in-process and on Beam's direct runner with 1 and 2 workers; one table of
+MB of text per second and peak memory (the command and its worker processes together, sampled every
+0.1 s), and whether every run wrote the same files.
+
+    python bench/prepare.py --mb 2048 [--config configs/bert-tiny.yaml] [--runs inprocess,beam1,beam2]
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import psutil
+
+from jaxlm.corpora.registry import fetch_demo_corpus
+from jaxlm.corpora.text import write_repeated
+
+RUNS = {"inprocess": [], "beam1": ["--runner", "direct"], "beam2": ["--runner", "direct", "--workers", "2"]}
+
+
+def tree_rss(process: psutil.Process) -> int:
+    """Resident bytes of a process and all its descendants."""
+    total = 0
+    for p in [process, *process.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def run(command: list[str]) -> tuple[float, int]:
+    """(seconds, peak resident bytes of the process tree) of a command that must succeed."""
+    start = time.perf_counter()
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    watched, peak = psutil.Process(child.pid), 0
+    while child.poll() is None:
+        try:
+            peak = max(peak, tree_rss(watched))
+        except psutil.Error:
+            pass
+        time.sleep(0.1)
+    output = child.stdout.read()
+    if child.returncode:
+        sys.exit(f"{' '.join(command)} failed:\n{output}")
+    return time.perf_counter() - start, peak
+
+
+def digest(directory: pathlib.Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(directory.iterdir()):
+        h.update(path.name.encode() + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=float, default=2048)
+    parser.add_argument("--config", default="configs/bert-tiny.yaml")
+    parser.add_argument("--runs", default=",".join(RUNS))
+    parser.add_argument("--dir", default=".bench-data/prepare")
+    parser.add_argument("--set", action="append", default=[], help="a config override, e.g. data.dupe_factor=5")
+    args = parser.parse_args()
+    root = pathlib.Path(args.dir)
+    root.mkdir(parents=True, exist_ok=True)
+    corpus = root / f"corpus-{args.mb:g}mb.txt"
+    if not corpus.is_file():
+        write_repeated(fetch_demo_corpus(), corpus, int(args.mb * 2**20))
+    mb = corpus.stat().st_size / 2**20
+    print(f"corpus {corpus}: {mb:,.0f} MB; config {args.config} {' '.join(args.set)}", flush=True)
+    print("| run | workers | seconds | MB/s | peak memory (GiB) | output digest |")
+    print("|---|---|---|---|---|---|")
+    for name in args.runs.split(","):
+        out = root / f"out-{name}"
+        command = [sys.executable, "-m", "jaxlm.cli", "prepare", args.config, f"data.corpus=[{corpus}]",
+                   f"data.prepared_dir={out}", *args.set, "--overwrite", *RUNS[name]]
+        seconds, peak = run(command)
+        workers = RUNS[name][-1] if "--workers" in RUNS[name] else ("1" if RUNS[name] else "-")
+        print(f"| {name} | {workers} | {seconds:,.0f} | {mb / seconds:,.2f} | {peak / 2**30:.2f} | {digest(out)} |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    main()
