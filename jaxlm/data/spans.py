@@ -1,6 +1,7 @@
 """Word-level masking for encoders: BERT whole-word masking and SpanBERT span masking."""
 from __future__ import annotations
 
+import bisect
 from typing import Iterable, NamedTuple
 
 import numpy as np
@@ -33,16 +34,17 @@ def prediction_budget(num_candidates: int, mask_prob: float, max_predictions: in
     return min(max_predictions, max(1, int(round(num_candidates * mask_prob))), num_candidates)
 
 
-def apply_actions(tokens: np.ndarray, groups: list[np.ndarray], rng: np.random.Generator, *,
+def apply_actions(tokens: np.ndarray, groups: list[tuple[int, int]], rng: np.random.Generator, *,
                   vocab_size: int, mask_id: int, special_ids: Iterable[int]) -> np.ndarray:
-    """BERT's 80% [MASK] / 10% random / 10% unchanged, one draw per group (word or span)."""
+    """BERT's 80% [MASK] / 10% random / 10% unchanged, one draw per group (a word or span: the
+    tokens start..end)."""
     inputs = tokens.copy()
-    action = rng.random(len(groups))
-    for group, a in zip(groups, action):
+    action = rng.random(len(groups)).tolist()
+    for (start, end), a in zip(groups, action):
         if a < 0.8:
-            inputs[group] = mask_id
+            inputs[start:end] = mask_id
         elif a < 0.9:
-            inputs[group] = random_non_special(rng, len(group), vocab_size, special_ids)
+            inputs[start:end] = random_non_special(rng, end - start, vocab_size, special_ids)
     return inputs
 
 
@@ -88,12 +90,12 @@ def mask_words(tokens: np.ndarray, word_starts: np.ndarray, rng: np.random.Gener
     for w in rng.permutation(len(starts)):
         size = ends[w] - starts[w]
         if total + size <= budget:
-            chosen.append(np.arange(starts[w], ends[w]))
+            chosen.append((int(starts[w]), int(ends[w])))
             total += size
         if total >= budget:
             break
     inputs = apply_actions(tokens, chosen, rng, vocab_size=vocab_size, mask_id=mask_id, special_ids=special_ids)
-    positions = np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, np.int64)
+    positions = np.sort(np.concatenate([np.arange(a, b) for a, b in chosen])) if chosen else np.zeros(0, np.int64)
     return mlm_arrays(tokens, inputs, positions, len(tokens) if len_a is None else len_a,
                       max_seq_length=max_seq_length, max_predictions=max_predictions, pad_id=pad_id)
 
@@ -164,9 +166,9 @@ def sample_spans(word_starts: np.ndarray, candidates: np.ndarray, rng: np.random
     spans: list[tuple[int, int, int]] = []
     left = budget
     cdf = np.cumsum(pmf)
-    cdf /= cdf[-1]
+    cdf = (cdf / cdf[-1]).tolist()
     while left > 0 and num_words:
-        length = int(cdf.searchsorted(rng.random(), side="right")) + 1  # = rng.choice(len(pmf), p=pmf)
+        length = bisect.bisect_right(cdf, rng.random()) + 1  # = rng.choice(len(pmf), p=pmf)
         best, w = length, None
         for _ in range(tries if length <= left else 0):
             candidate = min(int(rng.random() * num_words), num_words - 1)
@@ -203,18 +205,20 @@ def span_mask(tokens: np.ndarray, word_starts: np.ndarray, rng: np.random.Genera
     candidates = candidate_mask(tokens, special_ids)
     budget = prediction_budget(int(candidates.sum()), mask_prob, max_predictions)
     spans = sample_spans(word_starts, candidates, rng, budget=budget, pmf=clipped_geometric(p, max_span))
-    groups = [np.arange(s, e) for s, e in zip(spans.starts, spans.ends)]
-    inputs = apply_actions(tokens, groups, rng, vocab_size=vocab_size, mask_id=mask_id, special_ids=special_ids)
-    positions = np.concatenate(groups) if groups else np.zeros(0, np.int64)
-    span_start = np.repeat(spans.starts, spans.ends - spans.starts)
-    span_end = np.repeat(spans.ends, spans.ends - spans.starts)
-    order = np.argsort(positions, kind="stable")
-    out = mlm_arrays(tokens, inputs, positions[order], len(tokens), max_seq_length=max_seq_length,
+    inputs = apply_actions(tokens, list(zip(spans.starts.tolist(), spans.ends.tolist())), rng, vocab_size=vocab_size,
+                           mask_id=mask_id, special_ids=special_ids)
+    # the spans are disjoint: their tokens in position order are the spans in start order, expanded
+    by_start = np.argsort(spans.starts)
+    starts, ends = spans.starts[by_start], spans.ends[by_start]
+    lengths = ends - starts
+    num = int(lengths.sum())
+    span_start, span_end = np.repeat(starts, lengths), np.repeat(ends, lengths)
+    offsets_in_span = np.arange(num) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    out = mlm_arrays(tokens, inputs, span_start + offsets_in_span, len(tokens), max_seq_length=max_seq_length,
                      max_predictions=max_predictions, pad_id=pad_id)
-    num = len(positions)
     pairs = np.zeros((max_predictions, 2), np.int32)
-    pairs[:num, 0] = span_start[order] - 1
-    pairs[:num, 1] = span_end[order]
+    pairs[:num, 0] = span_start - 1
+    pairs[:num, 1] = span_end
     offsets = np.zeros(max_predictions, np.int32)
-    offsets[:num] = (positions - span_start)[order]
+    offsets[:num] = offsets_in_span
     return out | {"pair_positions": pairs, "span_offsets": offsets}
