@@ -15,7 +15,7 @@ from jaxlm.corpora.registry import fetch_austen
 from jaxlm.corpora.text import text_documents
 from jaxlm.data.denoising import t5_lengths
 from jaxlm.data.layouts import encode_row
-from jaxlm.data.pipeline import PretrainingData
+from jaxlm.data.pipeline import PretrainingData, row_generators
 from jaxlm.data.prepare import WORD_STARTS, partial_dir, prepare
 from jaxlm.data.sources import model_tokenizer
 from jaxlm.families import make_objective
@@ -607,3 +607,9 @@ def test_roberta_pad_id_must_match_the_tokenizer():
         model_tokenizer(config)
     config = jaxlm_config.load(ROOT / "configs" / "roberta-tiny.yaml", ["model.pad_token_id=1", "model.position_offset=0"])
     assert model_tokenizer(config).vocab_size == 30522
+
+
+def test_row_generators_are_default_rng_of_seed_epoch_index():
+    for seed, epoch, indices in ((3, 0, [0, 5, 2**31 + 7]), (2**40, 1, [4]), (7, 2, [2**33])):
+        got = [g.random(4).tolist() for g in row_generators(seed, epoch, indices)]
+        assert got == [np.random.default_rng([seed, epoch, i]).random(4).tolist() for i in indices]
