@@ -1,6 +1,7 @@
 """Encoder-decoder corruptions: T5 span corruption, BART text infilling and sentence permutation."""
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -44,15 +45,17 @@ def seq2seq_arrays(inputs: np.ndarray, targets: np.ndarray, *, max_seq_length: i
 def random_segmentation(num_items: int, num_segments: int, rng: np.random.Generator) -> np.ndarray:
     """T5's `_random_segmentation`: lengths of a uniformly random split of num_items into
     num_segments non-empty segments."""
-    first_in_segment = np.concatenate([[0], rng.permutation(np.arange(num_items - 1) < num_segments - 1)])
+    first_in_segment = np.zeros(num_items, np.int64)
+    first_in_segment[1:] = rng.permutation(np.arange(num_items - 1) < num_segments - 1)
     return np.bincount(np.cumsum(first_in_segment), minlength=num_segments)
 
 
+@functools.lru_cache(maxsize=1024)
 def t5_noise_counts(length: int, noise_density: float, mean_span_length: float) -> tuple[int, int]:
     """(noise tokens, noise spans) as T5 computes them (round half to even, like tf.round)."""
     length = max(length, 2)
-    num_noise = min(max(int(np.round(length * noise_density)), 1), length - 1)
-    return num_noise, max(int(np.round(num_noise / mean_span_length)), 1)
+    num_noise = min(max(round(length * noise_density), 1), length - 1)
+    return num_noise, max(round(num_noise / mean_span_length), 1)
 
 
 def random_spans_noise_mask(length: int, rng: np.random.Generator, noise_density: float = 0.15,
@@ -61,9 +64,9 @@ def random_spans_noise_mask(length: int, rng: np.random.Generator, noise_density
     num_noise, num_spans = t5_noise_counts(length, noise_density, mean_span_length)
     noise_lengths = random_segmentation(num_noise, num_spans, rng)
     nonnoise_lengths = random_segmentation(max(length, 2) - num_noise, num_spans, rng)
-    interleaved = np.stack([nonnoise_lengths, noise_lengths], axis=1).reshape(-1)
-    span_index = np.repeat(np.arange(2 * num_spans), interleaved)
-    return (span_index % 2 == 1)[:length]
+    interleaved = np.empty(2 * num_spans, np.int64)
+    interleaved[0::2], interleaved[1::2] = nonnoise_lengths, noise_lengths
+    return np.repeat(np.tile([False, True], num_spans), interleaved)[:length]
 
 
 def t5_input_target_lengths(inputs_length: int, noise_density: float = 0.15,
@@ -171,11 +174,9 @@ def infill(tokens: np.ndarray, rng: np.random.Generator, *, mask_id: int, mask_r
     tokens = np.asarray(tokens, np.int32)
     n = len(tokens)
     spans = sample_infill_spans(n, rng, mask_ratio=mask_ratio, poisson_lambda=poisson_lambda)
-    cover = np.zeros(n + 1, np.int32)
-    np.add.at(cover, spans.starts, 1)
-    np.add.at(cover, spans.starts + spans.lengths, -1)
-    keep = np.cumsum(cover[:n]) == 0
     masks_before = np.bincount(spans.starts, minlength=n + 1)
+    cover = masks_before - np.bincount(spans.starts + spans.lengths, minlength=n + 1)
+    keep = np.cumsum(cover[:n]) == 0
     emitted = masks_before + np.append(keep, False)  # what each position writes: its masks, then itself
     out = np.full(int(emitted.sum()), mask_id, np.int32)
     out[(np.cumsum(emitted) - 1)[:n][keep]] = tokens[keep]
@@ -184,7 +185,10 @@ def infill(tokens: np.ndarray, rng: np.random.Generator, *, mask_id: int, mask_r
 
 def permute_sentences(sentences: Sequence[Sequence[int]], rng: np.random.Generator) -> np.ndarray:
     """BART's sentence permutation: the sentences in a uniformly random order, concatenated."""
-    return np.array([t for i in rng.permutation(len(sentences)) for t in sentences[i]], np.int32)
+    order = rng.permutation(len(sentences)).tolist()
+    if not order:
+        return np.zeros(0, np.int32)
+    return np.concatenate([np.asarray(sentences[i], np.int32) for i in order]).astype(np.int32, copy=False)
 
 
 def bart_text_infilling(tokens: np.ndarray, rng: np.random.Generator, *, mask_id: int,

@@ -123,8 +123,10 @@ def t5_transform(manifest: dict, table: np.ndarray, data: DataConfig) -> Transfo
     special, seq = manifest["special_ids"], manifest["max_seq_length"]
     pad, target = _pad_id(special), t5_lengths(data)[1]
 
+    sentinels = np.asarray(special["sentinels"], np.int64)
+
     def transform(rows, rngs):
-        pairs = [t5_corrupt(row.tokens, rng, sentinel_ids=special["sentinels"], eos_id=special["eos"],
+        pairs = [t5_corrupt(row.tokens, rng, sentinel_ids=sentinels, eos_id=special["eos"],
                             noise_density=data.noise_density, mean_span_length=data.mean_span_length)
                  for row, rng in zip(rows, rngs)]
         return seq2seq_batch([p[0] for p in pairs], [p[1] for p in pairs], max_seq_length=seq,
