@@ -11,7 +11,7 @@ from jaxlm.data.layouts import Row
 from jaxlm.data.masking import TokenMasker
 from jaxlm.data.packing import causal_example, sentence_order_pair
 from jaxlm.data.settings import DataConfig
-from jaxlm.data.spans import mask_words, span_mask
+from jaxlm.data.spans import mlm_batch, spans_masked, whole_words
 
 # rows and one generator per row -> the batch fields, stacked; row i depends on rows[i] and rngs[i] only
 Transform = Callable[[list[Row], list[np.random.Generator]], dict]
@@ -51,9 +51,11 @@ def _masker(manifest: dict, table: np.ndarray, data: DataConfig):
     if not data.whole_word_masking:
         masker = TokenMasker(**mlm)
         return lambda tokens, len_a, rows, rngs: masker.batch(tokens, len_a, rngs)
-    return lambda tokens, len_a, rows, rngs: stack([
-        mask_words(t, word_starts(r._replace(tokens=t), table), rng, len_a=a, **mlm)
-        for t, a, r, rng in zip(tokens, len_a, rows, rngs)])
+    pad_id = mlm.pop("pad_id")
+    return lambda tokens, len_a, rows, rngs: mlm_batch([
+        whole_words(t, word_starts(r._replace(tokens=t), table), rng, len_a=a, **mlm)
+        for t, a, r, rng in zip(tokens, len_a, rows, rngs)], max_seq_length=mlm["max_seq_length"],
+        max_predictions=mlm["max_predictions"], pad_id=pad_id)
 
 
 def nsp_transform(manifest: dict, table: np.ndarray, data: DataConfig) -> Transform:
@@ -95,10 +97,12 @@ def sentence_mlm_transform(manifest: dict, table: np.ndarray, data: DataConfig) 
 def span_transform(manifest: dict, table: np.ndarray, data: DataConfig) -> Transform:
     """SpanBERT: geometric spans of whole words masked, with their boundary positions."""
     mlm = _mlm_settings(manifest, data)
+    pad_id = mlm.pop("pad_id")
 
-    @per_row
-    def transform(row, rng):
-        return span_mask(row.tokens, word_starts(row, table), rng, p=data.span_p, max_span=data.max_span, **mlm)
+    def transform(rows, rngs):
+        return mlm_batch([spans_masked(row.tokens, word_starts(row, table), rng, p=data.span_p, max_span=data.max_span,
+                                       **mlm) for row, rng in zip(rows, rngs)],
+                         max_seq_length=mlm["max_seq_length"], max_predictions=mlm["max_predictions"], pad_id=pad_id)
 
     return transform
 

@@ -48,23 +48,52 @@ def apply_actions(tokens: np.ndarray, groups: list[tuple[int, int]], rng: np.ran
     return inputs
 
 
-def mlm_arrays(tokens: np.ndarray, inputs: np.ndarray, positions: np.ndarray, len_a: int, *,
-               max_seq_length: int, max_predictions: int, pad_id: int) -> dict[str, np.ndarray]:
-    """The padded fields of `masked_lm_fields`, from the corrupted inputs and sorted positions."""
-    n, num = len(tokens), len(positions)
-    input_ids = np.full(max_seq_length, pad_id, np.int32)
-    input_ids[:n] = inputs
-    segment_ids = np.zeros(max_seq_length, np.int32)
-    segment_ids[len_a:n] = 1
-    input_mask = (np.arange(max_seq_length) < n).astype(np.int32)
-    masked_positions = np.zeros(max_predictions, np.int32)
-    masked_positions[:num] = positions
-    masked_labels = np.zeros(max_predictions, np.int32)
-    masked_labels[:num] = tokens[positions]
-    masked_weights = (np.arange(max_predictions) < num).astype(np.float32)
-    return {"input_ids": input_ids, "segment_ids": segment_ids, "input_mask": input_mask,
-            "masked_positions": masked_positions, "masked_labels": masked_labels,
-            "masked_weights": masked_weights}
+class Masked(NamedTuple):
+    """One row's masking: what `mlm_batch` lays into the batch."""
+    tokens: np.ndarray  # the row
+    inputs: np.ndarray  # the row corrupted
+    positions: np.ndarray  # the masked positions, ascending
+    len_a: int  # length of the [CLS] A [SEP] part (segment 0)
+    span_starts: np.ndarray | None = None  # SpanBERT: each target's span, start..end
+    span_ends: np.ndarray | None = None
+
+
+def mlm_batch(rows: list[Masked], *, max_seq_length: int, max_predictions: int,
+              pad_id: int) -> dict[str, np.ndarray]:
+    """The padded fields of `masked_lm_fields` for a batch of masked rows (with SpanBERT's
+    `pair_positions` and `span_offsets` when the rows carry spans)."""
+    b = len(rows)
+    input_ids = np.full((b, max_seq_length), pad_id, np.int32)
+    original = np.zeros((b, max_seq_length), np.int32)
+    masked_positions = np.zeros((b, max_predictions), np.int32)
+    lengths = np.array([len(r.tokens) for r in rows], np.int64)
+    counts = np.array([len(r.positions) for r in rows], np.int64)
+    for k, row in enumerate(rows):
+        input_ids[k, :lengths[k]] = row.inputs
+        original[k, :lengths[k]] = row.tokens
+        masked_positions[k, :counts[k]] = row.positions
+    columns = np.arange(max_seq_length)
+    len_a = np.array([r.len_a for r in rows], np.int64)
+    masked_weights = np.arange(max_predictions) < counts[:, None]
+    out = {"input_ids": input_ids,
+           "segment_ids": ((columns >= len_a[:, None]) & (columns < lengths[:, None])).astype(np.int32),
+           "input_mask": (columns < lengths[:, None]).astype(np.int32),
+           "masked_positions": masked_positions,
+           "masked_labels": np.where(masked_weights, np.take_along_axis(original, masked_positions, 1), 0).astype(np.int32),
+           "masked_weights": masked_weights.astype(np.float32)}
+    if b and rows[0].span_starts is not None:
+        pairs = np.zeros((b, max_predictions, 2), np.int32)
+        offsets = np.zeros((b, max_predictions), np.int32)
+        for k, row in enumerate(rows):
+            pairs[k, :counts[k], 0] = row.span_starts - 1
+            pairs[k, :counts[k], 1] = row.span_ends
+            offsets[k, :counts[k]] = row.positions - row.span_starts
+        out |= {"pair_positions": pairs, "span_offsets": offsets}
+    return out
+
+
+def first_row(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {name: value[0] for name, value in batch.items()}
 
 
 def _check_length(n: int, max_seq_length: int) -> None:
@@ -72,12 +101,11 @@ def _check_length(n: int, max_seq_length: int) -> None:
         raise ValueError(f"example has {n} tokens, more than max_seq_length={max_seq_length}")
 
 
-def mask_words(tokens: np.ndarray, word_starts: np.ndarray, rng: np.random.Generator, *,
-               vocab_size: int, mask_id: int, special_ids: Iterable[int], max_seq_length: int,
-               max_predictions: int, mask_prob: float = 0.15, len_a: int | None = None,
-               pad_id: int = 0) -> dict[str, np.ndarray]:
-    """BERT's whole-word masking: words in random order, each taken whole while it fits in the
-    budget of ~mask_prob of the non-special tokens; one 80/10/10 action per word.
+def whole_words(tokens: np.ndarray, word_starts: np.ndarray, rng: np.random.Generator, *,
+                vocab_size: int, mask_id: int, special_ids: Iterable[int], max_seq_length: int,
+                max_predictions: int, mask_prob: float = 0.15, len_a: int | None = None) -> Masked:
+    """BERT's whole-word masking of one row: words in random order, each taken whole while it fits in
+    the budget of ~mask_prob of the non-special tokens; one 80/10/10 action per word.
 
     `len_a` is the length of the [CLS] A [SEP] part (segment 0); None: one segment."""
     tokens = np.asarray(tokens, np.int32)
@@ -96,8 +124,16 @@ def mask_words(tokens: np.ndarray, word_starts: np.ndarray, rng: np.random.Gener
             break
     inputs = apply_actions(tokens, chosen, rng, vocab_size=vocab_size, mask_id=mask_id, special_ids=special_ids)
     positions = np.sort(np.concatenate([np.arange(a, b) for a, b in chosen])) if chosen else np.zeros(0, np.int64)
-    return mlm_arrays(tokens, inputs, positions, len(tokens) if len_a is None else len_a,
-                      max_seq_length=max_seq_length, max_predictions=max_predictions, pad_id=pad_id)
+    return Masked(tokens, inputs, positions, len(tokens) if len_a is None else len_a)
+
+
+def mask_words(tokens: np.ndarray, word_starts: np.ndarray, rng: np.random.Generator, *,
+               max_seq_length: int, max_predictions: int, pad_id: int = 0, **settings) -> dict[str, np.ndarray]:
+    """`whole_words` of one row as its padded fields."""
+    masked = whole_words(tokens, word_starts, rng, max_seq_length=max_seq_length, max_predictions=max_predictions,
+                         **settings)
+    return first_row(mlm_batch([masked], max_seq_length=max_seq_length, max_predictions=max_predictions,
+                               pad_id=pad_id))
 
 
 def clipped_geometric(p: float = 0.2, max_span: int = 10) -> np.ndarray:
@@ -192,13 +228,12 @@ def sample_spans(word_starts: np.ndarray, candidates: np.ndarray, rng: np.random
     return Spans(*np.array(spans, np.int64).reshape(-1, 3).T)
 
 
-def span_mask(tokens: np.ndarray, word_starts: np.ndarray, rng: np.random.Generator, *,
-              vocab_size: int, mask_id: int, special_ids: Iterable[int], max_seq_length: int,
-              max_predictions: int, mask_prob: float = 0.15, p: float = 0.2, max_span: int = 10,
-              pad_id: int = 0) -> dict[str, np.ndarray]:
-    """SpanBERT masking: whole-word spans (lengths from `clipped_geometric`) until ~mask_prob of
-    the non-special tokens, one 80/10/10 action per span, and for every target its span's
-    boundary tokens (`pair_positions`) and its 0-based place in the span (`span_offsets`)."""
+def spans_masked(tokens: np.ndarray, word_starts: np.ndarray, rng: np.random.Generator, *,
+                 vocab_size: int, mask_id: int, special_ids: Iterable[int], max_seq_length: int,
+                 max_predictions: int, mask_prob: float = 0.15, p: float = 0.2, max_span: int = 10) -> Masked:
+    """SpanBERT masking of one row: whole-word spans (lengths from `clipped_geometric`) until
+    ~mask_prob of the non-special tokens, one 80/10/10 action per span, and for every target its
+    span (whose boundary tokens SBO reads)."""
     tokens = np.asarray(tokens, np.int32)
     _check_length(len(tokens), max_seq_length)
     special_ids = tuple(special_ids)
@@ -211,14 +246,16 @@ def span_mask(tokens: np.ndarray, word_starts: np.ndarray, rng: np.random.Genera
     by_start = np.argsort(spans.starts)
     starts, ends = spans.starts[by_start], spans.ends[by_start]
     lengths = ends - starts
-    num = int(lengths.sum())
     span_start, span_end = np.repeat(starts, lengths), np.repeat(ends, lengths)
-    offsets_in_span = np.arange(num) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    out = mlm_arrays(tokens, inputs, span_start + offsets_in_span, len(tokens), max_seq_length=max_seq_length,
-                     max_predictions=max_predictions, pad_id=pad_id)
-    pairs = np.zeros((max_predictions, 2), np.int32)
-    pairs[:num, 0] = span_start - 1
-    pairs[:num, 1] = span_end
-    offsets = np.zeros(max_predictions, np.int32)
-    offsets[:num] = offsets_in_span
-    return out | {"pair_positions": pairs, "span_offsets": offsets}
+    offsets_in_span = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return Masked(tokens, inputs, span_start + offsets_in_span, len(tokens), span_start, span_end)
+
+
+def span_mask(tokens: np.ndarray, word_starts: np.ndarray, rng: np.random.Generator, *,
+              max_seq_length: int, max_predictions: int, pad_id: int = 0, **settings) -> dict[str, np.ndarray]:
+    """`spans_masked` of one row as its padded fields, with `pair_positions` (the span's boundary
+    tokens) and `span_offsets` (each target's 0-based place in its span)."""
+    masked = spans_masked(tokens, word_starts, rng, max_seq_length=max_seq_length, max_predictions=max_predictions,
+                          **settings)
+    return first_row(mlm_batch([masked], max_seq_length=max_seq_length, max_predictions=max_predictions,
+                               pad_id=pad_id))
