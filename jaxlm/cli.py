@@ -22,6 +22,7 @@ from jaxlm.data.bench import bench_data, format_data_table
 from jaxlm.data.pipeline import open_data
 from jaxlm.data.prepare import already_prepared, prepare, preparation_settings
 from jaxlm.data.sources import model_tokenizer, resolve_corpus
+from jaxlm.data.tokenized import TokenizationFailed
 from jaxlm.data.tokenizers import tokenize_cli, trainer_cli
 from jaxlm.eval import sweep
 from jaxlm.parallel import distributed
@@ -375,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, OSError, ValueError) as err:
         print(f"jaxlm {getattr(args, 'label', args.command)}: error: {err}", file=sys.stderr)
         return 2
+    except TokenizationFailed as err:
+        print(f"jaxlm {getattr(args, 'label', args.command)}: error: {err}", file=sys.stderr)
+        return 1
     except TrainingStopped as err:
         print(f"jaxlm {getattr(args, 'label', args.command)}: stopped: {err}", file=sys.stderr)
         return 1

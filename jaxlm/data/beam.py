@@ -23,7 +23,7 @@ from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 from jaxlm.data.pieces import Piece, piece_documents
 from jaxlm.data.settings import DataConfig
 from jaxlm.data.sources import tfds_dir
-from jaxlm.data.tokenized import piece_done, piece_path, tokenize_piece
+from jaxlm.data.tokenized import TokenizationFailed, piece_done, piece_path, tokenize_piece
 
 RUNNER_NAMES = {"direct": "DirectRunner", "dataflow": "DataflowRunner", "flink": "FlinkRunner",
                 "spark": "SparkRunner", "prism": "PrismRunner"}
@@ -62,7 +62,7 @@ def direct_workers(workers: int) -> list[str]:
 def tokenize_on_beam(pieces: Sequence[Piece], inputs: Sequence, tokenizer, work: Path, data: DataConfig,
                      runner: str, beam_args: Sequence[str] = (), check: Callable[[], None] = lambda: None) -> None:
     """Runs the pipeline over the pieces not yet in `work` and waits for it; a worker's input error
-    comes back as the same exception with the worker's message, a worker's death as a RuntimeError."""
+    comes back as the same exception with the worker's message, a worker's death as TokenizationFailed."""
     todo = [tuple(p) for p in pieces if not piece_done(work, p)]
     if not todo:
         return
@@ -122,12 +122,16 @@ def _run_watching_workers(run: Callable[[], None], check: Callable[[], None], po
                     if child.pid not in workers and "sdk_worker_main" in " ".join(child.cmdline()):
                         workers[child.pid] = child
             for pid, worker in workers.items():
-                if not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE:
+                try:
+                    alive = worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE
+                except psutil.Error:
+                    alive = False
+                if not alive:
                     first_death.setdefault(pid, time.monotonic())
             # workers also exit when the pipeline ends: a death counts once the pipeline outlives it
             dead = [pid for pid, when in first_death.items() if time.monotonic() - when > WORKER_GRACE_S]
             if dead and thread.is_alive():
-                raise RuntimeError(f"the Beam pipeline failed: worker process {dead[0]} died (killed, or out of "
+                raise TokenizationFailed(f"the Beam pipeline failed: worker process {dead[0]} died (killed, or out of "
                                    "memory?); tokenized pieces that finished are kept, run the same command again")
     except BaseException:
         for worker in workers.values():
@@ -149,6 +153,6 @@ def _worker_error(err: Exception, log: Path) -> Exception:
         name, message = found[-1]
         return _INPUT_ERRORS[name](re.sub(r" \[while running .*\]$", "", message))
     if str(err).startswith("the Beam pipeline failed"):
-        return RuntimeError(f"{err} (Beam's log: {log})")
+        return TokenizationFailed(f"{err} (Beam's log: {log})")
     last = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
-    return RuntimeError(f"the Beam pipeline failed: {last} (Beam's log: {log})")
+    return TokenizationFailed(f"the Beam pipeline failed: {last} (Beam's log: {log})")

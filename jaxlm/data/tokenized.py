@@ -17,6 +17,10 @@ TOKENIZE_BATCH = 4096  # sentences per encode_batch call
 PARTS = ("ids", "sentences", "documents")  # the documents file is renamed last: it marks a complete piece
 
 
+class TokenizationFailed(RuntimeError):
+    """The tokenization of the pieces failed for a reason other than bad input (a worker died)."""
+
+
 def piece_path(work: Path, piece: Piece) -> Path:
     return work / f"piece-{piece.source:03d}-{piece.index:05d}"
 

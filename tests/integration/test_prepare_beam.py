@@ -19,6 +19,7 @@ from jaxlm.corpora.text import write_repeated
 from jaxlm.data.beam import direct_workers
 from jaxlm.data.pieces import plan_pieces
 from jaxlm.data.prepare import partial_dir, prepare
+from jaxlm.data.tokenized import TokenizationFailed
 from jaxlm.data.tokenizers.load import load_tokenizer
 
 SETTINGS = dict(dupe_factor=1, valid_fraction=0.1, seed=3, shard_size=4000, piece_mb=0.5, progress=False)
@@ -154,7 +155,7 @@ def test_a_worker_that_dies_fails_the_preparation_and_no_piece_is_taken_for_comp
     documents = demo_files[1].read_text().split("\n\n")
     fatal = documents[len(documents) // 2].splitlines()[0]
     out = tmp_path / "out"
-    with pytest.raises(RuntimeError, match="the Beam pipeline failed"):
+    with pytest.raises(TokenizationFailed, match="the Beam pipeline failed: worker process .* died"):
         prepare(demo_files, out, DyingTokenizer("bert-base-uncased", fatal), runner="direct",
                 beam_args=direct_workers(2), **SETTINGS)
     assert not out.exists()
