@@ -269,10 +269,12 @@ def prepare(input_files: Sequence[str | os.PathLike], output_dir: str | os.PathL
         for k, (split, ids) in enumerate(split_ids.items()):
             if len(ids) == 0:
                 continue
-            with RowSpill(work / f"rows-{split}.bin") as spill:
+            with RowSpill(work / f"rows-{split}.bin") as spill, \
+                    tqdm(desc=f"rows {split}", unit="row", disable=not progress) as bar:
                 for row in build_rows(registered.layout, Documents(corpus, ids), np.random.default_rng([seed, 1, k]),
                                       data, special):
                     spill.append(row)
+                    bar.update()
                     check()
                 spill.seal()
                 order = np.random.default_rng([seed, 2, k]).permutation(len(spill))
