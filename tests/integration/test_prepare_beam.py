@@ -63,8 +63,10 @@ def test_ctrl_c_to_a_beam_preparation_and_the_same_command_again_finish_with_the
                                               "piece_mb": 0.05, "valid_fraction": 0.1, "seed": 3}})
     reference, out = tmp_path / "reference", tmp_path / "data" / "beam"
     run_cli("prepare", config, f"data.prepared_dir={reference}")
-    command = [sys.executable, "-m", "jaxlm.cli", "prepare", str(config), f"data.prepared_dir={out}",
-               "--runner", "direct", "--workers", "2"]
+    # Ctrl-C's handler as in a terminal, even where the suite runs as a background job (SIGINT ignored)
+    command = [sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+               "from jaxlm.cli import main; sys.exit(main(sys.argv[1:]))", "prepare", str(config),
+               f"data.prepared_dir={out}", "--runner", "direct", "--workers", "2"]
     proc = subprocess.Popen(command, cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 300
