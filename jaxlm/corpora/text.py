@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pathlib
 import re
-from typing import Iterable
+from typing import Iterable, Iterator
 
 _BOUNDARY = re.compile(r"[.!?]+[\"')\]\u2019\u201d]*\s+(?=[A-Z0-9\"'(\[\u2018\u201c])")
 _ABBREVIATION = re.compile(
@@ -32,17 +32,24 @@ def format_documents(documents: Iterable[list[str]]) -> str:
     return "\n\n".join("\n".join(doc) for doc in documents if doc) + "\n"
 
 
+def line_documents(lines: Iterable[str]) -> Iterator[list[str]]:
+    """Documents of sentence-per-line text, as they end: blank lines separate documents; empty ones dropped."""
+    document: list[str] = []
+    for line in lines:
+        line = line.strip()
+        if line:
+            document.append(line)
+        elif document:
+            yield document
+            document = []
+    if document:
+        yield document
+
+
 def text_documents(path: pathlib.Path) -> list[list[str]]:
-    """Documents of a sentence-per-line file; blank lines separate documents; empty ones dropped."""
-    documents: list[list[str]] = [[]]
+    """Documents of a sentence-per-line file (`line_documents`)."""
     with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                documents[-1].append(line)
-            elif documents[-1]:
-                documents.append([])
-    return [d for d in documents if d]
+        return list(line_documents(f))
 
 
 def write_repeated(paths: Iterable[pathlib.Path], target: pathlib.Path, size: int) -> None:

@@ -30,8 +30,7 @@ RUNNER_NAMES = {"direct": "DirectRunner", "dataflow": "DataflowRunner", "flink":
 WORKER_GRACE_S = 10
 STOP_WAIT_S = 5
 # the exceptions a worker raises for bad input, re-raised here with the worker's message
-_INPUT_ERRORS = {"ValueError": ValueError, "FileNotFoundError": FileNotFoundError, "OSError": OSError,
-                 "UnicodeDecodeError": ValueError}
+_INPUT_ERRORS = {"ValueError": ValueError, "FileNotFoundError": FileNotFoundError, "OSError": OSError}
 
 
 class TokenizePiece(beam.DoFn):

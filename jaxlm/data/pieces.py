@@ -9,7 +9,7 @@ import pathlib
 import sys
 from typing import Iterator, NamedTuple
 
-from jaxlm.corpora.text import split_sentences
+from jaxlm.corpora.text import line_documents, split_sentences
 from jaxlm.data import tfds_source
 
 PIECE_EXAMPLES = 20000
@@ -98,17 +98,8 @@ def _lines(path: pathlib.Path, piece: Piece, undecodable: str) -> Iterator[tuple
 
 
 def text_piece_documents(path: pathlib.Path, piece: Piece, undecodable: str = "fail") -> Iterator[list[str]]:
-    """Documents of a sentence-per-line file's piece; blank lines separate documents; empty ones dropped."""
-    document: list[str] = []
-    for _, line in _lines(path, piece, undecodable):
-        line = line.strip()
-        if line:
-            document.append(line)
-        elif document:
-            yield document
-            document = []
-    if document:
-        yield document
+    """Documents of a sentence-per-line file's piece (`line_documents`)."""
+    return line_documents(line for _, line in _lines(path, piece, undecodable))
 
 
 def jsonl_piece_documents(path: pathlib.Path, piece: Piece, text_field: str = "text",

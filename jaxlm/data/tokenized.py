@@ -120,10 +120,7 @@ class StoredDocument(Sequence):
         tokens = self._corpus._read(0, self._piece, self._start + first, bounds[-1] - first).tolist()
         return [tokens[x - first:y - first] for x, y in zip(bounds[:-1], bounds[1:])]
 
-    def __getitem__(self, k):
-        if isinstance(k, slice):
-            a, b, step = k.indices(len(self))
-            return self._sentences(a, max(a, b))[::step]
+    def __getitem__(self, k: int) -> list[int]:
         if not -len(self) <= k < len(self):
             raise IndexError(k)
         k %= len(self)
@@ -143,9 +140,7 @@ class Documents(Sequence):
     def __len__(self) -> int:
         return len(self._ids)
 
-    def __getitem__(self, k):
-        if isinstance(k, slice):
-            return [self[i] for i in range(*k.indices(len(self)))]
+    def __getitem__(self, k: int) -> StoredDocument:
         return self._corpus.document(int(self._ids[k]))
 
 
