@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Iterable
 
 import numpy as np
@@ -10,8 +11,16 @@ import numpy as np
 def random_non_special(rng: np.random.Generator, size: int, vocab_size: int,
                        special_ids: Iterable[int]) -> np.ndarray:
     """Token ids drawn uniformly from [0, vocab_size) without the special ids."""
+    shifted = _shifted_specials(vocab_size, tuple(special_ids))
+    return _skip_specials(rng.integers(vocab_size - len(shifted), size=size), shifted)
+
+
+@functools.lru_cache(maxsize=64)
+def _shifted_specials(vocab_size: int, special_ids: tuple[int, ...]) -> np.ndarray:
+    """The in-vocabulary special ids, sorted, each less the number before it: where `_skip_specials`
+    steps over them."""
     specials = np.array(sorted({s for s in special_ids if 0 <= s < vocab_size}), dtype=np.int64)
-    return _skip_specials(rng.integers(vocab_size - len(specials), size=size), specials - np.arange(len(specials)))
+    return specials - np.arange(len(specials))
 
 
 def _skip_specials(draws: np.ndarray, shifted_specials: np.ndarray) -> np.ndarray:
@@ -35,7 +44,7 @@ class TokenMasker:
         is_special = np.zeros(self.vocab_size, bool)
         is_special[specials] = True
         object.__setattr__(self, "_is_special", is_special)
-        object.__setattr__(self, "_shifted", specials - np.arange(len(specials)))
+        object.__setattr__(self, "_shifted", _shifted_specials(self.vocab_size, tuple(self.special_ids)))
         object.__setattr__(self, "_draw_range", self.vocab_size - len(specials))
 
     def __call__(self, tokens: np.ndarray, len_a: int, rng: np.random.Generator) -> dict[str, np.ndarray]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import bisect
+import functools
 from typing import Iterable, NamedTuple
 
 import numpy as np
@@ -20,14 +21,12 @@ def candidate_mask(tokens: np.ndarray, special_ids: Iterable[int]) -> np.ndarray
 def word_bounds(word_starts: np.ndarray, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(starts, ends) of every candidate word: a start token plus its continuations, never
     spanning a special token (a continuation right after a special starts its own word)."""
-    after_special = np.ones_like(candidates)
-    after_special[1:] = ~candidates[:-1]
-    starts_mask = candidates & (np.asarray(word_starts, bool) | after_special)
-    starts = np.flatnonzero(starts_mask)
-    # a word ends at the next word start or at the next special token, whichever comes first
-    boundaries = np.flatnonzero(starts_mask | ~candidates)
-    ends = np.append(boundaries, len(candidates))[np.searchsorted(boundaries, starts, side="right")]
-    return starts, ends
+    starts_mask = candidates.copy()
+    starts_mask[1:] &= np.asarray(word_starts[1:], bool) | ~candidates[:-1]
+    # a word ends at the next word start or special token (or the row's end), whichever comes first
+    boundaries = np.flatnonzero(np.append(starts_mask | ~candidates, True))
+    is_start = starts_mask[boundaries[:-1]]
+    return boundaries[:-1][is_start], boundaries[1:][is_start]
 
 
 def prediction_budget(num_candidates: int, mask_prob: float, max_predictions: int) -> int:
@@ -39,12 +38,18 @@ def apply_actions(tokens: np.ndarray, groups: list[tuple[int, int]], rng: np.ran
     """BERT's 80% [MASK] / 10% random / 10% unchanged, one draw per group (a word or span: the
     tokens start..end)."""
     inputs = tokens.copy()
-    action = rng.random(len(groups)).tolist()
-    for (start, end), a in zip(groups, action):
+    replaced = []
+    for (start, end), a in zip(groups, rng.random(len(groups)).tolist()):
         if a < 0.8:
             inputs[start:end] = mask_id
         elif a < 0.9:
-            inputs[start:end] = random_non_special(rng, end - start, vocab_size, special_ids)
+            replaced.append((start, end))
+    if replaced:  # one draw for all: the same ids as a draw per group, in group order
+        ids = random_non_special(rng, sum(end - start for start, end in replaced), vocab_size, special_ids)
+        taken = 0
+        for start, end in replaced:
+            inputs[start:end] = ids[taken:taken + end - start]
+            taken += end - start
     return inputs
 
 
@@ -154,18 +159,17 @@ def _most_words(starts: np.ndarray, ends: np.ndarray, masked: np.ndarray, left: 
     """For every word w, the most words a span starting at w may take (0: none)."""
     n, num_words = len(masked) - 1, len(starts)
     index = np.arange(num_words)
-    usable = ~masked[starts] & (starts > 0) & ~masked[np.maximum(starts - 1, 0)]
+    usable = (starts > 0) & ~(masked[starts] | masked[starts - 1])  # masked[-1] is masked[n]: False
     # run[w]: how many consecutive usable words start at word w
-    chained = usable.copy()
-    chained[:-1] &= (ends[:-1] == starts[1:]) & usable[1:]
-    chained[-1] = False
+    chained = np.zeros(num_words, bool)
+    chained[:-1] = usable[:-1] & usable[1:] & (ends[:-1] == starts[1:])
     breaks = np.flatnonzero(~chained)
-    run = np.where(usable, breaks[np.searchsorted(breaks, index)] - index + 1, 0)
+    run_last = breaks[np.searchsorted(breaks, index)]  # the run's last word
     # all of its run when the token after the run is free (inside a run the next word's start
     # always is), and no more tokens than the budget left
-    run_end = ends[np.minimum(index + run - 1, num_words - 1)]
-    edge_free = (run_end < n) & ~masked[np.minimum(run_end, n)]
-    most = np.minimum(run - ~edge_free, np.searchsorted(ends, starts + left, side="right") - index)
+    run_end = ends[run_last]
+    most = np.minimum(run_last + 1 - index - ((run_end >= n) | masked[run_end]),
+                      np.searchsorted(ends, starts + left, side="right") - index)
     return np.where(usable, most, 0)
 
 
@@ -183,9 +187,50 @@ def _fits(w: int, k: int, starts: list[int], ends: list[int], masked: bytearray,
     return e < len(masked) - 1 and not masked[e] and e - s <= left
 
 
+@functools.lru_cache(maxsize=16)
+def _length_cdf(p: float, max_span: int) -> list[float]:
+    cdf = np.cumsum(clipped_geometric(p, max_span))
+    return (cdf / cdf[-1]).tolist()
+
+
+def _draw_spans(word_starts: np.ndarray, candidates: np.ndarray, rng: np.random.Generator, *, budget: int,
+                p: float, max_span: int, tries: int = 16) -> list[tuple[int, int, int]]:
+    """`sample_spans`' spans as (start, end, drawn) in the order drawn."""
+    starts, ends = word_bounds(word_starts, candidates)
+    starts_list, ends_list = starts.tolist(), ends.tolist()
+    num_words = len(starts_list)
+    flags = bytearray(len(candidates) + 1)  # flags[n] stays 0: the right edge is checked separately
+    spans: list[tuple[int, int, int]] = []
+    left = budget
+    cdf = _length_cdf(p, max_span)
+    uniform = rng.random
+    while left > 0 and num_words:
+        length = bisect.bisect_right(cdf, uniform()) + 1  # = rng.choice(max_span, p=pmf) + 1
+        best, w = length, None
+        for _ in range(tries if length <= left else 0):
+            candidate = min(int(uniform() * num_words), num_words - 1)
+            if _fits(candidate, length, starts_list, ends_list, flags, left):
+                w = candidate
+                break
+        if w is None:
+            most = _most_words(starts, ends, np.frombuffer(flags, bool), left)
+            best = min(length, int(most.max()))
+            if best <= 0:
+                break
+            fits = np.flatnonzero(most >= best)
+            w = int(fits[min(int(uniform() * len(fits)), len(fits) - 1)])
+        s, e = starts_list[w], ends_list[w + best - 1]
+        flags[s:e] = b"\x01" * (e - s)
+        spans.append((s, e, length))
+        left -= e - s
+        if best < length:
+            break
+    return spans
+
+
 def sample_spans(word_starts: np.ndarray, candidates: np.ndarray, rng: np.random.Generator, *,
-                 budget: int, pmf: np.ndarray, tries: int = 16) -> Spans:
-    """Disjoint spans of whole words, lengths drawn i.i.d. from `pmf` (index 0 = one word).
+                 budget: int, p: float = 0.2, max_span: int = 10, tries: int = 16) -> Spans:
+    """Disjoint spans of whole words, lengths drawn i.i.d. from `clipped_geometric(p, max_span)`.
 
     Each span starts at a word chosen uniformly among those where the drawn number of words fits:
     inside the sequence, adjacent words only, no special token, an unmasked token on either side
@@ -194,37 +239,7 @@ def sample_spans(word_starts: np.ndarray, candidates: np.ndarray, rng: np.random
 
     The start is found by rejection (uniform words until one fits: uniform over those that fit),
     and after `tries` misses from the exact set of fitting words, which also settles "nowhere"."""
-    starts, ends = word_bounds(word_starts, candidates)
-    n, num_words = len(candidates), len(starts)
-    starts_list, ends_list = starts.tolist(), ends.tolist()
-    masked = np.zeros(n + 1, bool)  # masked[n] stays False: the right edge is checked separately
-    flags = bytearray(n + 1)
-    spans: list[tuple[int, int, int]] = []
-    left = budget
-    cdf = np.cumsum(pmf)
-    cdf = (cdf / cdf[-1]).tolist()
-    while left > 0 and num_words:
-        length = bisect.bisect_right(cdf, rng.random()) + 1  # = rng.choice(len(pmf), p=pmf)
-        best, w = length, None
-        for _ in range(tries if length <= left else 0):
-            candidate = min(int(rng.random() * num_words), num_words - 1)
-            if _fits(candidate, length, starts_list, ends_list, flags, left):
-                w = candidate
-                break
-        if w is None:
-            most = _most_words(starts, ends, masked, left)
-            best = min(length, int(most.max()))
-            if best <= 0:
-                break
-            fits = np.flatnonzero(most >= best)
-            w = int(fits[min(int(rng.random() * len(fits)), len(fits) - 1)])
-        s, e = starts_list[w], ends_list[w + best - 1]
-        masked[s:e] = True
-        flags[s:e] = b"\x01" * (e - s)
-        spans.append((s, e, length))
-        left -= e - s
-        if best < length:
-            break
+    spans = _draw_spans(word_starts, candidates, rng, budget=budget, p=p, max_span=max_span, tries=tries)
     return Spans(*np.array(spans, np.int64).reshape(-1, 3).T)
 
 
@@ -238,17 +253,17 @@ def spans_masked(tokens: np.ndarray, word_starts: np.ndarray, rng: np.random.Gen
     _check_length(len(tokens), max_seq_length)
     special_ids = tuple(special_ids)
     candidates = candidate_mask(tokens, special_ids)
-    budget = prediction_budget(int(candidates.sum()), mask_prob, max_predictions)
-    spans = sample_spans(word_starts, candidates, rng, budget=budget, pmf=clipped_geometric(p, max_span))
-    inputs = apply_actions(tokens, list(zip(spans.starts.tolist(), spans.ends.tolist())), rng, vocab_size=vocab_size,
-                           mask_id=mask_id, special_ids=special_ids)
+    budget = prediction_budget(np.count_nonzero(candidates), mask_prob, max_predictions)
+    spans = _draw_spans(word_starts, candidates, rng, budget=budget, p=p, max_span=max_span)
+    inputs = apply_actions(tokens, [(s, e) for s, e, _ in spans], rng, vocab_size=vocab_size, mask_id=mask_id,
+                           special_ids=special_ids)
     # the spans are disjoint: their tokens in position order are the spans in start order, expanded
-    by_start = np.argsort(spans.starts)
-    starts, ends = spans.starts[by_start], spans.ends[by_start]
-    lengths = ends - starts
-    span_start, span_end = np.repeat(starts, lengths), np.repeat(ends, lengths)
-    offsets_in_span = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return Masked(tokens, inputs, span_start + offsets_in_span, len(tokens), span_start, span_end)
+    by_start = sorted(spans)
+    positions = [t for s, e, _ in by_start for t in range(s, e)]
+    span_start = [s for s, e, _ in by_start for _ in range(e - s)]
+    span_end = [e for s, e, _ in by_start for _ in range(e - s)]
+    return Masked(tokens, inputs, np.array(positions, np.int64), len(tokens), np.array(span_start, np.int64),
+                  np.array(span_end, np.int64))
 
 
 def span_mask(tokens: np.ndarray, word_starts: np.ndarray, rng: np.random.Generator, *,

@@ -102,7 +102,7 @@ def test_span_masking_rates_boundaries_and_length_distribution(rows, tok, is_con
             starts = ~is_continuation[row]
             ex = spans.span_mask(row, starts, rng(epoch, index), **mlm_kwargs(tok))
             special = np.isin(row, (tok.cls_id, tok.sep_id))
-            sampled = spans.sample_spans(starts, ~special, rng(epoch, index), pmf=pmf,
+            sampled = spans.sample_spans(starts, ~special, rng(epoch, index), p=0.2, max_span=10,
                                          budget=spans.prediction_budget(int((~special).sum()), 0.15, PRED))
             candidates += int((~special).sum())
             real = ex["masked_weights"] > 0
