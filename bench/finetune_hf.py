@@ -149,6 +149,10 @@ def main() -> None:
             began = time.time()
             results["transformers"].append(transformers_finetune(plan, seed, weights))
             seconds["transformers"] += time.time() - began
+            metric = results["jaxlm"][0]["metric"]
+            print(f"{pathlib.Path(path).stem} seed {seed}: " + ", ".join(
+                f"{side} dev {runs[-1]['dev'][metric]:.3f} test {runs[-1]['test'][metric]:.3f}"
+                for side, runs in results.items()), flush=True)
         shutil.rmtree(weights.parent, ignore_errors=True)
         metric = results["jaxlm"][0]["metric"]
         values = {side: {split: [r[split][metric] for r in runs] for split in ("dev", "test")}
