@@ -5,13 +5,14 @@
 # trainer's grain loader with 0 (a background thread), 1 and 2 worker processes, wall time.
 #   bash bench/data.sh
 #   WORKERS=0,1,2 bash bench/data.sh
+#   FAMILIES='bert spanbert' bash bench/data.sh     # some objectives only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jaxlm() { command ${JAXLM:-python3 -m jaxlm.cli} "$@"; }
 export JAX_PLATFORMS=${JAX_PLATFORMS:-cpu}
 workers=(${WORKERS:+--workers "$WORKERS"})
 for seq in 128 512; do
-  for family in bert roberta albert spanbert gpt2 t5 bart; do
+  for family in ${FAMILIES:-bert roberta albert spanbert gpt2 t5 bart}; do
     common=(data.prepared_dir=.bench-data/$family-$seq data.max_seq_length=$seq
             data.max_predictions=$((seq * 20 / 128)) data.dupe_factor=1 model.max_position_embeddings=$((seq + 2)))
     mkdir -p .bench-data
