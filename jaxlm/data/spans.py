@@ -160,7 +160,7 @@ def _most_words(starts: np.ndarray, ends: np.ndarray, masked: np.ndarray, left: 
     n, num_words = len(masked) - 1, len(starts)
     index = np.arange(num_words)
     usable = (starts > 0) & ~(masked[starts] | masked[starts - 1])  # masked[-1] is masked[n]: False
-    # run[w]: how many consecutive usable words start at word w
+    # a run: consecutive usable words, each ending where the next starts
     chained = np.zeros(num_words, bool)
     chained[:-1] = usable[:-1] & usable[1:] & (ends[:-1] == starts[1:])
     breaks = np.flatnonzero(~chained)
