@@ -18,6 +18,7 @@ from jaxlm import families
 from jaxlm.config import ConfigError, RunConfig
 from jaxlm.data.layouts import Row, decode_row
 from jaxlm.data.prepare import FORMAT, MANIFEST, WORD_STARTS
+from jaxlm.data.seeds import row_generators
 from jaxlm.data.settings import PREPARATION_FIELDS, DataConfig, data_settings
 from jaxlm.data.sources import model_tokenizer
 
@@ -58,20 +59,6 @@ def _check(manifest: dict, key: str, expected, data_dir) -> None:
         raise ValueError(f"{key} mismatch: the data in {data_dir} was prepared with {manifest[key]!r}, "
                          f"but this run uses {expected!r}; re-run `jaxlm prepare CONFIG` "
                          "(with --overwrite) for this tokenizer and sequence length")
-
-
-def row_generators(seed: int, epoch: int, indices) -> list[np.random.Generator]:
-    """One generator per example, seeded by (seed, epoch, index): `np.random.default_rng([seed, epoch,
-    index])`, built from a uint32 key where every part fits one (the same entropy words, a fifth faster)."""
-    indices = [int(i) for i in indices]
-    if not all(0 <= x < 2**32 for x in (seed, epoch, *indices)):
-        return [np.random.default_rng([seed, epoch, i]) for i in indices]
-    key = np.array([seed, epoch, 0], np.uint32)
-    generators = []
-    for i in indices:
-        key[2] = i
-        generators.append(np.random.Generator(np.random.PCG64(np.random.SeedSequence(key))))
-    return generators
 
 
 class PretrainingData:

@@ -15,7 +15,8 @@ from jaxlm.corpora.registry import fetch_austen
 from jaxlm.corpora.text import text_documents
 from jaxlm.data.denoising import t5_lengths
 from jaxlm.data.layouts import encode_row
-from jaxlm.data.pipeline import PretrainingData, row_generators
+from jaxlm.data.pipeline import PretrainingData
+from jaxlm.data.seeds import row_generators, seed_states
 from jaxlm.data.prepare import WORD_STARTS, partial_dir, prepare
 from jaxlm.data.sources import model_tokenizer
 from jaxlm.families import make_objective
@@ -610,6 +611,17 @@ def test_roberta_pad_id_must_match_the_tokenizer():
 
 
 def test_row_generators_are_default_rng_of_seed_epoch_index():
-    for seed, epoch, indices in ((3, 0, [0, 5, 2**31 + 7]), (2**40, 1, [4]), (7, 2, [2**33])):
-        got = [g.random(4).tolist() for g in row_generators(seed, epoch, indices)]
-        assert got == [np.random.default_rng([seed, epoch, i]).random(4).tolist() for i in indices]
+    edges = [0, 1, 7, 2**16 - 1, 2**31 + 7, 2**32 - 1]
+    for seed, epoch, indices in ((3, 0, [0, 5, 2**31 + 7]), (2**32 - 1, 2**32 - 1, edges), (0, 0, list(range(300))),
+                                 (2**40, 1, [4]), (7, 2, [2**33])):
+        generators = row_generators(seed, epoch, indices)
+        expected = [np.random.default_rng([seed, epoch, i]) for i in indices]
+        assert [g.bit_generator.state for g in generators] == [g.bit_generator.state for g in expected]
+        assert [g.random(4).tolist() for g in generators] == [g.random(4).tolist() for g in expected]
+
+
+def test_seed_states_are_numpys_seed_sequence():
+    keys = np.random.default_rng(0).integers(0, 2**32, (500, 3), dtype=np.uint64).astype(np.uint32)
+    keys[:4] = [[0, 0, 0], [2**32 - 1] * 3, [1, 0, 0], [0, 0, 1]]
+    assert (seed_states(keys) == [np.random.SeedSequence(k).generate_state(4, np.uint64) for k in keys]).all()
+    assert (seed_states(keys[:, :2]) == [np.random.SeedSequence(k).generate_state(4, np.uint64) for k in keys[:, :2]]).all()
