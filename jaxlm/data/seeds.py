@@ -58,6 +58,8 @@ class _Drawn(ISeedSequence):
         self.state = state
 
     def generate_state(self, n_words: int, dtype=np.uint32) -> np.ndarray:
+        if (n_words, np.dtype(dtype)) != (len(self.state), self.state.dtype):
+            raise ValueError(f"drawn {len(self.state)} {self.state.dtype} words, asked for {n_words} {np.dtype(dtype)}")
         return self.state
 
 
