@@ -23,6 +23,14 @@ def _shifted_specials(vocab_size: int, special_ids: tuple[int, ...]) -> np.ndarr
     return specials - np.arange(len(specials))
 
 
+@functools.lru_cache(maxsize=16)
+def non_special(vocab_size: int, special_ids: tuple[int, ...]) -> np.ndarray:
+    """[vocab_size] bool: True at every id but the special ones (the ids masking may choose)."""
+    table = np.ones(vocab_size, bool)
+    table[[s for s in special_ids if 0 <= s < vocab_size]] = False
+    return table
+
+
 def _skip_specials(draws: np.ndarray, shifted_specials: np.ndarray) -> np.ndarray:
     return (draws + np.searchsorted(shifted_specials, draws, side="right")).astype(np.int32)
 
@@ -40,12 +48,10 @@ class TokenMasker:
     pad_id: int = 0
 
     def __post_init__(self):
-        specials = np.array(sorted({s for s in self.special_ids if 0 <= s < self.vocab_size}), np.int64)
-        is_special = np.zeros(self.vocab_size, bool)
-        is_special[specials] = True
-        object.__setattr__(self, "_is_special", is_special)
-        object.__setattr__(self, "_shifted", _shifted_specials(self.vocab_size, tuple(self.special_ids)))
-        object.__setattr__(self, "_draw_range", self.vocab_size - len(specials))
+        shifted = _shifted_specials(self.vocab_size, tuple(self.special_ids))
+        object.__setattr__(self, "_non_special", non_special(self.vocab_size, tuple(self.special_ids)))
+        object.__setattr__(self, "_shifted", shifted)
+        object.__setattr__(self, "_draw_range", self.vocab_size - len(shifted))
 
     def __call__(self, tokens: np.ndarray, len_a: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
         return {k: v[0] for k, v in self.batch([tokens], [len_a], [rng]).items()}
@@ -66,7 +72,7 @@ class TokenMasker:
             rng.random(out=uniforms[i])
         column = np.arange(seq)
         real = column < lengths[:, None]
-        candidates = real & ~self._is_special[tokens]
+        candidates = real & self._non_special[tokens]
         count = candidates.sum(1)
         num = np.minimum(np.minimum(preds, np.maximum(1, np.round(count * self.mask_prob).astype(int))), count)
         keys = np.where(candidates, uniforms[:, :seq], 2.0)

@@ -48,7 +48,7 @@ def seed_states(keys: np.ndarray) -> np.ndarray:
                 pool[target] = _mix(pool[target], hashmix(pool[source]))
     draw = _Hash(_INIT_B, _MULT_B)
     words = np.stack([draw(pool[i % _POOL]) for i in range(2 * _POOL)], axis=1)
-    return np.ascontiguousarray(words.astype("<u4")).view("<u8").astype(np.uint64)
+    return words.astype("<u4").view("<u8").astype(np.uint64)
 
 
 class _Drawn(ISeedSequence):

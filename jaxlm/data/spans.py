@@ -7,21 +7,12 @@ from typing import Iterable, NamedTuple
 
 import numpy as np
 
-from jaxlm.data.masking import random_non_special
+from jaxlm.data.masking import non_special, random_non_special
 
 
-@functools.lru_cache(maxsize=16)
-def _maskable(special_ids: tuple[int, ...]) -> np.ndarray:
-    """True at every id up to max(special_ids) + 1 but the special ones (the last stands for all above)."""
-    maskable = np.ones(max(special_ids, default=-1) + 2, bool)
-    maskable[list(special_ids)] = False
-    return maskable
-
-
-def candidate_mask(tokens: np.ndarray, special_ids: Iterable[int]) -> np.ndarray:
+def candidate_mask(tokens: np.ndarray, special_ids: Iterable[int], vocab_size: int) -> np.ndarray:
     """True where a token may be masked (it is not a special token)."""
-    maskable = _maskable(tuple(special_ids))
-    return maskable[np.minimum(tokens, len(maskable) - 1)]
+    return non_special(vocab_size, tuple(special_ids))[tokens]
 
 
 def word_bounds(word_starts: np.ndarray, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -123,7 +114,7 @@ def whole_words(tokens: np.ndarray, word_starts: np.ndarray, rng: np.random.Gene
     tokens = np.asarray(tokens, np.int32)
     _check_length(len(tokens), max_seq_length)
     special_ids = tuple(special_ids)
-    candidates = candidate_mask(tokens, special_ids)
+    candidates = candidate_mask(tokens, special_ids, vocab_size)
     budget = prediction_budget(int(candidates.sum()), mask_prob, max_predictions)
     starts, ends = word_bounds(word_starts, candidates)
     chosen, total = [], 0
@@ -259,7 +250,7 @@ def spans_masked(tokens: np.ndarray, word_starts: np.ndarray, rng: np.random.Gen
     tokens = np.asarray(tokens, np.int32)
     _check_length(len(tokens), max_seq_length)
     special_ids = tuple(special_ids)
-    candidates = candidate_mask(tokens, special_ids)
+    candidates = candidate_mask(tokens, special_ids, vocab_size)
     budget = prediction_budget(np.count_nonzero(candidates), mask_prob, max_predictions)
     spans = _draw_spans(word_starts, candidates, rng, budget=budget, p=p, max_span=max_span)
     inputs = apply_actions(tokens, [(s, e) for s, e, _ in spans], rng, vocab_size=vocab_size, mask_id=mask_id,

@@ -16,8 +16,8 @@ from jaxlm.corpora.text import text_documents
 from jaxlm.data.denoising import t5_lengths
 from jaxlm.data.layouts import encode_row
 from jaxlm.data.pipeline import PretrainingData
-from jaxlm.data.seeds import row_generators, seed_states
 from jaxlm.data.prepare import WORD_STARTS, partial_dir, prepare
+from jaxlm.data.seeds import row_generators, seed_states
 from jaxlm.data.sources import model_tokenizer
 from jaxlm.families import make_objective
 

@@ -73,7 +73,7 @@ def test_candidates_are_the_tokens_outside_the_special_ids():
     tokens = np.random.default_rng(0).integers(0, 40_000, (3, 64))
     tokens[:, :6] = [0, 100, 101, 102, 103, 104]
     for special_ids in ((0, 100, 101, 102, 103), [102], (), (5, 39_999)):
-        assert (spans.candidate_mask(tokens, special_ids) == ~np.isin(tokens, special_ids)).all()
+        assert (spans.candidate_mask(tokens, special_ids, 40_000) == ~np.isin(tokens, special_ids)).all()
 
 
 def test_whole_word_masking_rates(rows, tok, is_continuation):
