@@ -3,6 +3,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 JAXLM := $(VENV)/bin/jaxlm
 DEMO_CONFIG ?= configs/bert-tiny.yaml
+# pytest-xdist workers, a test file each, handed out in collection order (tests/integration, the slowest, first)
+TEST_WORKERS ?= 2
 
 .PHONY: install demo test bench clean-demo
 
@@ -20,7 +22,7 @@ demo: install
 	JAX_PLATFORMS=$${JAX_PLATFORMS:-cpu} $(JAXLM) eval runs/bert-tiny --out eval/bert-tiny
 
 test: install
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 clean-demo:
 	rm -rf runs/bert-tiny data/bert-tiny eval/bert-tiny
