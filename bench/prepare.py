@@ -34,20 +34,21 @@ def tree_rss(process: psutil.Process) -> int:
     return total
 
 
-def run(command: list[str]) -> tuple[float, int]:
-    """(seconds, peak resident bytes of the process tree) of a command that must succeed."""
+def run(command: list[str], log: pathlib.Path) -> tuple[float, int]:
+    """(seconds, peak resident bytes of the process tree) of a command that must succeed; its output
+    goes to `log` (a pipe nobody reads until the end would fill and stall the command)."""
     start = time.perf_counter()
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    watched, peak = psutil.Process(child.pid), 0
-    while child.poll() is None:
-        try:
-            peak = max(peak, tree_rss(watched))
-        except psutil.Error:
-            pass
-        time.sleep(0.1)
-    output = child.stdout.read()
+    with log.open("w") as output:
+        child = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+        watched, peak = psutil.Process(child.pid), 0
+        while child.poll() is None:
+            try:
+                peak = max(peak, tree_rss(watched))
+            except psutil.Error:
+                pass
+            time.sleep(0.1)
     if child.returncode:
-        sys.exit(f"{' '.join(command)} failed:\n{output}")
+        sys.exit(f"{' '.join(command)} failed:\n{log.read_text()[-4000:]}")
     return time.perf_counter() - start, peak
 
 
@@ -79,7 +80,7 @@ def main() -> None:
         out = root / f"out-{name}"
         command = [sys.executable, "-m", "jaxlm.cli", "prepare", args.config, f"data.corpus=[{corpus}]",
                    f"data.prepared_dir={out}", *args.set, "--overwrite", *RUNS[name]]
-        seconds, peak = run(command)
+        seconds, peak = run(command, root / f"{name}.log")
         workers = RUNS[name][-1] if "--workers" in RUNS[name] else ("1" if RUNS[name] else "-")
         print(f"| {name} | {workers} | {seconds:,.0f} | {mb / seconds:,.2f} | {peak / 2**30:.2f} | {digest(out)} |",
               flush=True)
