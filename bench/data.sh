@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 jaxlm() { command ${JAXLM:-python3 -m jaxlm.cli} "$@"; }
 export JAX_PLATFORMS=${JAX_PLATFORMS:-cpu}
-workers=(${WORKERS:+--workers "$WORKERS"})
+workers=(${WORKERS:+--workers "$WORKERS" --batches 60})
 for seq in 128 512; do
   for family in ${FAMILIES:-bert roberta albert spanbert gpt2 t5 bart}; do
     common=(data.prepared_dir=.bench-data/$family-$seq data.max_seq_length=$seq

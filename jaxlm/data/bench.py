@@ -8,11 +8,15 @@ import time
 from jaxlm.config import RunConfig
 from jaxlm.data.pipeline import open_data
 
+WARM_UP_S = 2.0  # loader batches taken untimed after the first: every worker running, the buffers drained
+
 
 def bench_data(config: RunConfig, batches: int = 20, batch_size: int = 256, workers: int | None = None) -> dict:
     """Times `batches` local batches (read, decode, transform, stack). workers=None: built in this thread,
     one core's rate (CPU time), as each input worker runs; workers=N: taken from the loader the trainer
-    uses (`iterate`, N grain processes, 0 a background thread), wall time after its first batch."""
+    uses (`iterate`, N grain processes, 0 a background thread), wall time in the steady state: after the
+    first batch and WARM_UP_S more seconds of batches (the workers start one after the other, and the batches
+    they built meanwhile would count as free)."""
     _, train, _ = open_data(config)
     if workers is None:
         train.local_batch(0, batch_size)  # opens the shards, warms the caches
@@ -24,6 +28,9 @@ def bench_data(config: RunConfig, batches: int = 20, batch_size: int = 256, work
         stream = train.iterate(0, batch_size, workers=workers)
         try:
             next(stream)  # the workers' start-up
+            warm_until = time.perf_counter() + WARM_UP_S
+            while time.perf_counter() < warm_until:
+                next(stream)
             wall = time.perf_counter()
             for _ in range(batches):
                 batch = next(stream)

@@ -1,4 +1,5 @@
-"""`jaxlm data show` prints what the model receives; `jaxlm bench` prints tokens/s and MFU."""
+"""`jaxlm data show` prints what the model receives; `jaxlm bench` prints tokens/s and MFU, `jaxlm bench data`
+the input pipeline's examples/s."""
 import json
 
 from conftest import run_cli
@@ -33,3 +34,14 @@ def test_bench_prints_throughput(tiny_config):
     assert row["tokens_per_s"] > 0 and row["devices"] == 8
     assert 0 < row["mfu"] < 1
     assert "tokens_per_s" in proc.stdout and "mfu" in proc.stdout
+
+
+def test_bench_data_prints_examples_per_second(tiny_config):
+    config = tiny_config()
+    per_core = run_cli("bench", "data", str(config), "--batches", "2", "--json", devices=1)
+    loader = run_cli("bench", "data", str(config), "--batches", "2", "--workers", "0,1", "--json", devices=1)
+    rows = [json.loads(line) for proc in (per_core, loader) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [row["workers"] for row in rows] == ["thread", 0, 1]
+    assert all(row["examples_per_s"] > 0 and row["batch"] == 256 and row["family"] == "bert" for row in rows)
+    assert rows[0]["examples_per_s_core"] > 0
+    assert "examples_per_s" in loader.stdout.splitlines()[0]

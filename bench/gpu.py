@@ -1,0 +1,153 @@
+"""Training throughput on one GPU, jaxlm next to the Hugging Face peer in the same call: BERT-base at 128 and
+512, GPT-2 124M at 1024, T5-base span corruption (512 -> 114). Each case runs `jaxlm bench` in its own
+process, then the peer (`peers_torch.py`: transformers, torch.compile, bf16 autocast, SDPA, fused AdamW) runs
+the same cases; one table of tokens/s, the ratio, and MFU against the datasheet peak and against the bf16
+matmul peak the peer measures on this GPU.
+
+    python bench/gpu.py [--peer ../shared/bench/peers_torch.py] [--cases bert128,bert512,gpt2,t5] [--set K=V]
+
+Compilations go to a persistent cache (JAX_COMPILATION_CACHE_DIR, default .bench-gpu/jax-cache), so a second
+call on the same machine skips them; each process's output is kept in .bench-gpu/<case>.log."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TARGET_RATIO = 1.5
+
+# name: (config, overrides, the peer's case of the same model, sequence and batch)
+CASES = {
+    "bert128": ("configs/bert-base.yaml", ["train.global_batch=256", "data.max_seq_length=128",
+                                           "data.max_predictions=20", "model.attention_kernel=cudnn"], "bert128"),
+    "bert512": ("configs/bert-base.yaml", ["train.global_batch=32", "data.max_seq_length=512",
+                                           "data.max_predictions=80", "model.attention_kernel=cudnn"], "bert512"),
+    "gpt2": ("configs/gpt2-small.yaml", ["train.global_batch=16", "data.max_seq_length=1024",
+                                         "model.attention_kernel=cudnn"], "gpt2"),
+    "t5": ("configs/t5-base.yaml", ["train.global_batch=64", "data.max_seq_length=512",
+                                    "data.max_target_length=114"], "t5"),
+    # larger batches, where each side may do better
+    "bert128b512": ("configs/bert-base.yaml", ["train.global_batch=512", "data.max_seq_length=128",
+                                               "data.max_predictions=20", "model.attention_kernel=cudnn"],
+                    "bert128b512"),
+    "bert512b64": ("configs/bert-base.yaml", ["train.global_batch=64", "data.max_seq_length=512",
+                                              "data.max_predictions=80", "model.attention_kernel=cudnn"],
+                   "bert512b64"),
+    "gpt2b32": ("configs/gpt2-small.yaml", ["train.global_batch=32", "data.max_seq_length=1024",
+                                            "model.attention_kernel=cudnn"], "gpt2b32"),
+}
+DEFAULT_CASES = "bert128,bert512,gpt2,t5"
+
+
+def last_json(text: str) -> dict | None:
+    """The last line of `text` that is a JSON object."""
+    for line in reversed(text.splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue
+    return None
+
+
+def run_logged(command: list[str], log: pathlib.Path, env: dict) -> str:
+    """Runs `command` from the repository root with its output in `log`; returns that output."""
+    with log.open("w") as out:
+        subprocess.run(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
+    return log.read_text()
+
+
+def ours(case: str, extra: list[str], out_dir: pathlib.Path, env: dict) -> dict:
+    config, overrides, _ = CASES[case]
+    text = run_logged([sys.executable, "-m", "jaxlm.cli", "bench", config, *overrides, *extra, "--json"],
+                      out_dir / f"{case}.log", env)
+    return last_json(text) or {"error": _last_line(text) + f" (all of it in {out_dir / f'{case}.log'})"}
+
+
+def peer(cases: list[str], script: pathlib.Path, out_dir: pathlib.Path, env: dict) -> tuple[dict, dict]:
+    """(the peer's bf16 matmul line, its row per case): it prints the matmul line, then one line per case."""
+    text = run_logged([sys.executable, str(script), *(CASES[c][2] for c in cases)], out_dir / "peer.log", env)
+    lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    if not lines:
+        return {}, {c: {"error": _last_line(text) + f" (all of it in {out_dir / 'peer.log'})"} for c in cases}
+    return lines[0], {c: row for c, row in zip(cases, lines[1:])}
+
+
+def table(cases: list[str], our_rows: dict, peer_rows: dict, matmul: dict) -> str:
+    """Markdown: tokens/s of each side, the ratio, and MFU (datasheet peak; measured bf16 matmul peak)."""
+    measured = matmul.get("tflops")
+    lines = [f"{matmul.get('gpu', 'GPU')}: bf16 matmul peak measured by the peer {measured or 'n/a'} TFLOP/s; "
+             f"jaxlm's datasheet peak: {next((r['peak'] for r in our_rows.values() if 'peak' in r), 'n/a')}",
+             "",
+             "| case | batch | seq | jaxlm step ms | jaxlm tokens/s | peer step ms | peer tokens/s | ratio "
+             f"(target {TARGET_RATIO}) | jaxlm MFU datasheet / measured | peer MFU measured | jaxlm compile s | "
+             "peer warm-up s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for case in cases:
+        a, b = our_rows.get(case, {}), peer_rows.get(case, {})
+        ratio = a["tokens_per_s"] / b["tokens_per_s"] if "tokens_per_s" in a and "tokens_per_s" in b else None
+        our_tflops = a["tokens_per_s"] * a["gflops_per_token"] / 1e3 if "tokens_per_s" in a else None
+        cells = [case, a.get("global_batch", b.get("batch")), a.get("seq_len", b.get("seq")),
+                 _number(a.get("step_ms"), ".1f"), _number(a.get("tokens_per_s"), ",.0f"),
+                 _number(b.get("step_ms"), ".1f"), _number(b.get("tokens_per_s"), ",.0f"), _number(ratio, ".2f"),
+                 f"{_number(a.get('mfu'), '.1%')} / {_number(_share(our_tflops, measured), '.1%')}",
+                 _number(_share(b.get("model_tflops"), measured), ".1%"), _number(a.get("compile_s"), ".0f"),
+                 _number(b.get("warmup_s"), ".0f")]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    errors = [f"{side} {case}: {row['error']}" for side, rows in (("jaxlm", our_rows), ("peer", peer_rows))
+              for case, row in rows.items() if "error" in row]
+    return "\n".join(lines + errors)
+
+
+def _last_line(text: str) -> str:
+    return next((line for line in reversed(text.splitlines()) if line.strip()), "no output")
+
+
+def _share(part, whole):
+    return part / whole if part is not None and whole else None
+
+
+def _number(value, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--peer", default=str(ROOT.parent / "shared" / "bench" / "peers_torch.py"),
+                        help="the peer's script; 'none' runs jaxlm alone")
+    parser.add_argument("--cases", default=DEFAULT_CASES, help=f"comma-separated, of {', '.join(CASES)}")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="an override for every jaxlm case (e.g. bench.steps=50)")
+    parser.add_argument("--out", default=str(ROOT / ".bench-gpu"), help="logs and the compilation cache")
+    args = parser.parse_args()
+    cases = [c for c in args.cases.split(",") if c]
+    unknown = [c for c in cases if c not in CASES]
+    if unknown or not cases:
+        parser.error(f"--cases: unknown {unknown or 'none given'}; choose from {', '.join(CASES)}")
+    if args.peer != "none" and not pathlib.Path(args.peer).is_file():
+        parser.error(f"--peer {args.peer}: no such file; give the path of peers_torch.py, or --peer none")
+    bad = [s for s in args.set if "=" not in s]
+    if bad:
+        parser.error(f"--set {bad[0]!r}: give KEY=VALUE")
+    out_dir = pathlib.Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = os.environ | {"JAX_COMPILATION_CACHE_DIR": os.environ.get("JAX_COMPILATION_CACHE_DIR",
+                                                                    str(out_dir / "jax-cache"))}
+    our_rows = {}
+    for case in cases:
+        our_rows[case] = ours(case, args.set, out_dir, env)
+        print(f"jaxlm {case}: {json.dumps(our_rows[case])}", flush=True)
+    matmul, peer_rows = {}, {}
+    if args.peer != "none":
+        matmul, peer_rows = peer(cases, pathlib.Path(args.peer), out_dir, env)
+        for case in cases:
+            print(f"peer {case}: {json.dumps(peer_rows.get(case))}", flush=True)
+    print(table(cases, our_rows, peer_rows, matmul))
+
+
+if __name__ == "__main__":
+    main()
