@@ -5,9 +5,11 @@ the same cases; one table of tokens/s, the ratio, and MFU against the datasheet 
 matmul peak the peer measures on this GPU.
 
     python bench/gpu.py [--peer ../shared/bench/peers_torch.py] [--cases bert128,bert512,gpt2,t5] [--set K=V]
+                        [--profile]
 
 Compilations go to a persistent cache (JAX_COMPILATION_CACHE_DIR, default .bench-gpu/jax-cache), so a second
-call on the same machine skips them; each process's output is kept in .bench-gpu/<case>.log."""
+call on the same machine skips them (its keys ignore the ops' source metadata: clear it after renaming a
+scope that --profile reads); each process's output is kept in .bench-gpu/<case>.log."""
 from __future__ import annotations
 
 import argparse
@@ -61,9 +63,10 @@ def run_logged(command: list[str], log: pathlib.Path, env: dict) -> str:
     return log.read_text()
 
 
-def ours(case: str, extra: list[str], out_dir: pathlib.Path, env: dict) -> dict:
+def ours(case: str, extra: list[str], out_dir: pathlib.Path, env: dict, profile: bool) -> dict:
     config, overrides, _ = CASES[case]
-    text = run_logged([sys.executable, "-m", "jaxlm.cli", "bench", config, *overrides, *extra, "--json"],
+    trace = ["--profile", str(out_dir / f"profile-{case}")] if profile else []
+    text = run_logged([sys.executable, "-m", "jaxlm.cli", "bench", config, *overrides, *extra, "--json", *trace],
                       out_dir / f"{case}.log", env)
     return last_json(text) or {"error": _last_line(text) + f" (all of it in {out_dir / f'{case}.log'})"}
 
@@ -103,6 +106,19 @@ def table(cases: list[str], our_rows: dict, peer_rows: dict, matmul: dict) -> st
     return "\n".join(lines + errors)
 
 
+def profile_table(cases: list[str], our_rows: dict) -> str:
+    """Markdown: jaxlm's milliseconds per step of each op class, per case."""
+    rows = {c: our_rows[c]["profile"] for c in cases if "profile" in our_rows.get(c, {})}
+    if not rows:
+        return ""
+    classes = list(next(iter(rows.values()))["ms_per_step"])
+    lines = ["| case | " + " | ".join(classes) + " | traced ms/step |", "|---" * (len(classes) + 2) + "|"]
+    for case, summary in rows.items():
+        cells = [f"{summary['ms_per_step'][c]:.2f}" for c in classes] + [f"{summary['traced_ms_per_step']:.2f}"]
+        lines.append(f"| {case} | " + " | ".join(cells) + " |")
+    return "\n".join(["", "jaxlm, milliseconds per step by op class (jax.profiler trace of 5 steps):", ""] + lines)
+
+
 def _last_line(text: str) -> str:
     return next((line for line in reversed(text.splitlines()) if line.strip()), "no output")
 
@@ -122,6 +138,8 @@ def main() -> None:
     parser.add_argument("--cases", default=DEFAULT_CASES, help=f"comma-separated, of {', '.join(CASES)}")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="an override for every jaxlm case (e.g. bench.steps=50)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also trace each jaxlm case and print its time per step by op class")
     parser.add_argument("--out", default=str(ROOT / ".bench-gpu"), help="logs and the compilation cache")
     args = parser.parse_args()
     cases = [c for c in args.cases.split(",") if c]
@@ -139,14 +157,15 @@ def main() -> None:
                                                                     str(out_dir / "jax-cache"))}
     our_rows = {}
     for case in cases:
-        our_rows[case] = ours(case, args.set, out_dir, env)
-        print(f"jaxlm {case}: {json.dumps(our_rows[case])}", flush=True)
+        our_rows[case] = ours(case, args.set, out_dir, env, args.profile)
+        print(f"jaxlm {case}: {json.dumps({k: v for k, v in our_rows[case].items() if k != 'profile'})}", flush=True)
     matmul, peer_rows = {}, {}
     if args.peer != "none":
         matmul, peer_rows = peer(cases, pathlib.Path(args.peer), out_dir, env)
         for case in cases:
             print(f"peer {case}: {json.dumps(peer_rows.get(case))}", flush=True)
     print(table(cases, our_rows, peer_rows, matmul))
+    print(profile_table(cases, our_rows))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from jaxlm.parallel import distributed
 from jaxlm.sentence_embedding import embed_file
 from jaxlm.train import aot
 from jaxlm.train.bench import bench, format_table
+from jaxlm.train.profile import PROFILED_STEPS, format_profile
 from jaxlm.train.faults import TrainingStopped
 from jaxlm.train.preflight import preflight
 from jaxlm.train.loop import report, train
@@ -90,9 +91,11 @@ def cmd_bench(args) -> None:
     if args.config == "data":
         return cmd_bench_data(args)
     config = _load(args)
-    row = bench(config)
+    row = bench(config, profile_dir=args.profile)
     if jax.process_index() == 0:
         print(format_table([row]))
+        if args.profile:
+            print(f"profile of {PROFILED_STEPS} steps (trace in {args.profile}):\n{format_profile(row['profile'])}")
         if args.json:
             print(json.dumps(row))
 
@@ -262,6 +265,8 @@ def parser() -> argparse.ArgumentParser:
     bench = command(commands, "bench", cmd_bench, "time the compiled train step: tokens/s and MFU; "
                     "`jaxlm bench data CONFIG [CONFIG ...]`: the input pipeline's examples/s per core")
     bench.add_argument("--json", action="store_true", help="also print the row(s) as JSON")
+    bench.add_argument("--profile", metavar="DIR", help="also trace a few steps with jax.profiler into DIR and "
+                       "print the time per step by op class (matmuls, attention, norms, loss, optimizer, gaps)")
     bench.add_argument("--batches", type=int, default=20, help="bench data: batches of 256 timed per config")
     bench.add_argument("--workers", help="bench data: time the trainer's loader with these grain worker counts, "
                        "e.g. 0,1,2 (default: the transform in one thread, per core)")

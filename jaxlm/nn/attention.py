@@ -36,6 +36,10 @@ def attention_mask(length: int, padding_mask: jax.Array | None = None, causal: b
     return mask
 
 
+ATTENTION_SCOPE = "attention_core"  # the ops under it are what `jaxlm bench --profile` counts as attention
+
+
+@jax.named_scope(ATTENTION_SCOPE)
 def dot_product_attention(
     query: jax.Array,
     key: jax.Array,

@@ -8,11 +8,14 @@ import jax
 from jaxlm.config import RunConfig
 from jaxlm.parallel import distributed
 from jaxlm.train import flops
+from jaxlm.train.profile import PROFILED_STEPS, profile_steps
 from jaxlm.train.loop import build, compile_steps, global_batch, memory_summary
 from jaxlm.train.state import count_params, create_state
 
 
-def bench(config: RunConfig) -> dict:
+def bench(config: RunConfig, profile_dir: str | None = None) -> dict:
+    """Tokens/s and MFU of the compiled train step on synthetic batches; with `profile_dir`, a jax.profiler
+    trace of PROFILED_STEPS more steps there, summarised by op class (`profile` in the result)."""
     distributed.initialize(config.distributed)
     setup = build(config)
     state = create_state(setup.objective.init, setup.optimizer, setup.shardings, setup.mesh, setup.rules,
@@ -31,6 +34,14 @@ def bench(config: RunConfig) -> dict:
         state, metrics = compiled_train(state, batch, rng)
     jax.block_until_ready((state, metrics))
     seconds = (time.perf_counter() - started) / config.bench.steps
+    profile = None
+    if profile_dir:
+        def step():
+            nonlocal state, metrics
+            state, metrics = compiled_train(state, batch, rng)
+            return metrics
+
+        profile = profile_steps(step, PROFILED_STEPS, profile_dir, compiled_train.as_text())
     tokens_per_s = size * config.data.max_seq_length / seconds
     peak, peak_text = flops.peak_flops(override=config.bench.peak_flops_per_device)
     per_token = setup.objective.flops_per_token()
@@ -41,7 +52,7 @@ def bench(config: RunConfig) -> dict:
             "tokens_per_s": tokens_per_s, "gflops_per_token": per_token / 1e9,
             "mfu": flops.mfu(tokens_per_s, per_token, jax.device_count(), peak), "peak": peak_text,
             "compile_s": compile_s, "memory": memory_summary(compiled_train),
-            "loss": float(metrics["loss"])}
+            "loss": float(metrics["loss"])} | ({"profile": profile} if profile else {})
 
 
 def format_table(rows: list[dict]) -> str:

@@ -27,13 +27,17 @@ def test_data_show_prints_model_inputs(tiny_config):
     assert masked_total >= 0.6 * chosen_total
 
 
-def test_bench_prints_throughput(tiny_config):
+def test_bench_prints_throughput_and_profile(tiny_config, tmp_path):
     proc = run_cli("bench", tiny_config(), "bench.steps=2", "bench.warmup=1", "bench.peak_flops_per_device=1e11",
-                   "--json", devices=8)
+                   "--json", "--profile", str(tmp_path / "trace"), devices=8)
     row = json.loads(proc.stdout.strip().splitlines()[-1])
     assert row["tokens_per_s"] > 0 and row["devices"] == 8
     assert 0 < row["mfu"] < 1
     assert "tokens_per_s" in proc.stdout and "mfu" in proc.stdout
+    profile = row["profile"]["ms_per_step"]
+    assert all(profile[kind] > 0 for kind in ("matmuls", "attention", "norms and elementwise", "embedding and loss",
+                                               "optimizer and metrics"))
+    assert "op class" in proc.stdout and list((tmp_path / "trace").rglob("*.xplane.pb"))
 
 
 def test_bench_data_prints_examples_per_second(tiny_config):

@@ -1,0 +1,174 @@
+"""A jax.profiler trace of the compiled train step, summarised per step by op class: matmuls, attention, norms
+and elementwise, embedding and loss, optimizer and metrics, collectives, and the host gaps between ops.
+
+Each op the device ran (a trace event carrying `hlo_op`) is classed from its instruction in the step's
+optimised HLO: what it computes (a dot, a GEMM or cuDNN attention call, a collective, a gather or scatter)
+and where it comes from (the JAX name stack in its metadata: `attention_core`, `cross_entropy`, `embeddings`,
+and outside the differentiated loss, the optimizer). XProf's own tools give per-op categories too, but they
+name XLA's fusion kinds rather than these classes, and its package brings ~330 MB of dependencies."""
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import jax
+
+from jaxlm.nn.attention import ATTENTION_SCOPE
+from jaxlm.objectives.losses import LOSS_SCOPE
+
+CLASSES = ("matmuls", "attention", "norms and elementwise", "embedding and loss", "optimizer and metrics",
+           "collectives", "host gaps")
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
+MATMUL_TARGETS = ("gemm", "matmul", "cublas")
+ATTENTION_TARGETS = ("fmha", "flash", "attention")
+PROFILED_STEPS = 5
+
+_COMPUTATION = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = .*?\s([a-z][a-z0-9\-]*)\((.*)$")
+_CALLS = re.compile(r"(?:calls|to_apply|body|condition|branch_computations)=(%?[\w.\-]+|\{[^}]*\})")
+_TARGET = re.compile(r'custom_call_target="([^"]*)"')
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+
+
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+    opcode: str
+    op_name: str  # the JAX name stack of its (first) source op
+    target: str  # a custom call's target
+    calls: tuple[str, ...]  # the computations it runs (a fusion's body, a loop's body)
+
+
+def parse_hlo(text: str) -> tuple[dict[str, Instruction], dict[str, list[str]]]:
+    """(instruction name -> Instruction, computation name -> the names of its instructions)."""
+    instructions, computations, current = {}, defaultdict(list), None
+    for line in text.splitlines():
+        match = _INSTRUCTION.match(line)
+        if match and current is not None:
+            name, opcode, rest = match.groups()
+            calls = _CALLS.findall(rest)
+            op_name = _OP_NAME.search(rest)
+            target = _TARGET.search(rest)
+            instructions[name] = Instruction(
+                opcode, op_name.group(1).split(";")[0] if op_name else "", target.group(1) if target else "",
+                tuple(c.strip(" {}%") for group in calls for c in group.split(",") if c.strip(" {}")))
+            computations[current].append(name)
+        elif (computation := _COMPUTATION.match(line)) and " = " not in line:
+            current = computation.group(1)
+        elif line.strip() == "}":
+            current = None
+    return instructions, dict(computations)
+
+
+def _contents(name: str, instructions: dict, computations: dict, seen: set | None = None) -> list[Instruction]:
+    """The instruction and, for a fusion or call, every instruction it runs, recursively."""
+    seen = set() if seen is None else seen
+    own = instructions[name]
+    found = [own]
+    for computation in own.calls:
+        if computation in seen or own.opcode == "while":  # a loop's body ops appear in the trace themselves
+            continue
+        seen.add(computation)
+        for inner in computations.get(computation, ()):
+            found += _contents(inner, instructions, computations, seen)
+    return found
+
+
+def op_class(name: str, instructions: dict, computations: dict) -> str:
+    """The class of the HLO instruction `name` (one of CLASSES, without the host gaps)."""
+    if name not in instructions:
+        return "norms and elementwise"
+    parts = _contents(name, instructions, computations)
+    opcodes = {p.opcode for p in parts}
+    targets = " ".join(p.target.lower() for p in parts)
+    op_name = instructions[name].op_name or next((p.op_name for p in parts if p.op_name), "")
+    if any(o.removesuffix("-start").removesuffix("-done") in COLLECTIVES for o in opcodes):
+        return "collectives"
+    if any(t in targets for t in ATTENTION_TARGETS) or ATTENTION_SCOPE in op_name:
+        return "attention"
+    if opcodes & {"dot", "convolution"} or any(t in targets for t in MATMUL_TARGETS):
+        return "matmuls"
+    if "jvp(" not in op_name:
+        return "optimizer and metrics"
+    if LOSS_SCOPE in op_name or opcodes & {"gather", "scatter"} or (
+            "embeddings/" in op_name and "norm" not in op_name.split("embeddings/", 1)[1]):
+        return "embedding and loss"
+    return "norms and elementwise"
+
+
+def _events(trace_path: Path, module: str) -> list[dict]:
+    """The trace's events of ops of `module`, on the accelerator's timeline when it has one."""
+    with gzip.open(trace_path, "rt") as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    process_names = {e["pid"]: e.get("args", {}).get("name", "") for e in events
+                     if e.get("ph") == "M" and e.get("name") == "process_name"}
+    ops = [e for e in events if e.get("ph") == "X" and e.get("args", {}).get("hlo_module") == module
+           and "hlo_op" in e["args"] and e.get("dur") is not None]
+    on_device = [e for e in ops if re.search(r"/device:(GPU|TPU)", process_names.get(e["pid"], ""))]
+    return on_device or ops
+
+
+def _busy(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def summarize(trace_path: str | Path, hlo_text: str, steps: int) -> dict:
+    """Milliseconds per step of each class in CLASSES (per device: the mean over the devices traced), the
+    traced time per step (first op to last; a CPU runs independent ops at once, so the classes may sum to
+    more), and the ten costliest ops with their class."""
+    module = re.search(r"^HloModule ([\w.\-]+)", hlo_text, re.M).group(1)
+    instructions, computations = parse_hlo(hlo_text)
+    events = _events(Path(trace_path), module)
+    if not events:
+        raise ValueError(f"the trace {trace_path} has no op of {module}")
+    by_device = defaultdict(list)
+    for e in events:
+        by_device[(e["pid"], e["args"].get("device_ordinal", ""))].append(e)
+    per_step = 1e-3 / (steps * len(by_device))  # trace microseconds -> milliseconds per step and device
+    classes, ops, traced = dict.fromkeys(CLASSES, 0.0), defaultdict(float), 0.0
+    for device_events in by_device.values():
+        for e in device_events:
+            ops[e["args"]["hlo_op"]] += e["dur"] * per_step
+        spans = [(e["ts"], e["ts"] + e["dur"]) for e in device_events]
+        window = max(end for _, end in spans) - min(start for start, _ in spans)
+        classes["host gaps"] += (window - _busy(spans)) * per_step
+        traced += window * per_step
+    kinds = {op: op_class(op, instructions, computations) for op in ops}
+    for op, ms in ops.items():
+        classes[kinds[op]] += ms
+    top = sorted(ops.items(), key=lambda item: -item[1])[:10]
+    return {"ms_per_step": classes, "traced_ms_per_step": traced, "top_ops": [{"op": op, "class": kinds[op], "ms": ms} for op, ms in top]}
+
+
+def profile_steps(run_step, steps: int, out_dir: str | Path, hlo_text: str) -> dict:
+    """Runs `run_step()` `steps` times under jax.profiler, writing the trace to `out_dir`; its summary."""
+    out_dir = Path(out_dir)
+    before = set(out_dir.rglob("*.trace.json.gz"))
+    with jax.profiler.trace(str(out_dir), create_perfetto_trace=True):
+        result = None
+        for _ in range(steps):
+            result = run_step()
+        jax.block_until_ready(result)
+    traces = [p for p in out_dir.rglob("*.trace.json.gz") if p not in before and "perfetto" not in p.name]
+    if not traces:
+        raise RuntimeError(f"jax.profiler wrote no trace under {out_dir}")
+    return summarize(max(traces, key=lambda p: p.stat().st_mtime), hlo_text, steps) | {"trace_dir": str(out_dir)}
+
+
+def format_profile(summary: dict) -> str:
+    total = sum(summary["ms_per_step"].values())
+    lines = [f"{'op class':<24} {'ms/step':>9} {'share':>7}"]
+    lines += [f"{name:<24} {ms:>9.3f} {ms / max(total, 1e-12):>7.1%}" for name, ms in summary["ms_per_step"].items()]
+    lines.append(f"{'traced, first op to last':<24} {summary['traced_ms_per_step']:>9.3f}")
+    lines.append("costliest ops: " + ", ".join(f"{o['op']} ({o['class']}) {o['ms']:.3f} ms" for o in summary["top_ops"]))
+    return "\n".join(lines)

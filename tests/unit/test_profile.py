@@ -1,0 +1,76 @@
+"""`jaxlm bench --profile`'s op classes, on a real compiled step's HLO and a real jax.profiler trace (CPU)."""
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+from jaxlm.nn.attention import dot_product_attention
+from jaxlm.objectives.losses import weighted_cross_entropy
+from jaxlm.train.profile import CLASSES, format_profile, op_class, parse_hlo, profile_steps
+
+VOCAB, WIDTH, HEADS = 512, 64, 4
+OPTIMIZER = optax.adamw(1e-3)
+
+
+def loss(params, ids):
+    hidden = params["embed"][ids]
+    hidden = jax.nn.gelu(hidden @ params["up"]) @ params["down"]
+    heads = hidden.reshape(*ids.shape, HEADS, WIDTH // HEADS)
+    hidden = dot_product_attention(heads, heads, heads).reshape(hidden.shape)
+    total, _, count = weighted_cross_entropy(hidden @ params["embed"].T, ids)
+    return total / count
+
+
+@jax.jit
+def train_step(params, opt_state, ids):
+    grads = jax.grad(loss)(params, ids)
+    updates, opt_state = OPTIMIZER.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+
+@pytest.fixture(scope="module")
+def step():
+    keys = jax.random.split(jax.random.key(0), 4)
+    params = {"embed": jax.random.normal(keys[0], (VOCAB, WIDTH)) * 0.02,
+              "up": jax.random.normal(keys[1], (WIDTH, 4 * WIDTH)) * 0.02,
+              "down": jax.random.normal(keys[2], (4 * WIDTH, WIDTH)) * 0.02}
+    ids = jax.random.randint(keys[3], (8, 32), 0, VOCAB)
+    args = (params, OPTIMIZER.init(params), ids)
+    return args, train_step.lower(*args).compile()
+
+
+def test_every_op_of_a_step_gets_the_class_its_source_says(step):
+    _, compiled = step
+    instructions, computations = parse_hlo(compiled.as_text())
+    assert instructions and computations
+    classes = {name: op_class(name, instructions, computations) for name in instructions}
+    assert set(classes.values()) <= set(CLASSES)
+    for name, kind in classes.items():
+        op_name = instructions[name].op_name
+        if "attention_core" in op_name:
+            assert kind == "attention", (name, op_name)
+        elif instructions[name].opcode == "dot":
+            assert kind == "matmuls", (name, op_name)
+        elif "cross_entropy" in op_name and instructions[name].opcode not in ("dot", "fusion"):
+            assert kind == "embedding and loss", (name, op_name)
+        elif op_name and "jvp(" not in op_name and instructions[name].opcode != "fusion":
+            assert kind == "optimizer and metrics", (name, op_name)
+
+
+def test_a_traced_step_is_summarised_by_class(step, tmp_path):
+    (params, opt_state, ids), compiled = step
+    state = [params, opt_state]
+
+    def run():
+        state[:] = compiled(state[0], state[1], ids)
+        return state[0]
+
+    summary = profile_steps(run, 3, tmp_path, compiled.as_text())
+    ms = summary["ms_per_step"]
+    assert list(ms) == list(CLASSES)
+    for kind in ("matmuls", "attention", "embedding and loss", "optimizer and metrics"):
+        assert ms[kind] > 0, (kind, summary)
+    assert ms["collectives"] == 0 and ms["host gaps"] >= 0
+    assert summary["traced_ms_per_step"] > 0 and len(summary["top_ops"]) == 10
+    assert list(tmp_path.rglob("*.xplane.pb"))
+    assert "matmuls" in format_profile(summary)
