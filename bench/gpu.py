@@ -32,6 +32,8 @@ CASES = {
                                          "model.attention_kernel=cudnn"], "gpt2"),
     "t5": ("configs/t5-base.yaml", ["train.global_batch=64", "data.max_seq_length=512",
                                     "data.max_target_length=114"], "t5"),
+    "t5cudnn": ("configs/t5-base.yaml", ["train.global_batch=64", "data.max_seq_length=512",
+                                         "data.max_target_length=114", "model.attention_kernel=cudnn"], "t5"),
     # larger batches, where each side may do better
     "bert128b512": ("configs/bert-base.yaml", ["train.global_batch=512", "data.max_seq_length=128",
                                                "data.max_predictions=20", "model.attention_kernel=cudnn"],
@@ -72,12 +74,15 @@ def ours(case: str, extra: list[str], out_dir: pathlib.Path, env: dict, profile:
 
 
 def peer(cases: list[str], script: pathlib.Path, out_dir: pathlib.Path, env: dict) -> tuple[dict, dict]:
-    """(the peer's bf16 matmul line, its row per case): it prints the matmul line, then one line per case."""
-    text = run_logged([sys.executable, str(script), *(CASES[c][2] for c in cases)], out_dir / "peer.log", env)
+    """(the peer's bf16 matmul line, its row per case): it prints the matmul line, then one line per case it
+    is given (each of its cases once, however many of ours share it)."""
+    theirs = list(dict.fromkeys(CASES[c][2] for c in cases))
+    text = run_logged([sys.executable, str(script), *theirs], out_dir / "peer.log", env)
     lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
     if not lines:
         return {}, {c: {"error": _last_line(text) + f" (all of it in {out_dir / 'peer.log'})"} for c in cases}
-    return lines[0], {c: row for c, row in zip(cases, lines[1:])}
+    rows = dict(zip(theirs, lines[1:]))
+    return lines[0], {c: rows[CASES[c][2]] for c in cases if CASES[c][2] in rows}
 
 
 def table(cases: list[str], our_rows: dict, peer_rows: dict, matmul: dict) -> str:
