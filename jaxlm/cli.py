@@ -90,6 +90,8 @@ def cmd_data_show(args) -> None:
 def cmd_bench(args) -> None:
     if args.config == "data":
         return cmd_bench_data(args)
+    if args.profile and pathlib.Path(args.profile).exists() and not pathlib.Path(args.profile).is_dir():
+        raise ConfigError(f"--profile {args.profile} is a file: give a directory for the trace")
     config = _load(args)
     row = bench(config, profile_dir=args.profile)
     if jax.process_index() == 0:

@@ -91,3 +91,11 @@ def test_a_config_that_is_not_a_yaml_mapping_names_the_file_and_line(tmp_path):
     listed.write_text("- model\n- data\n")
     proc = run_cli("train", listed, check=False, devices=1)
     assert proc.returncode == 2 and "list.yaml:1: holds a list, not a mapping of sections" in proc.stderr
+
+
+def test_bench_refuses_a_profile_path_that_is_a_file(tiny_config, tmp_path):
+    target = tmp_path / "trace.txt"
+    target.write_text("kept")
+    proc = run_cli("bench", tiny_config(), "--profile", str(target), check=False)
+    assert proc.returncode == 2 and "is a file: give a directory for the trace" in proc.stderr
+    assert "Traceback" not in proc.stderr and target.read_text() == "kept"

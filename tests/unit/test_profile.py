@@ -1,6 +1,5 @@
 """`jaxlm bench --profile`'s op classes, on a real compiled step's HLO and a real jax.profiler trace (CPU)."""
 import jax
-import jax.numpy as jnp
 import optax
 import pytest
 
