@@ -22,27 +22,28 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TARGET_RATIO = 1.5
 
-# name: (config, overrides, the peer's case of the same model, sequence and batch)
+
+def _bert(batch: int, seq: int) -> list[str]:
+    return [f"train.global_batch={batch}", f"data.max_seq_length={seq}", f"data.max_predictions={seq * 20 // 128}",
+            "model.attention_kernel=cudnn"]
+
+
+def _gpt2(batch: int) -> list[str]:
+    return [f"train.global_batch={batch}", "data.max_seq_length=1024", "model.attention_kernel=cudnn"]
+
+
+T5 = ["train.global_batch=64", "data.max_seq_length=512", "data.max_target_length=114"]
+# name: (config, overrides, the peer's case of the same model, sequence and batch); the b-suffixed cases are
+# larger batches, where each side may do better
 CASES = {
-    "bert128": ("configs/bert-base.yaml", ["train.global_batch=256", "data.max_seq_length=128",
-                                           "data.max_predictions=20", "model.attention_kernel=cudnn"], "bert128"),
-    "bert512": ("configs/bert-base.yaml", ["train.global_batch=32", "data.max_seq_length=512",
-                                           "data.max_predictions=80", "model.attention_kernel=cudnn"], "bert512"),
-    "gpt2": ("configs/gpt2-small.yaml", ["train.global_batch=16", "data.max_seq_length=1024",
-                                         "model.attention_kernel=cudnn"], "gpt2"),
-    "t5": ("configs/t5-base.yaml", ["train.global_batch=64", "data.max_seq_length=512",
-                                    "data.max_target_length=114"], "t5"),
-    "t5cudnn": ("configs/t5-base.yaml", ["train.global_batch=64", "data.max_seq_length=512",
-                                         "data.max_target_length=114", "model.attention_kernel=cudnn"], "t5"),
-    # larger batches, where each side may do better
-    "bert128b512": ("configs/bert-base.yaml", ["train.global_batch=512", "data.max_seq_length=128",
-                                               "data.max_predictions=20", "model.attention_kernel=cudnn"],
-                    "bert128b512"),
-    "bert512b64": ("configs/bert-base.yaml", ["train.global_batch=64", "data.max_seq_length=512",
-                                              "data.max_predictions=80", "model.attention_kernel=cudnn"],
-                   "bert512b64"),
-    "gpt2b32": ("configs/gpt2-small.yaml", ["train.global_batch=32", "data.max_seq_length=1024",
-                                            "model.attention_kernel=cudnn"], "gpt2b32"),
+    "bert128": ("configs/bert-base.yaml", _bert(256, 128), "bert128"),
+    "bert512": ("configs/bert-base.yaml", _bert(32, 512), "bert512"),
+    "gpt2": ("configs/gpt2-small.yaml", _gpt2(16), "gpt2"),
+    "t5": ("configs/t5-base.yaml", T5, "t5"),
+    "t5cudnn": ("configs/t5-base.yaml", [*T5, "model.attention_kernel=cudnn"], "t5"),
+    "bert128b512": ("configs/bert-base.yaml", _bert(512, 128), "bert128b512"),
+    "bert512b64": ("configs/bert-base.yaml", _bert(64, 512), "bert512b64"),
+    "gpt2b32": ("configs/gpt2-small.yaml", _gpt2(32), "gpt2b32"),
 }
 DEFAULT_CASES = "bert128,bert512,gpt2,t5"
 
