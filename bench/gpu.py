@@ -1,8 +1,8 @@
 """Training throughput on one GPU, jaxlm next to the Hugging Face peer in the same call: BERT-base at 128 and
-512, GPT-2 124M at 1024, T5-base span corruption (512 -> 114). Each case runs `jaxlm bench` in its own
-process, then the peer (`peers_torch.py`: transformers, torch.compile, bf16 autocast, SDPA, fused AdamW) runs
-the same cases; one table of tokens/s, the ratio, and MFU against the datasheet peak and against the bf16
-matmul peak the peer measures on this GPU.
+512, GPT-2 124M at 1024, T5-base span corruption (512 -> 114). The peer (`peers_torch.py`: transformers,
+torch.compile, bf16 autocast, SDPA, fused AdamW) runs the cases first, so that a call cut short by its time
+limit keeps them; then each jaxlm case runs `jaxlm bench` in its own process. One table of tokens/s, the
+ratio, and MFU against the datasheet peak and against the bf16 matmul peak the peer measures on this GPU.
 
     python bench/gpu.py [--peer ../shared/bench/peers_torch.py] [--cases bert128,bert512,gpt2,t5] [--set K=V]
                         [--profile]
@@ -115,14 +115,17 @@ def table(cases: list[str], our_rows: dict, peer_rows: dict, matmul: dict) -> st
 def profile_table(cases: list[str], our_rows: dict) -> str:
     """Markdown: jaxlm's milliseconds per step of each op class, per case."""
     rows = {c: our_rows[c]["profile"] for c in cases if "profile" in our_rows.get(c, {})}
+    failed = [f"jaxlm {c} profile: {our_rows[c]['profile_error']}" for c in cases
+              if "profile_error" in our_rows.get(c, {})]
     if not rows:
-        return ""
+        return "\n".join(failed)
     classes = list(next(iter(rows.values()))["ms_per_step"])
     lines = ["| case | " + " | ".join(classes) + " | traced ms/step |", "|---" * (len(classes) + 2) + "|"]
     for case, summary in rows.items():
         cells = [f"{summary['ms_per_step'][c]:.2f}" for c in classes] + [f"{summary['traced_ms_per_step']:.2f}"]
         lines.append(f"| {case} | " + " | ".join(cells) + " |")
-    return "\n".join(["", "jaxlm, milliseconds per step by op class (jax.profiler trace of 5 steps):", ""] + lines)
+    return "\n".join(["", "jaxlm, milliseconds per step by op class (jax.profiler trace of 5 steps):", ""] + lines
+                     + failed)
 
 
 def _last_line(text: str) -> str:
@@ -161,15 +164,15 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     env = os.environ | {"JAX_COMPILATION_CACHE_DIR": os.environ.get("JAX_COMPILATION_CACHE_DIR",
                                                                     str(out_dir / "jax-cache"))}
-    our_rows = {}
-    for case in cases:
-        our_rows[case] = ours(case, args.set, out_dir, env, args.profile)
-        print(f"jaxlm {case}: {json.dumps({k: v for k, v in our_rows[case].items() if k != 'profile'})}", flush=True)
     matmul, peer_rows = {}, {}
     if args.peer != "none":
         matmul, peer_rows = peer(cases, pathlib.Path(args.peer), out_dir, env)
         for case in cases:
             print(f"peer {case}: {json.dumps(peer_rows.get(case))}", flush=True)
+    our_rows = {}
+    for case in cases:
+        our_rows[case] = ours(case, args.set, out_dir, env, args.profile)
+        print(f"jaxlm {case}: {json.dumps({k: v for k, v in our_rows[case].items() if k != 'profile'})}", flush=True)
     print(table(cases, our_rows, peer_rows, matmul))
     print(profile_table(cases, our_rows))
 

@@ -96,8 +96,10 @@ def cmd_bench(args) -> None:
     row = bench(config, profile_dir=args.profile)
     if jax.process_index() == 0:
         print(format_table([row]))
-        if args.profile:
+        if "profile" in row:
             print(f"profile of {PROFILED_STEPS} steps (trace in {args.profile}):\n{format_profile(row['profile'])}")
+        elif args.profile:
+            print(f"profile: none, the trace could not be summarised ({row['profile_error']})")
         if args.json:
             print(json.dumps(row))
 

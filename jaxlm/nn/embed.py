@@ -29,20 +29,23 @@ class Embed(nn.Module):
             (self.num_embeddings, self.features or self.config.hidden_size), jnp.dtype(self.config.param_dtype))
 
     def table(self) -> jax.Array:
-        """The table as the lookup and the projection read it (`gathered`): rows whole, split over the
-        vocabulary only, so each vocab shard looks up its own rows and one all-reduce sums them; from
-        rows split over fsdp too, XLA would rematerialise the whole table for the lookup."""
-        return jnp.asarray(gathered(self.embedding, self.axes), jnp.dtype(self.config.dtype))
+        """The table in its parameter dtype as the lookup and the projection read it (`gathered`): rows
+        whole, split over the vocabulary only, so each vocab shard looks up its own rows and one all-reduce
+        sums them; from rows split over fsdp too, XLA would rematerialise the whole table for the lookup."""
+        return gathered(self.embedding, self.axes)
 
     def __call__(self, ids: jax.Array) -> jax.Array:
-        """[batch, length] ids -> [batch, length, features]."""
+        """[batch, length] ids -> [batch, length, features], cast to the compute dtype after the lookup: the
+        gradient's scatter-add then sums the tokens of each row in the parameter dtype. Cast before, it summed
+        in bfloat16, and a row shared by many tokens (BERT's two token-type rows, frequent words) lost
+        precision; on the GPU the bfloat16 scatter-add is also the suspect of BERT's slow step."""
         table = self.table()
         # Under explicit axes JAX cannot infer where a gather from a split table goes: where activations go.
         out = layout((*ids.shape, table.shape[1]), ("batch", "length", self.axes[1])) if explicit_axes() else None
-        return table.at[ids].get(mode="fill", out_sharding=out)
+        return table.at[ids].get(mode="fill", out_sharding=out).astype(jnp.dtype(self.config.dtype))
 
     def attend(self, x: jax.Array) -> jax.Array:
-        return jnp.einsum("...e,ve->...v", x, self.table())
+        return jnp.einsum("...e,ve->...v", x, self.table().astype(jnp.dtype(self.config.dtype)))
 
 
 def rotary_embedding(x: jax.Array, positions: jax.Array, theta: float = 10000.0) -> jax.Array:

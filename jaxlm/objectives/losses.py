@@ -14,7 +14,10 @@ def weighted_cross_entropy(logits: jax.Array, labels: jax.Array, weights: jax.Ar
     logits = logits.astype(jnp.float32)
     weights = jnp.ones(labels.shape, jnp.float32) if weights is None else weights.astype(jnp.float32)
     log_z = jax.nn.logsumexp(logits, axis=-1)
-    label_logit = jnp.take_along_axis(logits, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    # The label's logit picked by comparison, not take_along_axis: its gradient is then an elementwise select
+    # that fuses into the softmax's, where a gather's is a scatter into a zeroed array the size of the logits.
+    is_label = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1) == labels[..., None].astype(jnp.int32)
+    label_logit = jnp.sum(jnp.where(is_label, logits, 0.0), axis=-1)
     loss = (log_z - label_logit) * weights
     correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32) * weights
     return jnp.sum(loss), jnp.sum(correct), jnp.sum(weights)

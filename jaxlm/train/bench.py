@@ -15,7 +15,8 @@ from jaxlm.train.state import count_params, create_state
 
 def bench(config: RunConfig, profile_dir: str | None = None) -> dict:
     """Tokens/s and MFU of the compiled train step on synthetic batches; with `profile_dir`, a jax.profiler
-    trace of PROFILED_STEPS more steps there, summarised by op class (`profile` in the result)."""
+    trace of PROFILED_STEPS more steps there, summarised by op class (`profile` in the result; a trace that
+    cannot be read or classed gives `profile_error` instead, and the timing stands)."""
     distributed.initialize(config.distributed)
     setup = build(config)
     state = create_state(setup.objective.init, setup.optimizer, setup.shardings, setup.mesh, setup.rules,
@@ -34,14 +35,17 @@ def bench(config: RunConfig, profile_dir: str | None = None) -> dict:
         state, metrics = compiled_train(state, batch, rng)
     jax.block_until_ready((state, metrics))
     seconds = (time.perf_counter() - started) / config.bench.steps
-    profile = None
+    profiled = {}
     if profile_dir:
         def step():
             nonlocal state, metrics
             state, metrics = compiled_train(state, batch, rng)
             return metrics
 
-        profile = profile_steps(step, PROFILED_STEPS, profile_dir, compiled_train.as_text())
+        try:
+            profiled = {"profile": profile_steps(step, PROFILED_STEPS, profile_dir, compiled_train.as_text())}
+        except (OSError, ValueError, KeyError, RuntimeError) as error:
+            profiled = {"profile_error": f"{type(error).__name__}: {error}"}
     tokens_per_s = size * config.data.max_seq_length / seconds
     peak, peak_text = flops.peak_flops(override=config.bench.peak_flops_per_device)
     per_token = setup.objective.flops_per_token()
@@ -52,7 +56,7 @@ def bench(config: RunConfig, profile_dir: str | None = None) -> dict:
             "tokens_per_s": tokens_per_s, "gflops_per_token": per_token / 1e9,
             "mfu": flops.mfu(tokens_per_s, per_token, jax.device_count(), peak), "peak": peak_text,
             "compile_s": compile_s, "memory": memory_summary(compiled_train),
-            "loss": float(metrics["loss"])} | ({"profile": profile} if profile else {})
+            "loss": float(metrics["loss"])} | profiled
 
 
 def format_table(rows: list[dict]) -> str:

@@ -4,8 +4,11 @@ and elementwise, embedding and loss, optimizer and metrics, collectives, and the
 Each op the device ran (a trace event carrying `hlo_op`) is classed from its instruction in the step's
 optimised HLO: what it computes (a dot, a GEMM or cuDNN attention call, a collective, a gather or scatter)
 and where it comes from (the JAX name stack in its metadata: `attention_core`, `cross_entropy`, `embeddings`,
-and outside the differentiated loss, the optimizer). XProf's own tools give per-op categories too, but they
-name XLA's fusion kinds rather than these classes, and its package brings ~330 MB of dependencies."""
+and outside the differentiated loss, the optimizer). On the GPU, XLA runs most kernels inside command
+buffers (CUDA graphs), whose events all give the buffer as `hlo_op`: there the kernel's own name leads to
+the instruction (a fusion's kernel is named after it, `.` as `_`), and a library kernel (cuBLAS, cuDNN) is
+classed by its name. XProf's own tools give per-op categories too, but they name XLA's fusion kinds rather
+than these classes, and its package brings ~330 MB of dependencies."""
 from __future__ import annotations
 
 import dataclasses
@@ -23,8 +26,8 @@ from jaxlm.objectives.losses import LOSS_SCOPE
 CLASSES = ("matmuls", "attention", "norms and elementwise", "embedding and loss", "optimizer and metrics",
            "collectives", "host gaps")
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
-MATMUL_TARGETS = ("gemm", "matmul", "cublas")
-ATTENTION_TARGETS = ("fmha", "flash", "attention")
+MATMUL_TARGETS = ("gemm", "matmul", "cublas", "nvjet", "xmma", "cutlass")
+ATTENTION_TARGETS = ("fmha", "flash", "attention", "sdpa")
 PROFILED_STEPS = 5
 
 _COMPUTATION = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
@@ -99,6 +102,31 @@ def op_class(name: str, instructions: dict, computations: dict) -> str:
     return "norms and elementwise"
 
 
+def kernel_name(instruction: str) -> str:
+    """The name XLA gives the GPU kernel of an instruction (LLVM's identifier rules)."""
+    return re.sub(r"[^\w]", "_", instruction)
+
+
+def event_op(event: dict, instructions: dict, kernels: dict) -> str:
+    """The HLO instruction a trace event ran: its `hlo_op`, unless that names a command buffer (not an
+    instruction of the HLO, or a call of one); then the instruction its kernel is named after, or, for a
+    library kernel, the kernel's name."""
+    op = event["args"]["hlo_op"]
+    if op in instructions and instructions[op].opcode != "call":
+        return op
+    return kernels.get(kernel_name(event.get("name", "")), event.get("name", op))
+
+
+def kernel_class(kernel: str) -> str:
+    """The class of a library kernel (a GEMM or attention call) known by its name alone."""
+    name = kernel.lower()
+    if any(t in name for t in ATTENTION_TARGETS):
+        return "attention"
+    if any(t in name for t in MATMUL_TARGETS):
+        return "matmuls"
+    return "norms and elementwise"
+
+
 def _events(trace_path: Path, module: str) -> list[dict]:
     """The trace's events of ops of `module`, on the accelerator's timeline when it has one."""
     with gzip.open(trace_path, "rt") as f:
@@ -128,6 +156,7 @@ def summarize(trace_path: str | Path, hlo_text: str, steps: int) -> dict:
     more), and the ten costliest ops with their class."""
     module = re.search(r"^HloModule ([\w.\-]+)", hlo_text, re.M).group(1)
     instructions, computations = parse_hlo(hlo_text)
+    kernels = {kernel_name(name): name for name in instructions}
     events = _events(Path(trace_path), module)
     if not events:
         raise ValueError(f"the trace {trace_path} has no op of {module}")
@@ -138,12 +167,12 @@ def summarize(trace_path: str | Path, hlo_text: str, steps: int) -> dict:
     classes, ops, traced = dict.fromkeys(CLASSES, 0.0), defaultdict(float), 0.0
     for device_events in by_device.values():
         for e in device_events:
-            ops[e["args"]["hlo_op"]] += e["dur"] * per_step
+            ops[event_op(e, instructions, kernels)] += e["dur"] * per_step
         spans = [(e["ts"], e["ts"] + e["dur"]) for e in device_events]
         window = max(end for _, end in spans) - min(start for start, _ in spans)
         classes["host gaps"] += (window - _busy(spans)) * per_step
         traced += window * per_step
-    kinds = {op: op_class(op, instructions, computations) for op in ops}
+    kinds = {op: op_class(op, instructions, computations) if op in instructions else kernel_class(op) for op in ops}
     for op, ms in ops.items():
         classes[kinds[op]] += ms
     top = sorted(ops.items(), key=lambda item: -item[1])[:10]

@@ -1,11 +1,14 @@
 """`jaxlm bench --profile`'s op classes, on a real compiled step's HLO and a real jax.profiler trace (CPU)."""
+import gzip
+import json
+
 import jax
 import optax
 import pytest
 
 from jaxlm.nn.attention import dot_product_attention
 from jaxlm.objectives.losses import weighted_cross_entropy
-from jaxlm.train.profile import CLASSES, format_profile, op_class, parse_hlo, profile_steps
+from jaxlm.train.profile import CLASSES, format_profile, kernel_name, op_class, parse_hlo, profile_steps, summarize
 
 VOCAB, WIDTH, HEADS = 512, 64, 4
 OPTIMIZER = optax.adamw(1e-3)
@@ -73,3 +76,38 @@ def test_a_traced_step_is_summarised_by_class(step, tmp_path):
     assert summary["traced_ms_per_step"] > 0 and len(summary["top_ops"]) == 10
     assert list(tmp_path.rglob("*.xplane.pb"))
     assert "matmuls" in format_profile(summary)
+
+
+def test_kernels_inside_command_buffers_are_classed_by_their_names(step, tmp_path):
+    """XLA's GPU trace: every kernel of a command buffer (CUDA graph) gives the buffer as its hlo_op, a fusion's
+    kernel is named after the fusion, and library kernels (cuBLAS, cuDNN) have names of their own. The same
+    trace rewritten that way, on a GPU timeline with a GEMM and a cuDNN attention kernel added, gives the
+    same classes plus those two."""
+    (params, opt_state, ids), compiled = step
+    state = [params, opt_state]
+
+    def run():
+        state[:] = compiled(state[0], state[1], ids)
+        return state[0]
+
+    hlo = compiled.as_text()
+    cpu = profile_steps(run, 2, tmp_path, hlo)
+    trace = next(p for p in tmp_path.rglob("*.trace.json.gz") if "perfetto" not in p.name)
+    events = json.load(gzip.open(trace, "rt"))["traceEvents"]
+    gpu_pid = max(e.get("pid", 0) for e in events) + 1
+    ops = [e for e in events if e.get("ph") == "X" and "hlo_op" in e.get("args", {})]
+    for e in ops:
+        e.update(pid=gpu_pid, name=kernel_name(e["args"]["hlo_op"]))
+        e["args"] = dict(e["args"], hlo_op="command_buffer_1")
+    library = [dict(ops[0], name="nvjet_sm90_tst_128x160_64x5_2x4_h_bz_NTT"),
+               dict(ops[1], name="cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3")]
+    events += library + [{"ph": "M", "name": "process_name", "pid": gpu_pid, "args": {"name": "/device:GPU:0"}}]
+    rewritten = tmp_path / "gpu.trace.json.gz"
+    with gzip.open(rewritten, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    gpu = summarize(rewritten, hlo, 2)
+    added = {"matmuls": library[0]["dur"], "attention": library[1]["dur"]}
+    for kind in CLASSES:
+        assert gpu["ms_per_step"][kind] == pytest.approx(
+            cpu["ms_per_step"][kind] + added.get(kind, 0) * 1e-3 / 2, rel=1e-6, abs=1e-9), kind
+    assert {o["op"] for o in gpu["top_ops"]} & {o["op"] for o in cpu["top_ops"]}
