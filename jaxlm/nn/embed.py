@@ -32,7 +32,7 @@ class Embed(nn.Module):
         """The table in its parameter dtype as the lookup and the projection read it (`gathered`): rows
         whole, split over the vocabulary only, so each vocab shard looks up its own rows and one all-reduce
         sums them; from rows split over fsdp too, XLA would rematerialise the whole table for the lookup."""
-        return gathered(self.embedding, self.axes)
+        return jnp.asarray(gathered(self.embedding, self.axes))
 
     def __call__(self, ids: jax.Array) -> jax.Array:
         """[batch, length] ids -> [batch, length, features], cast to the compute dtype after the lookup: the
