@@ -47,6 +47,23 @@ def _leave_signals_to_the_trainer(worker_index: int, worker_count: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+def narrowed(batch: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, str]]:
+    """A batch for the trip from a worker process: each integer field in the smallest integer dtype that
+    holds its values (ids in uint16, masks in uint8), with its own dtype beside it. Each batch is pickled
+    through a pipe, which took about a fifth of a worker's CPU; widened on arrival it is the same batch."""
+    def smallest(array: np.ndarray) -> np.dtype:
+        if array.dtype.kind not in "iu" or array.size == 0:
+            return array.dtype
+        return np.result_type(np.min_scalar_type(array.min()), np.min_scalar_type(array.max()))
+
+    return {k: (v.astype(smallest(v), copy=False), v.dtype.str) for k, v in batch.items()}
+
+
+def widened(batch: dict[str, tuple[np.ndarray, str]]) -> dict[str, np.ndarray]:
+    """`narrowed`'s batch in its own dtypes again."""
+    return {k: v.astype(dtype, copy=False) for k, (v, dtype) in batch.items()}
+
+
 def _check_processes(global_batch: int, process_index: int, process_count: int) -> None:
     if global_batch % process_count:
         raise ValueError(f"global_batch {global_batch} is not divisible by process_count {process_count}")
@@ -165,10 +182,10 @@ class PretrainingData:
                 absl_flags.FLAGS.mark_as_parsed()
             # batches come back pickled, not in shared memory blocks (which grain 0.2.18 leaks when closed)
             stream = grain.experimental.WithOptionsIterDataset(
-                stream, grain.experimental.DatasetOptions(min_shm_size=PICKLE_EVERY_ARRAY))
+                stream.map(narrowed), grain.experimental.DatasetOptions(min_shm_size=PICKLE_EVERY_ARRAY))
             stream = stream.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers,
                                                                      per_worker_buffer_size=max(1, prefetch)),
-                                        worker_init_fn=_leave_signals_to_the_trainer)
+                                        worker_init_fn=_leave_signals_to_the_trainer).map(widened)
         iterator = iter(stream)
         try:
             yield from iterator

@@ -132,7 +132,7 @@ def _long_rows(data, minimum, count=6):
 
 
 def _equal(a, b):
-    return sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+    return sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in a)
 
 
 def test_examples_are_deterministic(prepared):
