@@ -59,15 +59,19 @@ def test_every_op_of_a_step_gets_the_class_its_source_says(step):
             assert kind == "optimizer and metrics", (name, op_name)
 
 
-def test_a_traced_step_is_summarised_by_class(step, tmp_path):
+def _runner(step):
+    """A function that runs the compiled step once more on its own last state."""
     (params, opt_state, ids), compiled = step
     state = [params, opt_state]
 
     def run():
         state[:] = compiled(state[0], state[1], ids)
         return state[0]
+    return run
 
-    summary = profile_steps(run, 3, tmp_path, compiled.as_text())
+
+def test_a_traced_step_is_summarised_by_class(step, tmp_path):
+    summary = profile_steps(_runner(step), 3, tmp_path, step[1].as_text())
     ms = summary["ms_per_step"]
     assert list(ms) == list(CLASSES)
     for kind in ("matmuls", "attention", "embedding and loss", "optimizer and metrics"):
@@ -83,15 +87,8 @@ def test_kernels_inside_command_buffers_are_classed_by_their_names(step, tmp_pat
     kernel is named after the fusion, and library kernels (cuBLAS, cuDNN) have names of their own. The same
     trace rewritten that way, on a GPU timeline with a GEMM and a cuDNN attention kernel added, gives the
     same classes plus those two."""
-    (params, opt_state, ids), compiled = step
-    state = [params, opt_state]
-
-    def run():
-        state[:] = compiled(state[0], state[1], ids)
-        return state[0]
-
-    hlo = compiled.as_text()
-    cpu = profile_steps(run, 2, tmp_path, hlo)
+    hlo = step[1].as_text()
+    cpu = profile_steps(_runner(step), 2, tmp_path, hlo)
     trace = next(p for p in tmp_path.rglob("*.trace.json.gz") if "perfetto" not in p.name)
     events = json.load(gzip.open(trace, "rt"))["traceEvents"]
     gpu_pid = max(e.get("pid", 0) for e in events) + 1
