@@ -16,7 +16,8 @@ def weighted_cross_entropy(logits: jax.Array, labels: jax.Array, weights: jax.Ar
     log_z = jax.nn.logsumexp(logits, axis=-1)
     # The label's logit picked by comparison, not take_along_axis: its gradient is then an elementwise select
     # that fuses into the softmax's, where a gather's is a scatter into a zeroed array the size of the logits.
-    is_label = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1) == labels[..., None].astype(jnp.int32)
+    vocabulary = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    is_label = vocabulary == labels[..., None].astype(jnp.int32)
     label_logit = jnp.sum(jnp.where(is_label, logits, 0.0), axis=-1)
     loss = (log_z - label_logit) * weights
     correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32) * weights

@@ -172,7 +172,8 @@ def summarize(trace_path: str | Path, hlo_text: str, steps: int) -> dict:
         window = max(end for _, end in spans) - min(start for start, _ in spans)
         classes["host gaps"] += (window - _busy(spans)) * per_step
         traced += window * per_step
-    kinds = {op: op_class(op, instructions, computations) if op in instructions else kernel_class(op) for op in ops}
+    kinds = {op: op_class(op, instructions, computations) if op in instructions else kernel_class(op)
+             for op in ops}
     for op, ms in ops.items():
         classes[kinds[op]] += ms
     top = sorted(ops.items(), key=lambda item: -item[1])[:10]
