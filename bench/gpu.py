@@ -5,7 +5,11 @@ limit keeps them; then each jaxlm case runs `jaxlm bench` in its own process. On
 ratio, and MFU against the datasheet peak and against the bf16 matmul peak the peer measures on this GPU.
 
     python bench/gpu.py [--peer ../shared/bench/peers_torch.py] [--cases bert128,bert512,gpt2,t5] [--set K=V]
-                        [--profile]
+                        [--profile] [--train DIR]
+    python bench/gpu.py --prepare DIR [--cases ...]     # here, before: the demo corpus prepared per case
+
+`--train DIR` also runs `jaxlm train` of each case on the data prepared under DIR and compares its tokens/s
+with the bench's (the issue's 95%: the input pipeline, metrics and checkpoints must not stall the device).
 
 Compilations go to a persistent cache (JAX_COMPILATION_CACHE_DIR, default .bench-gpu/jax-cache), so a second
 call on the same machine skips them (its keys ignore the ops' source metadata: clear it after renaming a
@@ -16,6 +20,7 @@ import argparse
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -46,6 +51,7 @@ CASES = {
     "gpt2b32": ("configs/gpt2-small.yaml", _gpt2(32), "gpt2b32"),
 }
 DEFAULT_CASES = "bert128,bert512,gpt2,t5"
+TRAIN_STEPS, TRAIN_LOG_EVERY = 100, 25  # `jaxlm train`'s rate: the mean of its logged rates after the first
 
 
 def last_json(text: str) -> dict | None:
@@ -72,6 +78,46 @@ def ours(case: str, extra: list[str], out_dir: pathlib.Path, env: dict, profile:
     text = run_logged([sys.executable, "-m", "jaxlm.cli", "bench", config, *overrides, *extra, "--json", *trace],
                       out_dir / f"{case}.log", env)
     return last_json(text) or {"error": _last_line(text) + f" (all of it in {out_dir / f'{case}.log'})"}
+
+
+def data_name(case: str) -> str:
+    """The prepared directory's name for a case: its config and sequence length (batches share one)."""
+    config, overrides, _ = CASES[case]
+    seq = next(o.split("=")[1] for o in [*overrides, "data.max_seq_length=512"] if o.startswith("data.max_seq_length="))
+    return f"{pathlib.Path(config).stem}-{seq}"
+
+
+def prepare(cases: list[str], data_dir: pathlib.Path, out_dir: pathlib.Path, env: dict) -> None:
+    """Prepares the demo corpus once per data_name of `cases` into `data_dir` (on the CPU, where the corpora
+    and tokenizers are at hand), for `--train` on a machine that has neither."""
+    for case in dict((data_name(c), c) for c in cases).values():
+        config, overrides, _ = CASES[case]
+        target = data_dir / data_name(case)
+        text = run_logged([sys.executable, "-m", "jaxlm.cli", "prepare", config,
+                           *[o for o in overrides if o.startswith("data.")], "data.dupe_factor=1",
+                           f"data.prepared_dir={target}"], out_dir / f"prepare-{data_name(case)}.log",
+                          env | {"JAX_PLATFORMS": "cpu"})
+        print(f"prepared {target}: {_last_line(text)}", flush=True)
+
+
+def train_rate(case: str, extra: list[str], data_dir: pathlib.Path, out_dir: pathlib.Path, env: dict) -> dict:
+    """`jaxlm train` of the case on its prepared data for TRAIN_STEPS steps (no checkpoint or evaluation
+    between): its tokens/s, the mean of the rates it logged after the first."""
+    config, overrides, _ = CASES[case]
+    run_dir = out_dir / f"train-{case}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    never = 10 * TRAIN_STEPS
+    text = run_logged([sys.executable, "-m", "jaxlm.cli", "train", config, *overrides, *extra,
+                       f"data.prepared_dir={data_dir / data_name(case)}", f"train.run_dir={run_dir}",
+                       f"train.steps={TRAIN_STEPS}", f"train.log_every={TRAIN_LOG_EVERY}",
+                       f"train.eval_every={never}", f"train.checkpoint_every={never}", "train.eval_batches=1"],
+                      out_dir / f"train-{case}.log", env)
+    metrics = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+    rates = [r["tokens_per_s"] for r in rows if r.get("split") == "train" and "tokens_per_s" in r][1:]
+    if not rates:
+        return {"error": _last_line(text) + f" (all of it in {out_dir / f'train-{case}.log'})"}
+    return {"tokens_per_s": sum(rates) / len(rates)}
 
 
 def peer(cases: list[str], script: pathlib.Path, out_dir: pathlib.Path, env: dict) -> tuple[dict, dict]:
@@ -112,6 +158,20 @@ def table(cases: list[str], our_rows: dict, peer_rows: dict, matmul: dict) -> st
     return "\n".join(lines + errors)
 
 
+def train_table(cases: list[str], our_rows: dict, train_rows: dict) -> str:
+    """Markdown: `jaxlm train`'s tokens/s on prepared data against `jaxlm bench`'s, per case."""
+    if not train_rows:
+        return ""
+    lines = ["", "| case | jaxlm bench tokens/s | jaxlm train tokens/s | train / bench (target 0.95) |",
+             "|---|---|---|---|"]
+    for case in cases:
+        bench, train = our_rows.get(case, {}).get("tokens_per_s"), train_rows.get(case, {}).get("tokens_per_s")
+        ratio = train / bench if bench and train else None
+        lines.append(f"| {case} | {_number(bench, ',.0f')} | {_number(train, ',.0f')} | {_number(ratio, '.3f')} |")
+    errors = [f"jaxlm train {case}: {row['error']}" for case, row in train_rows.items() if "error" in row]
+    return "\n".join(lines + errors)
+
+
 def profile_table(cases: list[str], our_rows: dict) -> str:
     """Markdown: jaxlm's milliseconds per step of each op class, per case."""
     rows = {c: our_rows[c]["profile"] for c in cases if "profile" in our_rows.get(c, {})}
@@ -149,6 +209,10 @@ def main() -> None:
                         help="an override for every jaxlm case (e.g. bench.steps=50)")
     parser.add_argument("--profile", action="store_true",
                         help="also trace each jaxlm case and print its time per step by op class")
+    parser.add_argument("--train", metavar="DIR", help="also run `jaxlm train` of each case on its data "
+                        "prepared under DIR, and compare its tokens/s with the bench's")
+    parser.add_argument("--prepare", metavar="DIR", help="only prepare the cases' data under DIR for --train "
+                        "(on the CPU; the GPU machine has neither the corpora nor the tokenizers)")
     parser.add_argument("--out", default=str(ROOT / ".bench-gpu"), help="logs and the compilation cache")
     args = parser.parse_args()
     cases = [c for c in args.cases.split(",") if c]
@@ -164,16 +228,26 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     env = os.environ | {"JAX_COMPILATION_CACHE_DIR": os.environ.get("JAX_COMPILATION_CACHE_DIR",
                                                                     str(out_dir / "jax-cache"))}
+    if args.prepare:
+        return prepare(cases, pathlib.Path(args.prepare), out_dir, env)
+    missing = [data_name(c) for c in cases if args.train and not (pathlib.Path(args.train) / data_name(c)).is_dir()]
+    if missing:
+        parser.error(f"--train {args.train}: no prepared {', '.join(dict.fromkeys(missing))} there; make them "
+                     f"with --prepare {args.train}")
     matmul, peer_rows = {}, {}
     if args.peer != "none":
         matmul, peer_rows = peer(cases, pathlib.Path(args.peer), out_dir, env)
         for case in cases:
             print(f"peer {case}: {json.dumps(peer_rows.get(case))}", flush=True)
-    our_rows = {}
+    our_rows, train_rows = {}, {}
     for case in cases:
         our_rows[case] = ours(case, args.set, out_dir, env, args.profile)
         print(f"jaxlm {case}: {json.dumps({k: v for k, v in our_rows[case].items() if k != 'profile'})}", flush=True)
+        if args.train:
+            train_rows[case] = train_rate(case, args.set, pathlib.Path(args.train), out_dir, env)
+            print(f"jaxlm train {case}: {json.dumps(train_rows[case])}", flush=True)
     print(table(cases, our_rows, peer_rows, matmul))
+    print(train_table(cases, our_rows, train_rows))
     print(profile_table(cases, our_rows))
 
 
