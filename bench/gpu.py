@@ -24,6 +24,8 @@ import shutil
 import subprocess
 import sys
 
+import sentencepiece
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TARGET_RATIO = 1.5
 
@@ -87,17 +89,39 @@ def data_name(case: str) -> str:
     return f"{pathlib.Path(config).stem}-{seq}"
 
 
+def t5_vocabulary(data_dir: pathlib.Path) -> pathlib.Path:
+    """A SentencePiece unigram model of T5's size (32,028 pieces and 100 sentinels make 32,128) trained on
+    the demo corpus: T5's own spiece.model is not at hand offline, and the step depends on the size alone."""
+    # here, not at the top: on the GPU machine this script runs from the tree, without jaxlm on its path
+    from jaxlm.corpora.registry import CORPORA
+
+    model = data_dir / "t5-demo-unigram.model"
+    if not model.is_file():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        sentencepiece.SentencePieceTrainer.train(
+            input=",".join(str(CORPORA[name].fetch()) for name in ("austen", "wikipedia")),
+            model_prefix=str(model.with_suffix("")), vocab_size=32_028, model_type="unigram", pad_id=0, eos_id=1,
+            unk_id=2, bos_id=-1, input_sentence_size=2_000_000, shuffle_input_sentence=True, minloglevel=2)
+    return model
+
+
+def data_overrides(case: str, data_dir: pathlib.Path) -> list[str]:
+    """The case's data settings, and for T5 the vocabulary `t5_vocabulary` trains."""
+    config, overrides, _ = CASES[case]
+    vocab = [f"data.vocab={data_dir / 't5-demo-unigram.model'}"] if "t5" in config else []
+    return [o for o in overrides if o.startswith("data.")] + vocab + [f"data.prepared_dir={data_dir / data_name(case)}"]
+
+
 def prepare(cases: list[str], data_dir: pathlib.Path, out_dir: pathlib.Path, env: dict) -> None:
     """Prepares the demo corpus once per data_name of `cases` into `data_dir` (on the CPU, where the corpora
     and tokenizers are at hand), for `--train` on a machine that has neither."""
     for case in dict((data_name(c), c) for c in cases).values():
-        config, overrides, _ = CASES[case]
-        target = data_dir / data_name(case)
-        text = run_logged([sys.executable, "-m", "jaxlm.cli", "prepare", config,
-                           *[o for o in overrides if o.startswith("data.")], "data.dupe_factor=1",
-                           f"data.prepared_dir={target}"], out_dir / f"prepare-{data_name(case)}.log",
+        if "t5" in CASES[case][0]:
+            t5_vocabulary(data_dir)
+        text = run_logged([sys.executable, "-m", "jaxlm.cli", "prepare", CASES[case][0], "data.dupe_factor=1",
+                           *data_overrides(case, data_dir)], out_dir / f"prepare-{data_name(case)}.log",
                           env | {"JAX_PLATFORMS": "cpu"})
-        print(f"prepared {target}: {_last_line(text)}", flush=True)
+        print(f"prepared {data_dir / data_name(case)}: {_last_line(text)}", flush=True)
 
 
 def train_rate(case: str, extra: list[str], data_dir: pathlib.Path, out_dir: pathlib.Path, env: dict) -> dict:
@@ -108,7 +132,7 @@ def train_rate(case: str, extra: list[str], data_dir: pathlib.Path, out_dir: pat
     shutil.rmtree(run_dir, ignore_errors=True)
     never = 10 * TRAIN_STEPS
     text = run_logged([sys.executable, "-m", "jaxlm.cli", "train", config, *overrides, *extra,
-                       f"data.prepared_dir={data_dir / data_name(case)}", f"train.run_dir={run_dir}",
+                       *data_overrides(case, data_dir), f"train.run_dir={run_dir}",
                        f"train.steps={TRAIN_STEPS}", f"train.log_every={TRAIN_LOG_EVERY}",
                        f"train.eval_every={never}", f"train.checkpoint_every={never}", "train.eval_batches=1"],
                       out_dir / f"train-{case}.log", env)
