@@ -39,15 +39,17 @@ def _gpt2(batch: int) -> list[str]:
     return [f"train.global_batch={batch}", "data.max_seq_length=1024", "model.attention_kernel=cudnn"]
 
 
+T5_CONFIG = "configs/t5-base.yaml"
 T5 = ["train.global_batch=64", "data.max_seq_length=512", "data.max_target_length=114"]
+T5_VOCABULARY = "t5-demo-unigram.model"  # trained by --prepare into its DIR
 # name: (config, overrides, the peer's case of the same model, sequence and batch); the b-suffixed cases are
 # larger batches, where each side may do better
 CASES = {
     "bert128": ("configs/bert-base.yaml", _bert(256, 128), "bert128"),
     "bert512": ("configs/bert-base.yaml", _bert(32, 512), "bert512"),
     "gpt2": ("configs/gpt2-small.yaml", _gpt2(16), "gpt2"),
-    "t5": ("configs/t5-base.yaml", T5, "t5"),
-    "t5cudnn": ("configs/t5-base.yaml", [*T5, "model.attention_kernel=cudnn"], "t5"),
+    "t5": (T5_CONFIG, T5, "t5"),
+    "t5cudnn": (T5_CONFIG, [*T5, "model.attention_kernel=cudnn"], "t5"),
     "bert128b512": ("configs/bert-base.yaml", _bert(512, 128), "bert128b512"),
     "bert512b64": ("configs/bert-base.yaml", _bert(64, 512), "bert512b64"),
     "gpt2b32": ("configs/gpt2-small.yaml", _gpt2(32), "gpt2b32"),
@@ -85,7 +87,7 @@ def ours(case: str, extra: list[str], out_dir: pathlib.Path, env: dict, profile:
 def data_name(case: str) -> str:
     """The prepared directory's name for a case: its config and sequence length (batches share one)."""
     config, overrides, _ = CASES[case]
-    seq = next(o.split("=")[1] for o in [*overrides, "data.max_seq_length=512"] if o.startswith("data.max_seq_length="))
+    seq = next(o.split("=")[1] for o in overrides if o.startswith("data.max_seq_length="))
     return f"{pathlib.Path(config).stem}-{seq}"
 
 
@@ -95,7 +97,7 @@ def t5_vocabulary(data_dir: pathlib.Path) -> pathlib.Path:
     # here, not at the top: on the GPU machine this script runs from the tree, without jaxlm on its path
     from jaxlm.corpora.registry import CORPORA
 
-    model = data_dir / "t5-demo-unigram.model"
+    model = data_dir / T5_VOCABULARY
     if not model.is_file():
         data_dir.mkdir(parents=True, exist_ok=True)
         sentencepiece.SentencePieceTrainer.train(
@@ -108,15 +110,15 @@ def t5_vocabulary(data_dir: pathlib.Path) -> pathlib.Path:
 def data_overrides(case: str, data_dir: pathlib.Path) -> list[str]:
     """The case's data settings, and for T5 the vocabulary `t5_vocabulary` trains."""
     config, overrides, _ = CASES[case]
-    vocab = [f"data.vocab={data_dir / 't5-demo-unigram.model'}"] if "t5" in config else []
-    return [o for o in overrides if o.startswith("data.")] + vocab + [f"data.prepared_dir={data_dir / data_name(case)}"]
+    vocab = [f"data.vocab={data_dir / T5_VOCABULARY}"] if config == T5_CONFIG else []
+    return [*(o for o in overrides if o.startswith("data.")), *vocab, f"data.prepared_dir={data_dir / data_name(case)}"]
 
 
 def prepare(cases: list[str], data_dir: pathlib.Path, out_dir: pathlib.Path, env: dict) -> None:
     """Prepares the demo corpus once per data_name of `cases` into `data_dir` (on the CPU, where the corpora
     and tokenizers are at hand), for `--train` on a machine that has neither."""
     for case in dict((data_name(c), c) for c in cases).values():
-        if "t5" in CASES[case][0]:
+        if CASES[case][0] == T5_CONFIG:
             t5_vocabulary(data_dir)
         text = run_logged([sys.executable, "-m", "jaxlm.cli", "prepare", CASES[case][0], "data.dupe_factor=1",
                            *data_overrides(case, data_dir)], out_dir / f"prepare-{data_name(case)}.log",
