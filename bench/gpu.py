@@ -81,7 +81,7 @@ def ours(case: str, extra: list[str], out_dir: pathlib.Path, env: dict, profile:
     trace = ["--profile", str(out_dir / f"profile-{case}")] if profile else []
     text = run_logged([sys.executable, "-m", "jaxlm.cli", "bench", config, *overrides, *extra, "--json", *trace],
                       out_dir / f"{case}.log", env)
-    return last_json(text) or {"error": _last_line(text) + f" (all of it in {out_dir / f'{case}.log'})"}
+    return last_json(text) or _failed(text, out_dir / f"{case}.log")
 
 
 def data_name(case: str) -> str:
@@ -91,9 +91,10 @@ def data_name(case: str) -> str:
     return f"{pathlib.Path(config).stem}-{seq}"
 
 
-def t5_vocabulary(data_dir: pathlib.Path) -> pathlib.Path:
-    """A SentencePiece unigram model of T5's size (32,028 pieces and 100 sentinels make 32,128) trained on
-    the demo corpus: T5's own spiece.model is not at hand offline, and the step depends on the size alone."""
+def t5_vocabulary(data_dir: pathlib.Path) -> None:
+    """Trains T5_VOCABULARY in `data_dir` unless it is there: a SentencePiece unigram model of T5's size
+    (32,028 pieces and 100 sentinels make 32,128) on the demo corpus. T5's own spiece.model is not at hand
+    offline, and the step depends on the size alone."""
     # here, not at the top: on the GPU machine this script runs from the tree, without jaxlm on its path
     from jaxlm.corpora.registry import CORPORA
 
@@ -104,7 +105,6 @@ def t5_vocabulary(data_dir: pathlib.Path) -> pathlib.Path:
             input=",".join(str(CORPORA[name].fetch()) for name in ("austen", "wikipedia")),
             model_prefix=str(model.with_suffix("")), vocab_size=32_028, model_type="unigram", pad_id=0, eos_id=1,
             unk_id=2, bos_id=-1, input_sentence_size=2_000_000, shuffle_input_sentence=True, minloglevel=2)
-    return model
 
 
 def data_overrides(case: str, data_dir: pathlib.Path) -> list[str]:
@@ -142,7 +142,7 @@ def train_rate(case: str, extra: list[str], data_dir: pathlib.Path, out_dir: pat
     rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
     rates = [r["tokens_per_s"] for r in rows if r.get("split") == "train" and "tokens_per_s" in r][1:]
     if not rates:
-        return {"error": _last_line(text) + f" (all of it in {out_dir / f'train-{case}.log'})"}
+        return _failed(text, out_dir / f"train-{case}.log")
     return {"tokens_per_s": sum(rates) / len(rates)}
 
 
@@ -153,7 +153,7 @@ def peer(cases: list[str], script: pathlib.Path, out_dir: pathlib.Path, env: dic
     text = run_logged([sys.executable, str(script), *theirs], out_dir / "peer.log", env)
     lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
     if not lines:
-        return {}, {c: {"error": _last_line(text) + f" (all of it in {out_dir / 'peer.log'})"} for c in cases}
+        return {}, {c: _failed(text, out_dir / "peer.log") for c in cases}
     rows = dict(zip(theirs, lines[1:]))
     return lines[0], {c: rows[CASES[c][2]] for c in cases if CASES[c][2] in rows}
 
@@ -214,6 +214,11 @@ def profile_table(cases: list[str], our_rows: dict) -> str:
                      + failed)
 
 
+def _failed(text: str, log: pathlib.Path) -> dict:
+    """A row that says why a process gave no result: its last line, and where the rest is."""
+    return {"error": f"{_last_line(text)} (all of it in {log})"}
+
+
 def _last_line(text: str) -> str:
     return next((line for line in reversed(text.splitlines()) if line.strip()), "no output")
 
@@ -256,7 +261,8 @@ def main() -> None:
                                                                     str(out_dir / "jax-cache"))}
     if args.prepare:
         return prepare(cases, pathlib.Path(args.prepare), out_dir, env)
-    missing = [data_name(c) for c in cases if args.train and not (pathlib.Path(args.train) / data_name(c)).is_dir()]
+    train_dir = pathlib.Path(args.train) if args.train else None
+    missing = [data_name(c) for c in cases if train_dir and not (train_dir / data_name(c)).is_dir()]
     if missing:
         parser.error(f"--train {args.train}: no prepared {', '.join(dict.fromkeys(missing))} there; make them "
                      f"with --prepare {args.train}")
@@ -269,8 +275,8 @@ def main() -> None:
     for case in cases:
         our_rows[case] = ours(case, args.set, out_dir, env, args.profile)
         print(f"jaxlm {case}: {json.dumps({k: v for k, v in our_rows[case].items() if k != 'profile'})}", flush=True)
-        if args.train:
-            train_rows[case] = train_rate(case, args.set, pathlib.Path(args.train), out_dir, env)
+        if train_dir:
+            train_rows[case] = train_rate(case, args.set, train_dir, out_dir, env)
             print(f"jaxlm train {case}: {json.dumps(train_rows[case])}", flush=True)
     print(table(cases, our_rows, peer_rows, matmul))
     print(train_table(cases, our_rows, train_rows))

@@ -52,12 +52,14 @@ def narrowed(batch: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, str]]:
     holds its values (ids in uint16, masks in uint8), with its own dtype beside it; widened on arrival it is
     the same batch. A BERT batch at 512 crosses the pipe in 0.57 MB instead of 1.64, and the trainer's CPU
     per batch fell from 1.2 to 0.8 ms (the worker's own, ~15 ms, did not change measurably)."""
-    def smallest(array: np.ndarray) -> np.dtype:
-        if array.dtype.kind not in "iu" or array.size == 0:
-            return array.dtype
-        return np.result_type(np.min_scalar_type(array.min()), np.min_scalar_type(array.max()))
+    return {k: (v.astype(_smallest_dtype(v), copy=False), v.dtype.str) for k, v in batch.items()}
 
-    return {k: (v.astype(smallest(v), copy=False), v.dtype.str) for k, v in batch.items()}
+
+def _smallest_dtype(array: np.ndarray) -> np.dtype:
+    """The smallest integer dtype that holds an integer array's values; any other array's own dtype."""
+    if array.dtype.kind not in "iu" or array.size == 0:
+        return array.dtype
+    return np.result_type(np.min_scalar_type(array.min()), np.min_scalar_type(array.max()))
 
 
 def widened(batch: dict[str, tuple[np.ndarray, str]]) -> dict[str, np.ndarray]:

@@ -90,9 +90,10 @@ def op_class(name: str, instructions: dict, computations: dict) -> str:
     op_name = instructions[name].op_name or next((p.op_name for p in parts if p.op_name), "")
     if any(o.removesuffix("-start").removesuffix("-done") in COLLECTIVES for o in opcodes):
         return "collectives"
-    if any(t in targets for t in ATTENTION_TARGETS) or ATTENTION_SCOPE in op_name:
+    library = kernel_class(targets)  # a custom call's target names its library kernel, as a kernel's name does
+    if library == "attention" or ATTENTION_SCOPE in op_name:
         return "attention"
-    if opcodes & {"dot", "convolution"} or any(t in targets for t in MATMUL_TARGETS):
+    if library == "matmuls" or opcodes & {"dot", "convolution"}:
         return "matmuls"
     if "jvp(" not in op_name:
         return "optimizer and metrics"
