@@ -53,6 +53,7 @@ CASES = {
     "bert128b512": ("configs/bert-base.yaml", _bert(512, 128), "bert128b512"),
     "bert512b64": ("configs/bert-base.yaml", _bert(64, 512), "bert512b64"),
     "gpt2b32": ("configs/gpt2-small.yaml", _gpt2(32), "gpt2b32"),
+    "gpt2chunked": ("configs/gpt2-small.yaml", [*_gpt2(16), "model.logits_chunks=8"], "gpt2"),
 }
 DEFAULT_CASES = "bert128,bert512,gpt2,t5"
 TRAIN_STEPS, TRAIN_LOG_EVERY = 100, 25  # `jaxlm train`'s rate: the mean of its logged rates after the first

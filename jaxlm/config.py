@@ -189,31 +189,38 @@ def section(cls, values: dict, name: str):
     if unknown:
         raise ConfigError(f"unknown key(s) {', '.join(name + '.' + k for k in unknown)}; "
                           f"valid keys in {name}: {', '.join(valid)}")
+    return cls(**typed_values(cls(), values, name))
+
+
+def typed_values(defaults, values: dict, name: str) -> dict:
+    """Each of `values` checked against the type of its default in the dataclass instance `defaults`
+    (keys it lacks are left for the caller to refuse)."""
     typed = {}
     for key, value in values.items():
-        default = getattr(cls(), key)
+        default = getattr(defaults, key, None)
+        where = f"{name}.{key}"
         if isinstance(default, dict):
             if not isinstance(value, dict):
-                raise ConfigError(f"{name}.{key} must be a mapping, got {value!r}")
+                raise ConfigError(f"{where} must be a mapping, got {value!r}")
             value = {str(k): str(v) for k, v in value.items()}
         elif isinstance(default, tuple):
             value = tuple(value) if isinstance(value, (list, tuple)) else (value,)
         elif isinstance(default, bool):
             if not isinstance(value, bool):
-                raise ConfigError(f"{name}.{key} must be true or false, got {value!r}")
+                raise ConfigError(f"{where} must be true or false, got {value!r}")
         elif isinstance(default, (int, float)):
-            value = _number(value, type(default), f"{name}.{key}")
+            value = _number(value, type(default), where)
         elif isinstance(default, str) and not isinstance(value, str):
             value = str(value)
         typed[key] = value
-    return cls(**typed)
+    return typed
 
 
 def from_dict(tree: dict) -> RunConfig:
     unknown = sorted(set(tree) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"unknown section(s) {unknown}; valid sections: {', '.join(SECTIONS)}")
-    model_values = dict(tree.get("model") or {})
+    model_values = typed_values(TransformerConfig(), dict(tree.get("model") or {}), "model")
     try:
         model = model_config(model_values.pop("preset", None), **model_values)
         model.validate()
@@ -273,6 +280,12 @@ def validate(config: RunConfig) -> None:
     if model.attention_kernel == "splash" and data.max_seq_length % 128:
         raise ConfigError(f"model.attention_kernel='splash' needs data.max_seq_length to be a multiple of 128, "
                           f"not {data.max_seq_length}; change it or use model.attention_kernel=xla")
+    if model.logits_chunks and families.get(model.family).layout != "causal":
+        raise ConfigError(f"model.logits_chunks={model.logits_chunks} slices a causal LM's logits (gpt2, llama); "
+                          f"the {model.family} family's are small, leave it at 0")
+    if model.logits_chunks and data.max_seq_length % model.logits_chunks:
+        raise ConfigError(f"model.logits_chunks={model.logits_chunks} does not divide data.max_seq_length="
+                          f"{data.max_seq_length}; choose a divisor")
     if data.max_predictions > data.max_seq_length:
         raise ConfigError(f"data.max_predictions={data.max_predictions} exceeds data.max_seq_length={data.max_seq_length}")
     if not data.corpus:

@@ -33,6 +33,9 @@ class TransformerConfig:
     dtype: str = "bfloat16"
     param_dtype: str = "float32"
     attention_kernel: str = "xla"
+    # Dense layers' matmuls in FP8 with current scaling (jaxlm.nn.fp8); embeddings, the tied output
+    # projection and attention's own products stay at `dtype`.
+    fp8: bool = False
     num_kv_heads: int = 0
     position_embedding: str = "learned"
     rope_theta: float = 10000.0
@@ -60,6 +63,10 @@ class TransformerConfig:
     # and what each layer keeps for the backward pass: none (all), full (recompute all), dots.
     scan_layers: bool = False
     remat: str = "none"
+    # Causal LM: the head and its cross-entropy over this many slices of the sequence in turn, each slice's
+    # logits recomputed in the backward pass, so only [batch, length / logits_chunks, vocab] is ever live
+    # (0: the whole logits at once).
+    logits_chunks: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -79,6 +86,8 @@ class TransformerConfig:
         return self.num_kv_heads or self.num_heads
 
     def validate(self) -> None:
+        if self.logits_chunks < 0:
+            raise ValueError(f"model.logits_chunks={self.logits_chunks}; use 0 (whole logits) or a number of slices")
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"model.remat={self.remat!r}; choose one of {REMAT_POLICIES}")
         if not self.head_size and self.hidden_size % self.num_heads:

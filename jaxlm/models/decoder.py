@@ -99,7 +99,15 @@ class CausalLM(nn.Module):
 
     def __call__(self, input_ids, positions=None, segment_ids=None, padding_mask=None,
                  deterministic: bool = True, decode: bool = False) -> jax.Array:
-        hidden = self.decoder(input_ids, positions, segment_ids, padding_mask, deterministic, decode)
+        return self.head(self.hidden(input_ids, positions, segment_ids, padding_mask, deterministic, decode))
+
+    def hidden(self, input_ids, positions=None, segment_ids=None, padding_mask=None,
+               deterministic: bool = True, decode: bool = False) -> jax.Array:
+        """The decoder's final states [B, T, E], before the head."""
+        return self.decoder(input_ids, positions, segment_ids, padding_mask, deterministic, decode)
+
+    def head(self, hidden: jax.Array) -> jax.Array:
+        """float32 logits [B, T, V] of final states [B, T, E]."""
         if self.config.tie_embeddings:
             logits = self.decoder.word_embeddings(hidden)
         else:

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from jaxlm.nn.fp8 import fp8_dot_general
 from jaxlm.parallel.logical import constrain, explicit_axes, gathered, spec_of, with_logical_partitioning
 
 if TYPE_CHECKING:
@@ -63,9 +64,10 @@ class Dense(nn.Module):
         kernel = gathered(kernel, self.in_axes + self.out_axes)
         # Under explicit axes a contraction over split dims (tensor-parallel rows) must name its output.
         out = P(*spec_of(x)[:-self.contract], *spec_of(kernel)[self.contract:]) if explicit_axes() else None
-        y = jax.lax.dot_general(x.astype(dtype), kernel.astype(dtype),
-                                ((tuple(range(x.ndim - self.contract, x.ndim)), tuple(range(self.contract))), ((), ())),
-                                out_sharding=out)
+        dot_general = fp8_dot_general if cfg.fp8 else jax.lax.dot_general
+        y = dot_general(x.astype(dtype), kernel.astype(dtype),
+                        ((tuple(range(x.ndim - self.contract, x.ndim)), tuple(range(self.contract))), ((), ())),
+                        out_sharding=out)
         if not cfg.use_bias:
             return y
         bias = self.param("bias", zeros_init(self.out_axes), features, param_dtype)

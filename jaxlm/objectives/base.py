@@ -49,9 +49,10 @@ class Objective:
         batch = {k: jnp.zeros(v.shape, v.dtype) for k, v in self.batch_shapes(1).items()}
         return self.model.init(rng, *self.model_inputs(batch))["params"]
 
-    def apply(self, params, batch: dict, rng: jax.Array | None, deterministic: bool):
+    def apply(self, params, batch: dict, rng: jax.Array | None, deterministic: bool, method: str | None = None):
+        """The network (or its `method`) on the batch's model inputs."""
         return self.model.apply({"params": params}, *self.model_inputs(batch), deterministic=deterministic,
-                                rngs=None if deterministic else {"dropout": rng})
+                                rngs=None if deterministic else {"dropout": rng}, method=method)
 
     def loss(self, params, batch, rng):
         """(scalar loss, summed stats); the function the trainer differentiates."""

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from jaxlm.objectives.base import FLOAT, INT, Field, Objective, layer_matmul_params
-from jaxlm.objectives.losses import prediction_stats, prediction_summary
+from jaxlm.objectives.losses import chunked_prediction_stats, prediction_stats, prediction_summary
 
 
 def token_stats(logits, batch) -> dict:
@@ -32,7 +33,12 @@ class CausalLmObjective(Objective):
         return batch["input_ids"], None, batch["segment_ids"], batch["segment_ids"] > 0
 
     def stats(self, params, batch, rng, deterministic: bool = False) -> dict:
-        return token_stats(self.apply(params, batch, rng, deterministic), batch)
+        chunks = self.config.logits_chunks
+        if not chunks:
+            return token_stats(self.apply(params, batch, rng, deterministic), batch)
+        hidden = self.apply(params, batch, rng, deterministic, method="hidden")
+        head = functools.partial(self.model.apply, {"params": params}, method="head")
+        return chunked_prediction_stats("lm", head, hidden, batch["targets"], batch["target_weights"], chunks)
 
     def summarize(self, stats: dict) -> dict:
         return token_summary(stats)

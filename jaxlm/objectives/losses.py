@@ -1,6 +1,8 @@
 """Cross-entropy in float32 with weights, returning sums so callers can aggregate exactly."""
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 
@@ -22,6 +24,29 @@ def weighted_cross_entropy(logits: jax.Array, labels: jax.Array, weights: jax.Ar
     loss = (log_z - label_logit) * weights
     correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32) * weights
     return jnp.sum(loss), jnp.sum(correct), jnp.sum(weights)
+
+
+def chunked_prediction_stats(name: str, head: Callable[[jax.Array], jax.Array], hidden: jax.Array,
+                             labels: jax.Array, weights: jax.Array, chunks: int) -> dict:
+    """`prediction_stats` of head(hidden) [B, T, V], computed over `chunks` slices of the length axis in turn:
+    each slice's logits are recomputed in the backward pass, so one slice's [B, T / chunks, V] is all that
+    is ever live, where the whole logits (and their gradient) would be `chunks` times that."""
+    batch, length = labels.shape
+    if length % chunks:
+        raise ValueError(f"model.logits_chunks={chunks} does not divide the sequence length {length}")
+
+    def sliced(x: jax.Array) -> jax.Array:
+        return jnp.moveaxis(x.reshape(batch, chunks, length // chunks, *x.shape[2:]), 1, 0)
+
+    @jax.checkpoint
+    def add_slice(totals, xs):
+        sums = weighted_cross_entropy(head(xs[0]), xs[1], xs[2])
+        return tuple(total + s for total, s in zip(totals, sums)), None
+
+    zero = jnp.zeros((), jnp.float32)
+    (loss, correct, count), _ = jax.lax.scan(add_slice, (zero, zero, zero),
+                                             (sliced(hidden), sliced(labels), sliced(weights.astype(jnp.float32))))
+    return {f"{name}_loss_sum": loss, f"{name}_correct": correct, f"{name}_count": count}
 
 
 def ratio(numerator: jax.Array, denominator: jax.Array) -> jax.Array:

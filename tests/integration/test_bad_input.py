@@ -31,6 +31,8 @@ CASES = {
     "spikes without skipping": ({}, ["train.spike_sigmas=3"], ["train.spike_sigmas=3:", "set train.nonfinite=skip"]),
     "negative workers": ({}, ["data.workers=-2"], ["data.workers=-2: use 0", "worker processes"]),
     "unknown undecodable policy": ({}, ["data.undecodable=drop"], ["data.undecodable='drop'", "fail", "skip"]),
+    "model switch not a boolean": ({}, ["model.fp8=maybe"], ["model.fp8 must be true or false, got 'maybe'"]),
+    "logits chunks outside a causal LM": ({}, ["model.logits_chunks=4"], ["model.logits_chunks=4", "leave it at 0"]),
 }
 
 
