@@ -18,7 +18,7 @@ from jaxlm.config import ConfigError
 from jaxlm.convert import registry, store
 from jaxlm.convert.names import flatten
 from jaxlm.corpora.models import PACKAGED_MODELS
-from jaxlm.data.bench import bench_data, format_data_table
+from jaxlm.data.bench import bench_data, format_data_table, median_rows
 from jaxlm.data.pipeline import open_data
 from jaxlm.data.prepare import already_prepared, prepare, preparation_settings
 from jaxlm.data.sources import model_tokenizer, resolve_corpus
@@ -121,9 +121,12 @@ def cmd_bench_data(args) -> None:
     if not paths:
         raise ConfigError("jaxlm bench data needs at least one config, e.g. jaxlm bench data configs/bert-tiny.yaml")
     workers = [None] if args.workers is None else _whole_numbers(args.workers, "--workers")
-    rows = [{"config": pathlib.Path(path).stem} | bench_data(config_lib.load(path, overrides), args.batches,
-                                                             workers=count)
-            for path in paths for count in workers]
+    if args.repeat < 1:
+        raise ConfigError(f"--repeat {args.repeat}: give 1 or more runs of each setting")
+    configs = {path: config_lib.load(path, overrides) for path in paths}
+    runs = [{"config": pathlib.Path(path).stem} | bench_data(configs[path], args.batches, workers=count)
+            for _ in range(args.repeat) for path in paths for count in workers]
+    rows = median_rows(runs)
     print(format_data_table(rows))
     if args.json:
         for row in rows:
@@ -274,6 +277,9 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--batches", type=int, default=20, help="bench data: batches of 256 timed per config")
     bench.add_argument("--workers", help="bench data: time the trainer's loader with these grain worker counts, "
                        "e.g. 0,1,2 (default: the transform in one thread, per core)")
+    bench.add_argument("--repeat", type=int, default=1, help="bench data: time each setting this many times, the "
+                       "settings taken in turn, and give the median (and the range) of each: a shared machine's "
+                       "speed drifts between runs")
     data = commands.add_parser("data", help="inspect the data").add_subparsers(dest="data_command", required=True)
     show = command(data, "show", cmd_data_show, "print examples exactly as the model receives them (JSON lines)")
     show.add_argument("--n", type=int, default=4, help="how many examples")

@@ -47,9 +47,24 @@ def bench_data(config: RunConfig, batches: int = 20, batch_size: int = 256, work
             **per_core, "ms_per_batch": wall_s / batches * 1e3, "fields": len(batch)}
 
 
+def median_rows(runs: list[dict]) -> list[dict]:
+    """One row per (config, seq_len, workers) of repeated `bench_data` runs: the run of median examples/s,
+    with the range of all of them as `examples_per_s_range` when there are several."""
+    groups: dict[tuple, list[dict]] = {}
+    for run in runs:
+        groups.setdefault((run["config"], run["seq_len"], run["workers"]), []).append(run)
+    rows = []
+    for group in groups.values():
+        group = sorted(group, key=lambda run: run["examples_per_s"])
+        rate = [run["examples_per_s"] for run in group]
+        spread = {"examples_per_s_range": f"{rate[0]:,.0f}-{rate[-1]:,.0f}"} if len(group) > 1 else {}
+        rows.append(group[(len(group) - 1) // 2] | spread)
+    return rows
+
+
 def format_data_table(rows: list[dict]) -> str:
-    columns = ("config", "family", "layout", "seq_len", "batch", "workers", "examples_per_s", "examples_per_s_core",
-               "tokens_per_s_core", "ms_per_batch")
+    columns = ("config", "family", "layout", "seq_len", "batch", "workers", "examples_per_s", "examples_per_s_range",
+               "examples_per_s_core", "tokens_per_s_core", "ms_per_batch")
     cells = [[f"{row[c]:,.0f}" if isinstance(row.get(c), float) else str(row.get(c, "-")) for c in columns]
              for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]

@@ -14,6 +14,9 @@ if TYPE_CHECKING:
     from jaxlm.models.config import TransformerConfig
 
 
+SMALL_TABLE = 16  # rows up to which `Embed` looks up by a one-hot contraction rather than a gather
+
+
 class Embed(nn.Module):
     """A lookup table with logical axis names, `features` wide (0: hidden_size); `attend` uses it as a
     tied output projection."""
@@ -36,13 +39,22 @@ class Embed(nn.Module):
 
     def __call__(self, ids: jax.Array) -> jax.Array:
         """[batch, length] ids -> [batch, length, features], cast to the compute dtype after the lookup: the
-        gradient's scatter-add then sums the tokens of each row in the parameter dtype. Cast before, it summed
-        in bfloat16, and a row shared by many tokens (BERT's two token-type rows, frequent words) lost
-        precision; on the GPU the bfloat16 scatter-add is also the suspect of BERT's slow step."""
+        gradient then sums the tokens of each row in the parameter dtype. Cast before, it summed in bfloat16,
+        and a row shared by many tokens (BERT's two token-type rows, frequent words) lost precision.
+
+        A gather's gradient is a scatter-add, on a GPU atomic additions that contend where many tokens share
+        few rows; a table of at most SMALL_TABLE rows (token types) is read by a one-hot contraction instead,
+        whose gradient is a matmul (exact: each output is one row times 1, at the highest precision)."""
         table = self.table()
-        # Under explicit axes JAX cannot infer where a gather from a split table goes: where activations go.
+        # Under explicit axes JAX cannot infer where a lookup from a split table goes: where activations go.
         out = layout((*ids.shape, table.shape[1]), ("batch", "length", self.axes[1])) if explicit_axes() else None
-        return table.at[ids].get(mode="fill", out_sharding=out).astype(jnp.dtype(self.config.dtype))
+        if self.num_embeddings <= SMALL_TABLE:
+            one_hot = jax.nn.one_hot(ids, self.num_embeddings, dtype=table.dtype)
+            rows = jnp.einsum("...n,ne->...e", one_hot, table, precision=jax.lax.Precision.HIGHEST,
+                              out_sharding=out)
+        else:
+            rows = table.at[ids].get(mode="fill", out_sharding=out)
+        return rows.astype(jnp.dtype(self.config.dtype))
 
     def attend(self, x: jax.Array) -> jax.Array:
         return jnp.einsum("...e,ve->...v", x, self.table().astype(jnp.dtype(self.config.dtype)))

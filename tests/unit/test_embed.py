@@ -1,20 +1,27 @@
-"""Embedding lookups in bfloat16 compute: the table's gradient sums each row's tokens in float32."""
+"""Embedding lookups in bfloat16 compute: the table's gradient sums each row's tokens in float32, whether the
+lookup is a gather (large tables) or a one-hot contraction (a few rows), and the rows are the table's exactly."""
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxlm.models.config import TransformerConfig
-from jaxlm.nn.embed import Embed
+from jaxlm.nn.embed import SMALL_TABLE, Embed
 
 
-def test_a_row_shared_by_many_tokens_gets_its_gradient_summed_in_float32():
+@pytest.mark.parametrize("rows", [2, SMALL_TABLE + 1])
+def test_a_row_shared_by_many_tokens_gets_its_gradient_summed_in_float32(rows):
     """BERT's token types: two rows, each looked up by thousands of tokens. The gradient must be the float32
     sum of the (bfloat16) cotangents; summed in bfloat16, some elements were off by several times their size."""
     config = TransformerConfig(vocab_size=2, hidden_size=64, dtype="bfloat16", param_dtype="float32")
-    embed = Embed(config, 2, ("segment", "embed"))
+    embed = Embed(config, rows, ("segment", "embed"))
     ids = jax.random.bernoulli(jax.random.key(0), 0.3, (64, 128)).astype(jnp.int32)
     params = embed.init(jax.random.key(1), ids)
+    table = np.asarray(nn.unbox(params)["params"]["embedding"])
+    looked_up = embed.apply(params, ids)
+    np.testing.assert_array_equal(np.asarray(looked_up, np.float32),
+                                  table[np.asarray(ids)].astype(jnp.bfloat16).astype(np.float32))
     cotangent = jax.random.normal(jax.random.key(2), (64, 128, 64)).astype(jnp.bfloat16).astype(jnp.float32)
 
     def loss(params):
@@ -23,6 +30,17 @@ def test_a_row_shared_by_many_tokens_gets_its_gradient_summed_in_float32():
         return jnp.sum(out.astype(jnp.float32) * cotangent)
 
     grad = np.asarray(nn.unbox(jax.grad(loss)(params))["params"]["embedding"])
-    flat, rows = np.asarray(cotangent, np.float64).reshape(-1, 64), np.asarray(ids).reshape(-1)
-    expected = np.stack([flat[rows == row].sum(0) for row in (0, 1)])
+    flat, row_ids = np.asarray(cotangent, np.float64).reshape(-1, 64), np.asarray(ids).reshape(-1)
+    expected = np.zeros_like(grad, np.float64)
+    expected[:2] = np.stack([flat[row_ids == row].sum(0) for row in (0, 1)])
     np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("rows", [2, SMALL_TABLE + 1])
+def test_only_a_large_table_is_looked_up_by_a_gather_whose_gradient_scatters(rows):
+    config = TransformerConfig(vocab_size=2, hidden_size=64, dtype="bfloat16", param_dtype="float32")
+    embed = Embed(config, rows, ("segment", "embed"))
+    ids = jnp.zeros((8, 16), jnp.int32)
+    params = embed.init(jax.random.key(1), ids)
+    lowered = jax.jit(jax.grad(lambda p: jnp.sum(embed.apply(p, ids).astype(jnp.float32)))).lower(params).as_text()
+    assert ("scatter" in lowered) == (rows > SMALL_TABLE)

@@ -1,6 +1,6 @@
 """Our networks inside other people's JAX code: every family's forward pass and gradient under a
 `jax.make_mesh` mesh (explicit axes, its default) and an auto-axes one, with our rules set, equal to
-the unsharded ones; the vocab-sharded embedding lookup compiled without XLA rematerialising the
+the unsharded ones (GPT-2 also with FP8 matmuls, whose per-tensor scales span the shards); the vocab-sharded embedding lookup compiled without XLA rematerialising the
 table; and the Flax NNX bridge."""
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ FAMILIES = {
     "distilbert": ("distilbert-base", {}),
     "spanbert": ("spanbert-base", {}),
     "gpt2": ("gpt2-small", {}),
+    "gpt2-fp8": ("gpt2-small", {"fp8": True}),
     "llama": ("llama-tiny", {"num_kv_heads": 1}),
     "t5": ("t5-small", {"head_size": 16}),
     "bart": ("bart-base", {"max_position_embeddings": 66}),

@@ -1,0 +1,19 @@
+"""`jaxlm bench data --repeat`: repeated runs of each setting give the median run and the range of all."""
+from jaxlm.data.bench import format_data_table, median_rows
+
+
+def run(config: str, workers, rate: float) -> dict:
+    return {"config": config, "family": "bert", "layout": "nsp_pairs", "seq_len": 128, "batch": 256,
+            "workers": workers, "examples_per_s": rate, "ms_per_batch": 256 / rate * 1e3}
+
+
+def test_median_rows_keep_the_median_run_of_each_setting_and_the_range():
+    runs = [run("a", 1, 30.0), run("a", 2, 50.0), run("a", 1, 10.0), run("a", 2, 70.0), run("a", 1, 20.0),
+            run("a", 2, 60.0), run("b", 1, 5.0)]
+    rows = median_rows(runs)
+    assert [(r["config"], r["workers"], r["examples_per_s"]) for r in rows] == [("a", 1, 20.0), ("a", 2, 60.0),
+                                                                                 ("b", 1, 5.0)]
+    assert rows[0]["ms_per_batch"] == 256 / 20.0 * 1e3
+    assert [r.get("examples_per_s_range") for r in rows] == ["10-30", "50-70", None]
+    table = format_data_table(rows).splitlines()
+    assert "examples_per_s_range" in table[0] and "10-30" in table[1] and table[3].split()[7] == "-"
