@@ -33,8 +33,8 @@ class TransformerConfig:
     dtype: str = "bfloat16"
     param_dtype: str = "float32"
     attention_kernel: str = "xla"
-    # Dense layers' matmuls in FP8 with current scaling (jaxlm.nn.fp8); embeddings, the tied output
-    # projection and attention's own products stay at `dtype`.
+    # The transformer layers' projections (attention and MLP) in FP8 with current scaling (jaxlm.nn.fp8);
+    # embeddings, heads, the output projection and attention's own products stay at `dtype`.
     fp8: bool = False
     num_kv_heads: int = 0
     position_embedding: str = "learned"

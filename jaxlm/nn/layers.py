@@ -45,13 +45,16 @@ GATES = {"swiglu": jax.nn.silu, "geglu": gelu_tanh}
 
 
 class Dense(nn.Module):
-    """x · kernel + bias, contracting the last `contract` axes; both parameters carry logical names."""
+    """x · kernel + bias, contracting the last `contract` axes; both parameters carry logical names.
+    `fp8_eligible`: a transformer layer's projection, whose matmul runs in FP8 under `config.fp8` (the heads'
+    stay at the compute dtype, as FP8 recipes keep the first and last layers)."""
 
     config: TransformerConfig
     features: int | tuple[int, ...]
     in_axes: tuple[str, ...]
     out_axes: tuple[str, ...]
     contract: int = 1
+    fp8_eligible: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -64,7 +67,7 @@ class Dense(nn.Module):
         kernel = gathered(kernel, self.in_axes + self.out_axes)
         # Under explicit axes a contraction over split dims (tensor-parallel rows) must name its output.
         out = P(*spec_of(x)[:-self.contract], *spec_of(kernel)[self.contract:]) if explicit_axes() else None
-        dot_general = fp8_dot_general if cfg.fp8 else jax.lax.dot_general
+        dot_general = fp8_dot_general if cfg.fp8 and self.fp8_eligible else jax.lax.dot_general
         y = dot_general(x.astype(dtype), kernel.astype(dtype),
                         ((tuple(range(x.ndim - self.contract, x.ndim)), tuple(range(self.contract))), ((), ())),
                         out_sharding=out)
@@ -128,10 +131,10 @@ class Mlp(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
         cfg = self.config
-        h = Dense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), name="intermediate")(x)
+        h = Dense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), fp8_eligible=True, name="intermediate")(x)
         h = constrain(ACTIVATIONS[cfg.activation](h), ("batch", "length", "mlp"))
         h = nn.Dropout(cfg.activation_dropout)(h, deterministic=deterministic)
-        h = Dense(cfg, cfg.hidden_size, ("mlp",), ("embed",), name="output")(h)
+        h = Dense(cfg, cfg.hidden_size, ("mlp",), ("embed",), fp8_eligible=True, name="output")(h)
         return nn.Dropout(cfg.hidden_dropout)(h, deterministic=deterministic)
 
 
@@ -143,9 +146,9 @@ class GatedMlp(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
         cfg = self.config
-        gate = Dense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), name="gate")(x)
-        up = Dense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), name="up")(x)
+        gate = Dense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), fp8_eligible=True, name="gate")(x)
+        up = Dense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), fp8_eligible=True, name="up")(x)
         h = constrain(GATES[cfg.activation](gate) * up, ("batch", "length", "mlp"))
         h = nn.Dropout(cfg.activation_dropout)(h, deterministic=deterministic)
-        h = Dense(cfg, cfg.hidden_size, ("mlp",), ("embed",), name="down")(h)
+        h = Dense(cfg, cfg.hidden_size, ("mlp",), ("embed",), fp8_eligible=True, name="down")(h)
         return nn.Dropout(cfg.hidden_dropout)(h, deterministic=deterministic)

@@ -51,7 +51,8 @@ def bench(config: RunConfig, profile_dir: str | None = None) -> dict:
     per_token = setup.objective.flops_per_token()
     return {"model": f"L{config.model.num_layers} H{config.model.hidden_size}", "params_M": count_params(state.params) / 1e6,
             "seq_len": config.data.max_seq_length, "global_batch": size, "devices": jax.device_count(),
-            "device_kind": jax.devices()[0].device_kind, "dtype": config.model.dtype,
+            "device_kind": jax.devices()[0].device_kind,
+            "dtype": config.model.dtype + ("+fp8" if config.model.fp8 else ""),
             "attention": config.model.attention_kernel, "step_ms": seconds * 1e3,
             "tokens_per_s": tokens_per_s, "gflops_per_token": per_token / 1e9,
             "mfu": flops.mfu(tokens_per_s, per_token, jax.device_count(), peak), "peak": peak_text,

@@ -63,7 +63,7 @@ def test_fp8_dense_follows_the_plain_dense(activations, contract):
     plain = TransformerConfig(hidden_size=64, num_heads=4)
     fp8 = TransformerConfig(hidden_size=64, num_heads=4, fp8=True)
     x = activations.reshape(4, 16, 8, 8) if contract == 2 else activations
-    layers = [Dense(c, 32, ("a",) * contract, ("b",), contract=contract) for c in (plain, fp8)]
+    layers = [Dense(c, 32, ("a",) * contract, ("b",), contract=contract, fp8_eligible=True) for c in (plain, fp8)]
     params = layers[0].init(jax.random.key(2), x)
     cotangent = jax.random.normal(jax.random.key(3), (4, 16, 32), jnp.bfloat16)
 
@@ -78,3 +78,13 @@ def test_fp8_dense_follows_the_plain_dense(activations, contract):
         error = relative_error(a, b)
         assert error < 0.08, f"{name}: {error}"
         assert name == "bias gradient" or error > 1e-3, f"{name} was not rounded to FP8"
+
+
+def test_only_the_layers_projections_run_in_fp8(activations):
+    """A head's Dense (not `fp8_eligible`) stays at the compute dtype under config.fp8."""
+    config = TransformerConfig(hidden_size=64, num_heads=4, fp8=True)
+    head, projection = (Dense(config, 32, ("a",), ("b",), fp8_eligible=eligible) for eligible in (False, True))
+    params = head.init(jax.random.key(2), activations)
+    plain = Dense(TransformerConfig(hidden_size=64, num_heads=4), 32, ("a",), ("b",)).apply(params, activations)
+    np.testing.assert_array_equal(head.apply(params, activations), plain)
+    assert relative_error(projection.apply(params, activations), plain) > 1e-3

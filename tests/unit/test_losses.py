@@ -47,7 +47,8 @@ def test_chunked_logits_give_the_whole_logits_loss_and_gradients():
     batch["target_weights"][:, -5:] = 0.0
 
     def stats_and_grads(objective):
-        (loss, stats), grads = jax.jit(jax.value_and_grad(objective.loss, has_aux=True))(params, batch, jax.random.key(2))
+        loss_and_grads = jax.jit(jax.value_and_grad(objective.loss, has_aux=True))
+        (loss, stats), grads = loss_and_grads(params, batch, jax.random.key(2))
         return loss, stats, grads
 
     (loss, stats, grads), (chunked_loss, chunked_stats, chunked_grads) = map(stats_and_grads, (whole, chunked))
