@@ -6,8 +6,9 @@ in float32, around the same FP8 rounding).
 
     python bench/fp8.py [--config configs/bert-tiny.yaml] [--steps 600] [--dir .bench-data/fp8] [--set K=V ...]
 
-The corpus is prepared once under --dir (the config's own corpus, or --set data.corpus=[...]); both runs
-start from the same initialisation and see the same batches, so the gap is FP8's rounding alone."""
+The corpus is prepared once under --dir (the config's own corpus, or --set data.corpus=[...]); every run sees
+the same batches, and the fp8 run starts from the plain run's initialisation, so its gap is FP8's rounding
+alone."""
 from __future__ import annotations
 
 import argparse
@@ -72,6 +73,7 @@ def main() -> None:
     for split in ("train", "eval"):
         print(f"largest {split} gap to the plain run: fp8 {max(gaps[split, 'fp8']):.2%}, "
               f"seed 1 {max(gaps[split, 'seed 1']):.2%}")
+
 
 if __name__ == "__main__":
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
