@@ -54,6 +54,8 @@ CASES = {
     "bert512b64": ("configs/bert-base.yaml", _bert(64, 512), "bert512b64"),
     "gpt2b32": ("configs/gpt2-small.yaml", _gpt2(32), "gpt2b32"),
     "gpt2chunked": ("configs/gpt2-small.yaml", [*_gpt2(16), "model.logits_chunks=8"], "gpt2"),
+    "bert128fp8": ("configs/bert-base.yaml", [*_bert(256, 128), "model.fp8=true"], "bert128"),
+    "gpt2fp8": ("configs/gpt2-small.yaml", [*_gpt2(16), "model.fp8=true"], "gpt2"),
 }
 DEFAULT_CASES = "bert128,bert512,gpt2,t5"
 TRAIN_STEPS, TRAIN_LOG_EVERY = 100, 25  # `jaxlm train`'s rate: the mean of its logged rates after the first
