@@ -1,8 +1,6 @@
 """Scaled dot-product attention behind one function, with the kernel chosen by name."""
 from __future__ import annotations
 
-import functools
-
 from typing import TYPE_CHECKING
 
 import flax.linen as nn
@@ -10,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxlm.nn.embed import rotary_embedding
-from jaxlm.nn.layers import Dense
+from jaxlm.nn.layers import LayerDense
 from jaxlm.nn.splash import splash_attention
 from jaxlm.parallel.logical import constrain
 
@@ -125,10 +123,9 @@ class Attention(nn.Module):
         cfg = self.config
         kv_axis = "heads" if cfg.kv_heads == cfg.num_heads else "kv_heads"
         source = x if context is None else context
-        projection = functools.partial(Dense, cfg, fp8_eligible=True)
-        q = projection((cfg.num_heads, cfg.head_dim), ("embed",), ("heads", "kv"), name="query")(x)
-        k = projection((cfg.kv_heads, cfg.head_dim), ("embed",), (kv_axis, "kv"), name="key")(source)
-        v = projection((cfg.kv_heads, cfg.head_dim), ("embed",), (kv_axis, "kv"), name="value")(source)
+        q = LayerDense(cfg, (cfg.num_heads, cfg.head_dim), ("embed",), ("heads", "kv"), name="query")(x)
+        k = LayerDense(cfg, (cfg.kv_heads, cfg.head_dim), ("embed",), (kv_axis, "kv"), name="key")(source)
+        v = LayerDense(cfg, (cfg.kv_heads, cfg.head_dim), ("embed",), (kv_axis, "kv"), name="value")(source)
         if cfg.position_embedding == "rope" and context is None:
             if positions is None:
                 positions = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
@@ -145,7 +142,7 @@ class Attention(nn.Module):
             q, k, v, padding_mask=padding_mask, causal=causal, segment_ids=segment_ids, bias=bias, mask=mask,
             scale=self.scale, kernel=kernel, dropout_rate=cfg.attention_dropout if use_dropout else 0.0,
             dropout_rng=self.make_rng("dropout") if use_dropout else None)
-        out = projection(cfg.hidden_size, ("heads", "kv"), ("embed",), contract=2, name="output")(out)
+        out = LayerDense(cfg, cfg.hidden_size, ("heads", "kv"), ("embed",), contract=2, name="output")(out)
         return nn.Dropout(cfg.hidden_dropout)(out, deterministic=deterministic)
 
     def _cached(self, k: jax.Array, v: jax.Array):

@@ -1,6 +1,7 @@
 """Dense projections, LayerNorm, RMSNorm and the MLPs, with logical axis names on every parameter."""
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, Sequence
 
@@ -77,6 +78,10 @@ class Dense(nn.Module):
         return y + gathered(bias, self.out_axes).astype(dtype)
 
 
+# A transformer layer's projection (attention, MLP): the Dense that runs in FP8 under `config.fp8`.
+LayerDense = functools.partial(Dense, fp8_eligible=True)
+
+
 class LayerNorm(nn.Module):
     """LayerNorm over the last axis (logical name `axis`), computed in float32."""
 
@@ -131,10 +136,10 @@ class Mlp(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
         cfg = self.config
-        h = Dense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), fp8_eligible=True, name="intermediate")(x)
+        h = LayerDense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), name="intermediate")(x)
         h = constrain(ACTIVATIONS[cfg.activation](h), ("batch", "length", "mlp"))
         h = nn.Dropout(cfg.activation_dropout)(h, deterministic=deterministic)
-        h = Dense(cfg, cfg.hidden_size, ("mlp",), ("embed",), fp8_eligible=True, name="output")(h)
+        h = LayerDense(cfg, cfg.hidden_size, ("mlp",), ("embed",), name="output")(h)
         return nn.Dropout(cfg.hidden_dropout)(h, deterministic=deterministic)
 
 
@@ -146,9 +151,9 @@ class GatedMlp(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
         cfg = self.config
-        gate = Dense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), fp8_eligible=True, name="gate")(x)
-        up = Dense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), fp8_eligible=True, name="up")(x)
+        gate = LayerDense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), name="gate")(x)
+        up = LayerDense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), name="up")(x)
         h = constrain(GATES[cfg.activation](gate) * up, ("batch", "length", "mlp"))
         h = nn.Dropout(cfg.activation_dropout)(h, deterministic=deterministic)
-        h = Dense(cfg, cfg.hidden_size, ("mlp",), ("embed",), fp8_eligible=True, name="down")(h)
+        h = LayerDense(cfg, cfg.hidden_size, ("mlp",), ("embed",), name="down")(h)
         return nn.Dropout(cfg.hidden_dropout)(h, deterministic=deterministic)
