@@ -9,7 +9,7 @@ import numpy as np
 from jaxlm.data.denoising import bart_target_length, infill, permute_sentences, seq2seq_batch, t5_corrupt, t5_lengths
 from jaxlm.data.layouts import Row
 from jaxlm.data.masking import TokenMasker
-from jaxlm.data.packing import causal_example, sentence_order_pair
+from jaxlm.data.packing import causal_batch, sentence_order_pair
 from jaxlm.data.settings import DataConfig
 from jaxlm.data.spans import mlm_batch, spans_masked, whole_words
 
@@ -21,11 +21,6 @@ TransformFactory = Callable[[dict, np.ndarray, DataConfig], Transform]
 
 def stack(examples: list[dict]) -> dict[str, np.ndarray]:
     return {k: np.stack([e[k] for e in examples]) for k in examples[0]}
-
-
-def per_row(fn: Callable[[Row, np.random.Generator], dict]) -> Transform:
-    """A transform of one row, applied row by row."""
-    return lambda rows, rngs: stack([fn(row, rng) for row, rng in zip(rows, rngs)])
 
 
 def word_starts(row: Row, table: np.ndarray) -> np.ndarray:
@@ -110,12 +105,7 @@ def span_transform(manifest: dict, table: np.ndarray, data: DataConfig) -> Trans
 def causal_transform(manifest: dict, table: np.ndarray, data: DataConfig) -> Transform:
     """GPT-2, Llama: next-token targets of packed rows (no randomness)."""
     seq, eos = manifest["max_seq_length"], manifest["special_ids"]["eos"]
-
-    @per_row
-    def transform(row, rng):
-        return causal_example(row.tokens, seq, eos)
-
-    return transform
+    return lambda rows, rngs: causal_batch([row.tokens for row in rows], seq, eos)
 
 
 def _pad_id(special: dict) -> int:

@@ -68,7 +68,7 @@ def sentence_order_pair(segment_a: Sequence[int], segment_b: Sequence[int], rng:
 
 def causal_rows(docs: Iterable[Sequence[int]], max_seq_length: int, eos_id: int, *,
                 packed: bool = True) -> Iterator[np.ndarray]:
-    """Causal-LM rows before `causal_example`, yielded as they fill: every document followed by EOS;
+    """Causal-LM rows before `causal_batch`, yielded as they fill: every document followed by EOS;
     packed, the stream cut into rows of max_seq_length tokens plus the next one (the last position's
     target); unpacked, one document per row, truncated to max_seq_length + 1."""
     sequences = (np.r_[np.asarray(d, np.int64), eos_id].astype(np.int32) for d in docs)
@@ -92,28 +92,26 @@ def stream_chunks(pieces: Iterable[np.ndarray], size: int, step: int) -> Iterato
         buffer = buffer[step:]
 
 
-def causal_example(row: np.ndarray, max_seq_length: int, eos_id: int) -> dict[str, np.ndarray]:
-    """A row of `causal_rows` as `CausalLmObjective` fields: `segment_ids` number the documents in the row
-    1..k (a document's EOS belongs to it; 0 on padding); `targets` are the next tokens; the EOS
-    closing a document, the row's lookahead token and padding get weight 0."""
-    row = np.asarray(row, np.int32)
-    tokens = row[:max_seq_length]
-    n = len(tokens)
-    is_eos = tokens == eos_id
-    next_tokens = np.append(row[1:], 0)[:n]
-    segments = np.cumsum(is_eos) - is_eos + 1
-
-    def pad(x, dtype):
-        out = np.zeros(max_seq_length, dtype)
-        out[:n] = x
-        return out
-
-    return {"input_ids": pad(tokens, np.int32), "segment_ids": pad(segments, np.int32),
-            "targets": pad(np.where(is_eos, 0, next_tokens), np.int32), "target_weights": pad(~is_eos, np.float32)}
+def causal_batch(rows: Sequence[np.ndarray], max_seq_length: int, eos_id: int) -> dict[str, np.ndarray]:
+    """Rows of `causal_rows` as `CausalLmObjective` fields [rows, max_seq_length]: `segment_ids` number the
+    documents in a row 1..k (a document's EOS belongs to it; 0 on padding); `targets` are the next tokens; the
+    EOS closing a document, the row's lookahead token and padding get weight 0."""
+    stream = np.zeros((len(rows), max_seq_length + 1), np.int32)  # each row and its lookahead, zero-padded
+    lengths = np.empty(len(rows), np.int64)
+    for i, row in enumerate(rows):
+        row = row[:max_seq_length + 1]
+        stream[i, :len(row)] = row
+        lengths[i] = min(len(row), max_seq_length)
+    tokens, next_tokens = stream[:, :-1], stream[:, 1:]
+    real = np.arange(max_seq_length) < lengths[:, None]
+    is_eos = (tokens == eos_id) & real
+    segments = np.cumsum(is_eos, axis=1, dtype=np.int32) - is_eos + 1
+    return {"input_ids": tokens.copy(), "segment_ids": np.where(real, segments, 0).astype(np.int32),
+            "targets": np.where(is_eos | ~real, 0, next_tokens).astype(np.int32),
+            "target_weights": (real & ~is_eos).astype(np.float32)}
 
 
 def pack_documents(docs: Sequence[Sequence[int]], max_seq_length: int, eos_id: int, *,
                    packed: bool = True) -> dict[str, np.ndarray]:
-    """Causal-LM rows [rows, max_seq_length] (`causal_rows` then `causal_example`), stacked."""
-    rows = [causal_example(r, max_seq_length, eos_id) for r in causal_rows(docs, max_seq_length, eos_id, packed=packed)]
-    return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+    """Causal-LM rows [rows, max_seq_length] (`causal_rows` then `causal_batch`)."""
+    return causal_batch(list(causal_rows(docs, max_seq_length, eos_id, packed=packed)), max_seq_length, eos_id)
