@@ -10,7 +10,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxlm.config import ConfigError, MeshConfig
-from jaxlm.parallel.rules import MESH_AXES, Rules
+from jaxlm.parallel.rules import MESH_AXES, Rules, mesh_axes_for
 
 
 def resolve_shape(config: MeshConfig, device_count: int) -> tuple[int, int, int]:
@@ -44,9 +44,28 @@ def logical_sharding(mesh: Mesh, rules: Rules, logical: tuple[str | None, ...]) 
 
 
 def tree_shardings(mesh: Mesh, rules: Rules, boxed_abstract_tree):
-    """NamedShardings for a tree whose leaves may carry flax logical axis metadata."""
+    """NamedShardings for a tree whose leaves may carry flax logical axis metadata; a ConfigError where a
+    leaf's dimension is not divisible by the mesh axes its name is split over."""
+    check_divisible(mesh, rules, boxed_abstract_tree)
     specs = nn.get_partition_spec(boxed_abstract_tree)
     return nn.logical_to_mesh_sharding(specs, mesh, rules)
+
+
+def check_divisible(mesh: Mesh, rules: Rules, boxed_abstract_tree) -> None:
+    """Before compute: every dimension of a logically named leaf divides into the ways its name is split
+    (XLA would stop later with an error that names neither the parameter nor the setting)."""
+    boxed = lambda x: isinstance(x, nn.LogicallyPartitioned)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(boxed_abstract_tree, is_leaf=boxed)[0]:
+        if not boxed(leaf):
+            continue
+        for size, name, axes in zip(leaf.value.shape, leaf.names, mesh_axes_for(rules, leaf.names)):
+            axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+            ways = math.prod(mesh.shape[a] for a in axes)
+            if size % ways:
+                where = " x ".join(f"{a}={mesh.shape[a]}" for a in axes)
+                fix = f"choose mesh sizes whose {' x '.join(axes)} divides {size}, or other mesh.rules"
+                raise ConfigError(f"parameter {jax.tree_util.keystr(path, simple=True, separator='/')} has {size} "
+                                  f"along {name!r}, which the mesh rules split {ways} ways ({where}): {fix}")
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

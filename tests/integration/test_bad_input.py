@@ -32,6 +32,9 @@ CASES = {
     "negative workers": ({}, ["data.workers=-2"], ["data.workers=-2: use 0", "worker processes"]),
     "unknown undecodable policy": ({}, ["data.undecodable=drop"], ["data.undecodable='drop'", "fail", "skip"]),
     "model switch not a boolean": ({}, ["model.fp8=maybe"], ["model.fp8 must be true or false, got 'maybe'"]),
+    "vocabulary not divisible by the tensor axis": (
+        {"mesh": {"rules": "fsdp_tp", "data": 1, "fsdp": 2, "tensor": 4}}, [],
+        ["30522 along 'vocab'", "split 4 ways (tensor=4)", "whose tensor divides 30522, or other mesh.rules"]),
     "logits chunks outside a causal LM": ({}, ["model.logits_chunks=4"], ["model.logits_chunks=4", "leave it at 0"]),
 }
 
