@@ -1,5 +1,6 @@
 """Embedding lookups in bfloat16 compute: the table's gradient sums each row's tokens in float32, whether the
-lookup is a gather (large tables) or a one-hot contraction (a few rows), and the rows are the table's exactly."""
+lookup is a gather (large tables) or a one-hot contraction (a few rows, T5's relative-position buckets), and the
+rows are the table's exactly."""
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 
 from jaxlm.models.config import TransformerConfig
+from jaxlm.models.t5 import RelativeBias, relative_position_bucket
 from jaxlm.nn.embed import SMALL_TABLE, Embed
 
 
@@ -44,3 +46,27 @@ def test_only_a_large_table_is_looked_up_by_a_gather_whose_gradient_scatters(row
     params = embed.init(jax.random.key(1), ids)
     lowered = jax.jit(jax.grad(lambda p: jnp.sum(embed.apply(p, ids).astype(jnp.float32)))).lower(params).as_text()
     assert ("scatter" in lowered) == (rows > SMALL_TABLE)
+
+
+def test_t5_relative_bias_is_its_table_rows_and_its_gradient_is_a_matmul():
+    """T5's bias: 32 bucket rows looked up by every (query, key) pair by a one-hot contraction: the rows exactly
+    (as a gather of the table), the gradient each bucket's float32 sum of cotangents, and no scatter-add."""
+    config = TransformerConfig(vocab_size=2, hidden_size=64, num_heads=4, param_dtype="float32")
+    bias = RelativeBias(config, bidirectional=True)
+    positions = jnp.arange(96)[None, :]
+    params = bias.init(jax.random.key(0), positions, positions)
+    table = np.asarray(nn.unbox(params)["params"]["embedding"])
+    buckets = np.asarray(relative_position_bucket(positions[:, None, :] - positions[:, :, None], True,
+                                                  config.relative_buckets, config.relative_max_distance))
+    np.testing.assert_array_equal(np.asarray(bias.apply(params, positions, positions)),
+                                  table[buckets].transpose(0, 3, 1, 2))
+    cotangent = np.asarray(jax.random.normal(jax.random.key(1), (1, 4, 96, 96)))
+
+    def loss(params):
+        return jnp.sum(bias.apply(params, positions, positions) * cotangent)
+
+    grad = np.asarray(nn.unbox(jax.grad(loss)(params))["params"]["embedding"])
+    per_pair = np.asarray(cotangent, np.float64).transpose(0, 2, 3, 1).reshape(-1, 4)
+    expected = np.stack([per_pair[buckets.reshape(-1) == b].sum(0) for b in range(config.relative_buckets)])
+    np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-4)
+    assert "scatter" not in jax.jit(jax.grad(loss)).lower(params).as_text()
