@@ -42,6 +42,7 @@ def _gpt2(batch: int) -> list[str]:
 T5_CONFIG = "configs/t5-base.yaml"
 T5 = ["train.global_batch=64", "data.max_seq_length=512", "data.max_target_length=114"]
 T5_VOCABULARY = "t5-demo-unigram.model"  # trained by --prepare into its DIR
+NO_DROPOUT = ["model.hidden_dropout=0", "model.attention_dropout=0", "model.activation_dropout=0"]
 # name: (config, overrides, the peer's case of the same model, sequence and batch); the b-suffixed cases are
 # larger batches, where each side may do better
 CASES = {
@@ -49,13 +50,21 @@ CASES = {
     "bert512": ("configs/bert-base.yaml", _bert(32, 512), "bert512"),
     "gpt2": ("configs/gpt2-small.yaml", _gpt2(16), "gpt2"),
     "t5": (T5_CONFIG, T5, "t5"),
-    "t5cudnn": (T5_CONFIG, [*T5, "model.attention_kernel=cudnn"], "t5"),
+    # cuDNN's kernel has no attention dropout (the peer keeps T5's 0.1 on the attention weights)
+    "t5cudnn": (T5_CONFIG, [*T5, "model.attention_kernel=cudnn", "model.attention_dropout=0"], "t5"),
     "bert128b512": ("configs/bert-base.yaml", _bert(512, 128), "bert128b512"),
     "bert512b64": ("configs/bert-base.yaml", _bert(64, 512), "bert512b64"),
     "gpt2b32": ("configs/gpt2-small.yaml", _gpt2(32), "gpt2b32"),
     "gpt2chunked": ("configs/gpt2-small.yaml", [*_gpt2(16), "model.logits_chunks=8"], "gpt2"),
     "bert128fp8": ("configs/bert-base.yaml", [*_bert(256, 128), "model.fp8=true"], "bert128"),
     "gpt2fp8": ("configs/gpt2-small.yaml", [*_gpt2(16), "model.fp8=true"], "gpt2"),
+    # what dropout's masks cost (no dropout: the bound), and with XLA's RngBitGenerator in place of threefry
+    "bert128nodrop": ("configs/bert-base.yaml", [*_bert(256, 128), *NO_DROPOUT], "bert128"),
+    "bert128rbg": ("configs/bert-base.yaml", [*_bert(256, 128), "train.dropout_rng=rbg"], "bert128"),
+    "gpt2nodrop": ("configs/gpt2-small.yaml", [*_gpt2(16), *NO_DROPOUT], "gpt2"),
+    "gpt2rbg": ("configs/gpt2-small.yaml", [*_gpt2(16), "train.dropout_rng=rbg"], "gpt2"),
+    "t5nodrop": (T5_CONFIG, [*T5, *NO_DROPOUT], "t5"),
+    "t5rbg": (T5_CONFIG, [*T5, "train.dropout_rng=rbg"], "t5"),
 }
 DEFAULT_CASES = "bert128,bert512,gpt2,t5"
 TRAIN_STEPS, TRAIN_LOG_EVERY = 100, 25  # `jaxlm train`'s rate: the mean of its logged rates after the first

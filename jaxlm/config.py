@@ -15,6 +15,7 @@ from jaxlm.parallel.rules import PRESETS as RULES
 from jaxlm.train.optim import OPTIMIZERS
 
 NONFINITE = ("stop", "skip")
+DROPOUT_RNGS = {"threefry": "threefry2x32", "rbg": "rbg"}  # train.dropout_rng -> jax.random.key impl
 
 
 class ConfigError(ValueError):
@@ -60,6 +61,9 @@ class TrainConfig:
     max_skipped: int = 10  # nonfinite=skip: stop after this many non-finite steps in a row
     spike_sigmas: float = 0.0  # nonfinite=skip: also skip a step whose loss is this many std above the window's mean
     spike_window: int = 200  # the recent accepted losses spike_sigmas compares with
+    # the generator of the step's dropout masks: threefry (JAX's default) or rbg (XLA's RngBitGenerator; different
+    # masks, and on some backends faster); the parameters' initialisation always uses threefry
+    dropout_rng: str = "threefry"
     hang_timeout_s: float = 0.0  # no progress this long: dump stacks, exit 75; 0: 20x the median step, >= 300 s; <0: off
 
 
@@ -313,6 +317,8 @@ def validate_run(config: RunConfig) -> None:
         raise ConfigError(f"mesh sizes data={sizes[0]} fsdp={sizes[1]} tensor={sizes[2]}: use positive sizes, at most one -1")
     if train.nonfinite not in NONFINITE:
         raise ConfigError(f"train.nonfinite={train.nonfinite!r}; choose one of {', '.join(NONFINITE)}")
+    if train.dropout_rng not in DROPOUT_RNGS:
+        raise ConfigError(f"train.dropout_rng={train.dropout_rng!r}; choose one of {', '.join(DROPOUT_RNGS)}")
     if train.spike_sigmas < 0 or (train.spike_sigmas > 0 and train.nonfinite != "skip"):
         raise ConfigError(f"train.spike_sigmas={train.spike_sigmas:g}: loss spikes are skipped like non-finite steps; "
                           "set train.nonfinite=skip with it, and a positive value (0 turns it off)")

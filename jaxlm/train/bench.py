@@ -11,6 +11,7 @@ from jaxlm.train import flops
 from jaxlm.train.profile import PROFILED_STEPS, profile_steps
 from jaxlm.train.loop import build, compile_steps, global_batch, memory_summary
 from jaxlm.train.state import count_params, create_state
+from jaxlm.train.step import dropout_key
 
 
 def bench(config: RunConfig, profile_dir: str | None = None) -> dict:
@@ -26,7 +27,7 @@ def bench(config: RunConfig, profile_dir: str | None = None) -> dict:
     compile_s = time.perf_counter() - started
     size = config.train.global_batch
     local = setup.objective.synthetic_batch(size // jax.process_count(), seed=jax.process_index())
-    batch, rng = global_batch(setup, local), jax.random.key(0)
+    batch, rng = global_batch(setup, local), dropout_key(config.train)
     for _ in range(config.bench.warmup):
         state, metrics = compiled_train(state, batch, rng)
     jax.block_until_ready(metrics)

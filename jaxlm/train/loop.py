@@ -27,7 +27,7 @@ from jaxlm.train.preflight import check_batch, preflight
 from jaxlm.train.metrics import MetricsWriter, plot_curves
 from jaxlm.train.optim import make_optimizer, reject_loss_spikes, schedule
 from jaxlm.train.state import abstract_state, count_params, create_state, state_shardings
-from jaxlm.train.step import make_eval_step, make_train_step
+from jaxlm.train.step import dropout_key, make_eval_step, make_train_step
 from jaxlm.train.storage import run_path
 
 
@@ -90,7 +90,7 @@ def compile_eval(setup: Setup):
 
 def compile_steps(setup: Setup, with_eval: bool = True):
     """AOT-compiled train (and eval) steps with explicit shardings; the state is donated."""
-    rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated(setup.mesh))
+    rng = jax.ShapeDtypeStruct((), dropout_key(setup.config.train).dtype, sharding=replicated(setup.mesh))
     train_step = make_train_step(setup.objective, setup.optimizer, setup.schedule, setup.config.optim.grad_accum)
     with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
         train = jax.jit(train_step, in_shardings=(setup.shardings, setup.batch_shardings, replicated(setup.mesh)),
@@ -183,9 +183,9 @@ def train(config: RunConfig) -> dict:
     run_dir = run_path(tcfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     mngr = checkpoint.manager(run_dir / "checkpoints", tcfg.keep_checkpoints)
-    rng = jax.random.key(tcfg.seed)
+    rng, init_rng = dropout_key(tcfg), jax.random.fold_in(jax.random.key(tcfg.seed), 1)
     warnings = []
-    state, start, how = restore_or_init(setup, mngr, jax.random.fold_in(rng, 1), warnings.append)
+    state, start, how = restore_or_init(setup, mngr, init_rng, warnings.append)
     compiled_train, compiled_eval = compile_steps(setup)
     resolved = config_lib.to_dict(config)
     if is_main:

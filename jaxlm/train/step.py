@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxlm.config import DROPOUT_RNGS, TrainConfig
 from jaxlm.parallel.logical import constrain
 from jaxlm.train.state import TrainState
 
@@ -64,6 +65,12 @@ def make_gradients(objective, grad_accum: int = 1):
         return grads, stats
 
     return accumulated
+
+
+def dropout_key(train: TrainConfig) -> jax.Array:
+    """The key every step's dropout masks come from (the step folds in its number): train.seed's, in the
+    generator train.dropout_rng names. A threefry key equals `jax.random.key(train.seed)`."""
+    return jax.random.key(train.seed, impl=DROPOUT_RNGS[train.dropout_rng])
 
 
 def make_train_step(objective, optimizer: optax.GradientTransformation, schedule, grad_accum: int = 1):
