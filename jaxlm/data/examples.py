@@ -11,7 +11,7 @@ from jaxlm.data.layouts import Row
 from jaxlm.data.masking import TokenMasker
 from jaxlm.data.packing import causal_batch, sentence_order_pair
 from jaxlm.data.settings import DataConfig
-from jaxlm.data.spans import mlm_batch, spans_masked, whole_words
+from jaxlm.data.spans import mlm_batch, rows_spans_masked, whole_words
 
 # rows and one generator per row -> the batch fields, stacked; row i depends on rows[i] and rngs[i] only
 Transform = Callable[[list[Row], list[np.random.Generator]], dict]
@@ -27,6 +27,23 @@ def word_starts(row: Row, table: np.ndarray) -> np.ndarray:
     """True where a token begins a word: by its piece, or because a stored sentence starts there."""
     starts = table[row.tokens]
     starts[row.sentence_starts[row.sentence_starts < len(starts)]] = True
+    return starts
+
+
+def padded_tokens(rows: list[Row], width: int) -> tuple[np.ndarray, np.ndarray]:
+    """([rows, width] int32 tokens, zero past each row's end; [rows] lengths)."""
+    tokens = np.zeros((len(rows), width), np.int32)
+    for i, row in enumerate(rows):
+        tokens[i, :len(row.tokens)] = row.tokens
+    return tokens, np.array([len(row.tokens) for row in rows], np.int64)
+
+
+def rows_word_starts(rows: list[Row], tokens: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """`word_starts` of every row of `padded_tokens` at once (anything past a row's end)."""
+    starts = table[tokens]
+    sentence_starts = [row.sentence_starts[row.sentence_starts < len(row.tokens)] for row in rows]
+    row = np.repeat(np.arange(len(rows)), [len(s) for s in sentence_starts])
+    starts[row, np.concatenate(sentence_starts).astype(np.int64)] = True
     return starts
 
 
@@ -95,9 +112,11 @@ def span_transform(manifest: dict, table: np.ndarray, data: DataConfig) -> Trans
     pad_id = mlm.pop("pad_id")
 
     def transform(rows, rngs):
-        return mlm_batch([spans_masked(row.tokens, word_starts(row, table), rng, p=data.span_p, max_span=data.max_span,
-                                       **mlm) for row, rng in zip(rows, rngs)],
-                         max_seq_length=mlm["max_seq_length"], max_predictions=mlm["max_predictions"], pad_id=pad_id)
+        tokens, lengths = padded_tokens(rows, mlm["max_seq_length"] + 1)
+        masked = rows_spans_masked(tokens, lengths, rows_word_starts(rows, tokens, table), rngs, p=data.span_p,
+                                   max_span=data.max_span, **mlm)
+        return mlm_batch(masked, max_seq_length=mlm["max_seq_length"], max_predictions=mlm["max_predictions"],
+                         pad_id=pad_id)
 
     return transform
 

@@ -26,6 +26,21 @@ def word_bounds(word_starts: np.ndarray, candidates: np.ndarray) -> tuple[np.nda
     return boundaries[:-1][is_start], boundaries[1:][is_start]
 
 
+def rows_word_bounds(word_starts: np.ndarray, candidates: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`word_bounds` of every row of [rows, width] matrices at once (a row's candidates False past its end,
+    and width longer than every row), in a few array operations instead of a few per row."""
+    rows, width = candidates.shape
+    starts_mask = candidates.copy()
+    starts_mask[:, 1:] &= word_starts[:, 1:] | ~candidates[:, :-1]
+    # the first position past each row's end is a boundary, so no word runs into the next row
+    boundaries = np.flatnonzero(starts_mask | ~candidates)
+    is_start = starts_mask.reshape(-1)[boundaries[:-1]]
+    starts, ends = boundaries[:-1][is_start], boundaries[1:][is_start]
+    row = starts // width
+    cuts = np.searchsorted(row, np.arange(1, rows))
+    return list(zip(np.split(starts - row * width, cuts), np.split(ends - row * width, cuts)))
+
+
 def prediction_budget(num_candidates: int, mask_prob: float, max_predictions: int) -> int:
     num_candidates = int(num_candidates)  # round() of a numpy scalar costs ten times a Python float's
     return min(max_predictions, max(1, round(num_candidates * mask_prob)), num_candidates)
@@ -191,13 +206,13 @@ def _length_cdf(p: float, max_span: int) -> list[float]:
     return (cdf / cdf[-1]).tolist()
 
 
-def _draw_spans(word_starts: np.ndarray, candidates: np.ndarray, rng: np.random.Generator, *, budget: int,
+def _draw_spans(starts: np.ndarray, ends: np.ndarray, length: int, rng: np.random.Generator, *, budget: int,
                 p: float, max_span: int, tries: int = 16) -> list[tuple[int, int, int]]:
-    """`sample_spans`' spans as (start, end, drawn) in the order drawn."""
-    starts, ends = word_bounds(word_starts, candidates)
+    """`sample_spans`' spans as (start, end, drawn) in the order drawn, from the `word_bounds` of a row of
+    `length` tokens."""
     starts_list, ends_list = starts.tolist(), ends.tolist()
     num_words = len(starts_list)
-    flags = bytearray(len(candidates) + 1)  # flags[n] stays 0: the right edge is checked separately
+    flags = bytearray(length + 1)  # flags[n] stays 0: the right edge is checked separately
     spans: list[tuple[int, int, int]] = []
     left = budget
     cdf = _length_cdf(p, max_span)
@@ -237,7 +252,8 @@ def sample_spans(word_starts: np.ndarray, candidates: np.ndarray, rng: np.random
 
     The start is found by rejection (uniform words until one fits: uniform over those that fit),
     and after `tries` misses from the exact set of fitting words, which also settles "nowhere"."""
-    spans = _draw_spans(word_starts, candidates, rng, budget=budget, p=p, max_span=max_span, tries=tries)
+    spans = _draw_spans(*word_bounds(word_starts, candidates), len(candidates), rng, budget=budget, p=p,
+                        max_span=max_span, tries=tries)
     return Spans(*np.array(spans, np.int64).reshape(-1, 3).T)
 
 
@@ -249,10 +265,33 @@ def spans_masked(tokens: np.ndarray, word_starts: np.ndarray, rng: np.random.Gen
     span (whose boundary tokens SBO reads)."""
     tokens = np.asarray(tokens, np.int32)
     _check_length(len(tokens), max_seq_length)
-    special_ids = tuple(special_ids)
-    candidates = candidate_mask(tokens, special_ids, vocab_size)
-    budget = prediction_budget(np.count_nonzero(candidates), mask_prob, max_predictions)
-    spans = _draw_spans(word_starts, candidates, rng, budget=budget, p=p, max_span=max_span)
+    candidates = candidate_mask(tokens, tuple(special_ids), vocab_size)
+    return _spans_masked(tokens, word_bounds(word_starts, candidates), np.count_nonzero(candidates), rng,
+                         vocab_size=vocab_size, mask_id=mask_id, special_ids=special_ids,
+                         max_predictions=max_predictions, mask_prob=mask_prob, p=p, max_span=max_span)
+
+
+def rows_spans_masked(tokens: np.ndarray, lengths: np.ndarray, word_starts: np.ndarray,
+                      rngs: list[np.random.Generator], *, vocab_size: int, special_ids: Iterable[int],
+                      max_seq_length: int, **settings) -> list[Masked]:
+    """`spans_masked` of each row of a batch (row i with rngs[i] alone), their words found all at once:
+    `tokens` and `word_starts` are [rows, width > every length], row i's first lengths[i] entries its own."""
+    _check_length(lengths.max(initial=0), max_seq_length)
+    real = np.arange(tokens.shape[1]) < lengths[:, None]
+    candidates = non_special(vocab_size, tuple(special_ids))[tokens] & real
+    counts = np.count_nonzero(candidates, axis=1).tolist()
+    return [_spans_masked(tokens[i, :n], bounds, count, rng, vocab_size=vocab_size, special_ids=special_ids,
+                          **settings)
+            for i, (n, bounds, count, rng) in enumerate(zip(lengths.tolist(), rows_word_bounds(word_starts, candidates),
+                                                            counts, rngs))]
+
+
+def _spans_masked(tokens: np.ndarray, bounds: tuple[np.ndarray, np.ndarray], num_candidates: int,
+                  rng: np.random.Generator, *, vocab_size: int, mask_id: int, special_ids: Iterable[int],
+                  max_predictions: int, mask_prob: float = 0.15, p: float = 0.2, max_span: int = 10) -> Masked:
+    """`spans_masked` of a row whose word bounds and candidate count are known."""
+    budget = prediction_budget(num_candidates, mask_prob, max_predictions)
+    spans = _draw_spans(*bounds, len(tokens), rng, budget=budget, p=p, max_span=max_span)
     inputs = apply_actions(tokens, [(s, e) for s, e, _ in spans], rng, vocab_size=vocab_size, mask_id=mask_id,
                            special_ids=special_ids)
     # the spans are disjoint: their tokens in position order are the spans in start order, expanded

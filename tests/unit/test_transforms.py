@@ -326,3 +326,24 @@ def test_span_fit_check_agrees_with_the_exact_set(documents, tok):
                     assert _fits(w, k, starts.tolist(), ends.tolist(), flags, left) == (most[w] >= k), (i, w, k, left)
                     checked += 1
     assert checked > 50_000
+
+
+def test_word_bounds_of_a_batch_are_each_rows(documents, tok):
+    """`rows_word_bounds` (every row at once) finds each row's words as `word_bounds` does row by row, on real
+    rows of different lengths between [CLS] and [SEP], the longest one column short of the matrix's width."""
+    from jaxlm.data.spans import rows_word_bounds, word_bounds
+
+    table = np.array([not p.startswith("##") for p in tok.convert_ids_to_tokens(range(tok.vocab_size))])
+    rows = [np.concatenate([[tok.cls_id], *doc[:k], [tok.sep_id]]) for k, doc in enumerate(documents[:60], 1)]
+    width = max(len(r) for r in rows) + 1
+    tokens = np.zeros((len(rows), width), np.int32)
+    candidates = np.zeros((len(rows), width), bool)
+    for i, row in enumerate(rows):
+        tokens[i, :len(row)] = row
+        candidates[i, :len(row)] = ~np.isin(row, [tok.cls_id, tok.sep_id])
+    batch = rows_word_bounds(table[tokens], candidates)
+    assert len(batch) == len(rows)
+    for row, row_candidates, (starts, ends) in zip(rows, candidates, batch):
+        expected = word_bounds(table[row], row_candidates[:len(row)])
+        np.testing.assert_array_equal(starts, expected[0])
+        np.testing.assert_array_equal(ends, expected[1])
