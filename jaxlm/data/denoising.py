@@ -42,12 +42,19 @@ def seq2seq_arrays(inputs: np.ndarray, targets: np.ndarray, *, max_seq_length: i
     return {name: value[0] for name, value in batch.items()}
 
 
-def random_segmentation(num_items: int, num_segments: int, rng: np.random.Generator) -> np.ndarray:
-    """T5's `_random_segmentation`: lengths of a uniformly random split of num_items into
-    num_segments non-empty segments."""
-    first_in_segment = np.zeros(num_items, np.int64)
-    first_in_segment[1:] = rng.permutation(np.arange(num_items - 1) < num_segments - 1)
-    return np.bincount(np.cumsum(first_in_segment), minlength=num_segments)
+def random_segmentation_starts(num_items: int, num_segments: int, rng: np.random.Generator) -> np.ndarray:
+    """T5's `_random_segmentation` as its one draw: [num_items - 1] bools, True where items 1.. begin a new
+    segment of a uniformly random split of num_items into num_segments non-empty segments."""
+    return rng.permutation(np.arange(num_items - 1) < num_segments - 1)
+
+
+def segment_lengths(starts: np.ndarray, num_segments: int) -> np.ndarray:
+    """[rows, num_segments] segment lengths of [rows, num_items - 1] `random_segmentation_starts`."""
+    rows = len(starts)
+    segment = np.zeros((rows, starts.shape[1] + 1), np.int64)
+    np.cumsum(starts, axis=1, out=segment[:, 1:])
+    segment += np.arange(rows)[:, None] * num_segments
+    return np.bincount(segment.reshape(-1), minlength=rows * num_segments).reshape(rows, num_segments)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -58,15 +65,25 @@ def t5_noise_counts(length: int, noise_density: float, mean_span_length: float) 
     return num_noise, max(round(num_noise / mean_span_length), 1)
 
 
-def random_spans_noise_mask(length: int, rng: np.random.Generator, noise_density: float = 0.15,
-                            mean_span_length: float = 3.0) -> np.ndarray:
-    """T5's `random_spans_noise_mask`: alternating non-noise / noise spans, starting non-noise."""
+def random_spans_noise_masks(length: int, rngs: Sequence[np.random.Generator], noise_density: float = 0.15,
+                             mean_span_length: float = 3.0) -> np.ndarray:
+    """T5's `random_spans_noise_mask` of a row of `length` for each generator, [rows, length]: alternating
+    non-noise / noise spans, starting non-noise. Each row draws its noise, then its non-noise split."""
     num_noise, num_spans = t5_noise_counts(length, noise_density, mean_span_length)
-    noise_lengths = random_segmentation(num_noise, num_spans, rng)
-    nonnoise_lengths = random_segmentation(max(length, 2) - num_noise, num_spans, rng)
-    interleaved = np.empty(2 * num_spans, np.int64)
-    interleaved[0::2], interleaved[1::2] = nonnoise_lengths, noise_lengths
-    return np.repeat(np.tile([False, True], num_spans), interleaved)[:length]
+    num_kept = max(length, 2) - num_noise
+    noise_starts = np.empty((len(rngs), num_noise - 1), bool)
+    kept_starts = np.empty((len(rngs), num_kept - 1), bool)
+    for i, rng in enumerate(rngs):
+        noise_starts[i] = random_segmentation_starts(num_noise, num_spans, rng)
+        kept_starts[i] = random_segmentation_starts(num_kept, num_spans, rng)
+    interleaved = np.empty((len(rngs), 2 * num_spans), np.int64)
+    interleaved[:, 0::2] = segment_lengths(kept_starts, num_spans)
+    interleaved[:, 1::2] = segment_lengths(noise_starts, num_spans)
+    # span j covers [ends[j - 1], ends[j]); odd spans are noise
+    span_starts = np.zeros((len(rngs), max(length, 2) + 1), np.int64)
+    ends = np.cumsum(interleaved[:, :-1], axis=1)
+    np.add.at(span_starts, (np.arange(len(rngs))[:, None], ends), 1)
+    return (np.cumsum(span_starts, axis=1)[:, :length] % 2).astype(bool)
 
 
 def t5_input_target_lengths(inputs_length: int, noise_density: float = 0.15,
@@ -101,14 +118,16 @@ def bart_target_length(data) -> int:
 
 
 def _replace_spans(tokens: np.ndarray, mask: np.ndarray, sentinel_ids: Sequence[int]) -> np.ndarray:
-    """T5's `noise_span_to_unique_sentinel`: each masked span becomes its sentinel."""
+    """T5's `noise_span_to_unique_sentinel` for [rows, length] tokens and masks with the same number of masked
+    tokens and spans in every row: each masked span becomes its sentinel; [rows, kept tokens + spans]."""
     first = mask.copy()
-    first[1:] &= ~mask[:-1]
-    if first.sum() > len(sentinel_ids):
-        raise ValueError(f"{int(first.sum())} noise spans but only {len(sentinel_ids)} sentinel ids")
+    first[:, 1:] &= ~mask[:, :-1]
+    spans = first.sum(1)
+    if spans.max(initial=0) > len(sentinel_ids):
+        raise ValueError(f"{int(spans.max())} noise spans but only {len(sentinel_ids)} sentinel ids")
     out = tokens.copy()
-    out[first] = np.asarray(sentinel_ids)[np.cumsum(first)[first] - 1]
-    return out[first | ~mask]
+    out[first] = np.asarray(sentinel_ids)[np.cumsum(first, axis=1)[first] - 1]
+    return out[first | ~mask].reshape(len(tokens), -1)
 
 
 def t5_span_corruption(tokens: np.ndarray, rng: np.random.Generator, *, sentinel_ids: Sequence[int],
@@ -128,10 +147,30 @@ def t5_span_corruption(tokens: np.ndarray, rng: np.random.Generator, *, sentinel
 def t5_corrupt(tokens: np.ndarray, rng: np.random.Generator, *, sentinel_ids: Sequence[int], eos_id: int,
                noise_density: float = 0.15, mean_span_length: float = 3.0) -> tuple[np.ndarray, np.ndarray]:
     """(inputs, targets) of `t5_span_corruption`, unpadded."""
-    tokens = np.asarray(tokens, np.int32)
-    mask = random_spans_noise_mask(len(tokens), rng, noise_density, mean_span_length)
-    return (np.append(_replace_spans(tokens, mask, sentinel_ids), eos_id),
-            np.append(_replace_spans(tokens, ~mask, sentinel_ids), eos_id))
+    inputs, targets = t5_corrupt_rows([tokens], [rng], sentinel_ids=sentinel_ids, eos_id=eos_id,
+                                      noise_density=noise_density, mean_span_length=mean_span_length)
+    return inputs[0], targets[0]
+
+
+def t5_corrupt_rows(rows: Sequence[np.ndarray], rngs: Sequence[np.random.Generator], *, sentinel_ids: Sequence[int],
+                    eos_id: int, noise_density: float = 0.15,
+                    mean_span_length: float = 3.0) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """`t5_corrupt` of rows[i] with rngs[i] alone, for every row, the rows of each length at once (their
+    inputs, and their targets, are then all of one length)."""
+    inputs: list = [None] * len(rows)
+    targets: list = [None] * len(rows)
+    by_length: dict[int, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_length.setdefault(len(row), []).append(i)
+    for length, members in by_length.items():
+        tokens = np.array([rows[i] for i in members], np.int32).reshape(len(members), length)
+        mask = random_spans_noise_masks(length, [rngs[i] for i in members], noise_density, mean_span_length)
+        eos = np.full((len(members), 1), eos_id, np.int32)
+        corrupted = np.concatenate([_replace_spans(tokens, mask, sentinel_ids), eos], axis=1)
+        spans = np.concatenate([_replace_spans(tokens, ~mask, sentinel_ids), eos], axis=1)
+        for k, i in enumerate(members):
+            inputs[i], targets[i] = corrupted[k], spans[k]
+    return inputs, targets
 
 
 class Infill(NamedTuple):

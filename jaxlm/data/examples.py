@@ -6,7 +6,8 @@ from typing import Callable
 
 import numpy as np
 
-from jaxlm.data.denoising import bart_target_length, infill, permute_sentences, seq2seq_batch, t5_corrupt, t5_lengths
+from jaxlm.data.denoising import (bart_target_length, infill, permute_sentences, seq2seq_batch, t5_corrupt_rows,
+                                  t5_lengths)
 from jaxlm.data.layouts import Row
 from jaxlm.data.masking import TokenMasker
 from jaxlm.data.packing import causal_batch, sentence_order_pair
@@ -139,11 +140,11 @@ def t5_transform(manifest: dict, table: np.ndarray, data: DataConfig) -> Transfo
     sentinels = np.asarray(special["sentinels"], np.int64)
 
     def transform(rows, rngs):
-        pairs = [t5_corrupt(row.tokens, rng, sentinel_ids=sentinels, eos_id=special["eos"],
-                            noise_density=data.noise_density, mean_span_length=data.mean_span_length)
-                 for row, rng in zip(rows, rngs)]
-        return seq2seq_batch([p[0] for p in pairs], [p[1] for p in pairs], max_seq_length=seq,
-                             max_target_length=target, pad_id=pad, decoder_start_id=pad)
+        inputs, targets = t5_corrupt_rows([row.tokens for row in rows], rngs, sentinel_ids=sentinels,
+                                          eos_id=special["eos"], noise_density=data.noise_density,
+                                          mean_span_length=data.mean_span_length)
+        return seq2seq_batch(inputs, targets, max_seq_length=seq, max_target_length=target, pad_id=pad,
+                             decoder_start_id=pad)
 
     return transform
 

@@ -224,6 +224,21 @@ def test_t5_lengths_match_the_published_numbers():
     assert denoising.t5_input_target_lengths(512, 0.5, 3.0)[1] <= 512
 
 
+def test_t5_corruption_of_a_batch_of_mixed_lengths_is_each_rows_alone(documents, tok):
+    """`t5_corrupt_rows` corrupts the rows of each length together; every row comes out as it does alone."""
+    stream = np.concatenate([t for doc in documents for t in doc])
+    lengths = [568, 568, 37, 568, 2, 37, 100]
+    rows = [stream[i * 600:i * 600 + n] for i, n in enumerate(lengths)]
+    sentinels = np.arange(tok.vocab_size - 1, tok.vocab_size - 101, -1)
+    inputs, targets = denoising.t5_corrupt_rows(rows, [rng(3, i) for i in range(len(rows))], sentinel_ids=sentinels,
+                                                eos_id=tok.sep_id)
+    for i, row in enumerate(rows):
+        alone = denoising.t5_corrupt(row, rng(3, i), sentinel_ids=sentinels, eos_id=tok.sep_id)
+        np.testing.assert_array_equal(inputs[i], alone[0])
+        np.testing.assert_array_equal(targets[i], alone[1])
+        assert len(inputs[i]) + len(targets[i]) == len(row) + 2 * denoising.t5_noise_counts(len(row), 0.15, 3.0)[1] + 2
+
+
 def test_t5_span_corruption_density_spans_and_reconstruction(documents, tok):
     raw_length, target_length = denoising.t5_input_target_lengths(512)
     stream = np.concatenate([t for doc in documents for t in doc])
