@@ -61,8 +61,8 @@ class TrainConfig:
     max_skipped: int = 10  # nonfinite=skip: stop after this many non-finite steps in a row
     spike_sigmas: float = 0.0  # nonfinite=skip: also skip a step whose loss is this many std above the window's mean
     spike_window: int = 200  # the recent accepted losses spike_sigmas compares with
-    # the generator of the step's dropout masks: threefry (JAX's default) or rbg (XLA's RngBitGenerator; different
-    # masks, and on some backends faster); the parameters' initialisation always uses threefry
+    # the generator of the step's dropout masks: threefry or rbg (XLA's RngBitGenerator: other masks; each device
+    # generates the whole batch's, so it is for one device); initialisation keeps jax.random.key(train.seed)
     dropout_rng: str = "threefry"
     hang_timeout_s: float = 0.0  # no progress this long: dump stacks, exit 75; 0: 20x the median step, >= 300 s; <0: off
 

@@ -20,10 +20,6 @@ Transform = Callable[[list[Row], list[np.random.Generator]], dict]
 TransformFactory = Callable[[dict, np.ndarray, DataConfig], Transform]
 
 
-def stack(examples: list[dict]) -> dict[str, np.ndarray]:
-    return {k: np.stack([e[k] for e in examples]) for k in examples[0]}
-
-
 def word_starts(row: Row, table: np.ndarray) -> np.ndarray:
     """True where a token begins a word: by its piece, or because a stored sentence starts there."""
     starts = table[row.tokens]
@@ -32,7 +28,11 @@ def word_starts(row: Row, table: np.ndarray) -> np.ndarray:
 
 
 def padded_tokens(rows: list[Row], width: int) -> tuple[np.ndarray, np.ndarray]:
-    """([rows, width] int32 tokens, zero past each row's end; [rows] lengths)."""
+    """([rows, width] int32 tokens, zero past each row's end; [rows] lengths); a row of `width` tokens or more
+    is a ValueError."""
+    longest = max((len(row.tokens) for row in rows), default=0)
+    if longest >= width:
+        raise ValueError(f"example has {longest} tokens, more than max_seq_length={width - 1}")
     tokens = np.zeros((len(rows), width), np.int32)
     for i, row in enumerate(rows):
         tokens[i, :len(row.tokens)] = row.tokens

@@ -52,8 +52,9 @@ class RelativeBias(nn.Module):
         relative = key_positions[:, None, :].astype(jnp.int32) - query_positions[:, :, None].astype(jnp.int32)
         buckets = relative_position_bucket(relative, self.bidirectional, cfg.relative_buckets,
                                            cfg.relative_max_distance)
-        # a one-hot contraction, not a gather: the gradient is then a matmul, where a gather's is a scatter-add
-        # of Tq x Tk updates onto 32 rows (on a GPU, atomics that contend); exact at the highest precision
+        # a one-hot contraction, not a gather: the gradient is then a matmul, where a gather's is a scatter-add of
+        # Tq x Tk updates onto 32 rows (on a GPU, atomics that contend); exact for finite values at the highest
+        # precision
         one_hot = jax.nn.one_hot(buckets, cfg.relative_buckets, dtype=table.dtype)
         return jnp.einsum("bqkn,nh->bhqk", one_hot, table, precision=jax.lax.Precision.HIGHEST).astype(jnp.float32)
 

@@ -10,7 +10,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxlm.config import ConfigError, MeshConfig
-from jaxlm.parallel.rules import MESH_AXES, Rules, mesh_axes_for
+from jaxlm.parallel.rules import MESH_AXES, Rules
 
 
 def resolve_shape(config: MeshConfig, device_count: int) -> tuple[int, int, int]:
@@ -53,12 +53,14 @@ def tree_shardings(mesh: Mesh, rules: Rules, boxed_abstract_tree):
 
 def check_divisible(mesh: Mesh, rules: Rules, boxed_abstract_tree) -> None:
     """Before compute: every dimension of a logically named leaf divides into the ways its name is split
-    (XLA would stop later with an error that names neither the parameter nor the setting)."""
-    boxed = lambda x: isinstance(x, nn.LogicallyPartitioned)
+    (JAX would stop later, naming the parameter but not the setting that splits it)."""
+    def boxed(x) -> bool:
+        return isinstance(x, nn.LogicallyPartitioned)
+
     for path, leaf in jax.tree_util.tree_flatten_with_path(boxed_abstract_tree, is_leaf=boxed)[0]:
         if not boxed(leaf):
             continue
-        for size, name, axes in zip(leaf.value.shape, leaf.names, mesh_axes_for(rules, leaf.names)):
+        for size, name, axes in zip(leaf.value.shape, leaf.names, nn.logical_to_mesh_axes(leaf.names, rules)):
             axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
             ways = math.prod(mesh.shape[a] for a in axes)
             if size % ways:

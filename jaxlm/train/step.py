@@ -69,7 +69,7 @@ def make_gradients(objective, grad_accum: int = 1):
 
 def dropout_key(train: TrainConfig) -> jax.Array:
     """The key every step's dropout masks come from (the step folds in its number): train.seed's, in the
-    generator train.dropout_rng names. A threefry key equals `jax.random.key(train.seed)`."""
+    generator train.dropout_rng names (threefry: `jax.random.key(train.seed)` under JAX's default generator)."""
     return jax.random.key(train.seed, impl=DROPOUT_RNGS[train.dropout_rng])
 
 
