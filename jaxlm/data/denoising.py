@@ -79,10 +79,9 @@ def random_spans_noise_masks(length: int, rngs: Sequence[np.random.Generator], n
     interleaved = np.empty((len(rngs), 2 * num_spans), np.int64)
     interleaved[:, 0::2] = segment_lengths(kept_starts, num_spans)
     interleaved[:, 1::2] = segment_lengths(noise_starts, num_spans)
-    # span j covers [ends[j - 1], ends[j]); odd spans are noise
+    # span j covers [ends[j - 1], ends[j]); odd spans are noise; no span is empty, so a row's ends are distinct
     span_starts = np.zeros((len(rngs), max(length, 2) + 1), np.int64)
-    ends = np.cumsum(interleaved[:, :-1], axis=1)
-    np.add.at(span_starts, (np.arange(len(rngs))[:, None], ends), 1)
+    span_starts[np.arange(len(rngs))[:, None], np.cumsum(interleaved[:, :-1], axis=1)] = 1
     return (np.cumsum(span_starts, axis=1)[:, :length] % 2).astype(bool)
 
 

@@ -30,13 +30,13 @@ def word_starts(row: Row, table: np.ndarray) -> np.ndarray:
 def padded_tokens(rows: list[Row], width: int) -> tuple[np.ndarray, np.ndarray]:
     """([rows, width] int32 tokens, zero past each row's end; [rows] lengths); a row of `width` tokens or more
     is a ValueError."""
-    longest = max((len(row.tokens) for row in rows), default=0)
-    if longest >= width:
-        raise ValueError(f"example has {longest} tokens, more than max_seq_length={width - 1}")
+    lengths = np.array([len(row.tokens) for row in rows], np.int64)
+    if lengths.max(initial=0) >= width:
+        raise ValueError(f"example has {lengths.max()} tokens, more than max_seq_length={width - 1}")
     tokens = np.zeros((len(rows), width), np.int32)
     for i, row in enumerate(rows):
-        tokens[i, :len(row.tokens)] = row.tokens
-    return tokens, np.array([len(row.tokens) for row in rows], np.int64)
+        tokens[i, :lengths[i]] = row.tokens
+    return tokens, lengths
 
 
 def rows_word_starts(rows: list[Row], tokens: np.ndarray, table: np.ndarray) -> np.ndarray:

@@ -31,7 +31,7 @@ from jaxlm.train.loop import Setup, batch_structs, build, compile_steps, global_
 from jaxlm.train.metrics import MetricsWriter, plot_curves
 from jaxlm.train.optim import make_optimizer, schedule
 from jaxlm.train.state import count_params, create_state
-from jaxlm.train.step import dropout_key
+from jaxlm.train.step import dropout_key, init_key
 
 SPLITS = ("train", "dev", "test")
 
@@ -250,7 +250,7 @@ def finetune(config: RunConfig, source: Source) -> dict:
                   optimizer_for=optimizer_for(config, the_plan.steps_per_epoch))
     rng = dropout_key(config.train)
     state = create_state(setup.objective.init, setup.optimizer, setup.shardings, setup.mesh, setup.rules,
-                         jax.random.fold_in(jax.random.key(config.train.seed), 1))
+                         init_key(config.train))
     params, restored = initial_params(setup, source, state)
     state = state.replace(params=params, opt_state=setup.optimizer.init(params))
     compiled_train, _ = compile_steps(setup, with_eval=False)

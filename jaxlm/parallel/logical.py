@@ -26,7 +26,8 @@ def spec_of(x: jax.Array) -> tuple:
     return tuple(jax.typeof(x).sharding.spec)
 
 
-def _axes(entry) -> tuple[str, ...]:
+def axis_tuple(entry) -> tuple[str, ...]:
+    """A rule's mesh-axis entry (None, a name, or names) as a tuple of names."""
     return () if entry is None else entry if isinstance(entry, tuple) else (entry,)
 
 
@@ -34,7 +35,7 @@ def layout(shape: Sequence[int], names: Sequence[str | None]) -> P:
     """The rules' layout of an array of `shape` whose dimensions have logical `names`, on the current
     mesh, less mesh axes that do not divide their dimension (explicit layouts cannot pad)."""
     mesh = jax.sharding.get_abstract_mesh()
-    return P(*(axes if size % math.prod(mesh.shape[a] for a in _axes(axes)) == 0 else None
+    return P(*(axes if size % math.prod(mesh.shape[a] for a in axis_tuple(axes)) == 0 else None
                for size, axes in zip(shape, nn.logical_to_mesh_axes(tuple(names)))))
 
 
@@ -54,9 +55,9 @@ def gathered(param: jax.Array, names: Sequence[str | None]) -> jax.Array:
     the parameter and over tensor in the activation, after a nonlinearity)."""
     if not nn.get_logical_axis_rules():
         return param
-    batch = set(_axes(nn.logical_to_mesh_axes(("batch",))[0]))
+    batch = set(axis_tuple(nn.logical_to_mesh_axes(("batch",))[0]))
     placed = nn.logical_to_mesh_axes(tuple(names))
-    return constrain(param, tuple(None if set(_axes(axes)) & batch else name for name, axes in zip(names, placed)))
+    return constrain(param, tuple(None if set(axis_tuple(axes)) & batch else name for name, axes in zip(names, placed)))
 
 
 class LogicallyPartitioned(nn.LogicallyPartitioned):

@@ -10,6 +10,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxlm.config import ConfigError, MeshConfig
+from jaxlm.parallel.logical import axis_tuple
 from jaxlm.parallel.rules import MESH_AXES, Rules
 
 
@@ -61,7 +62,7 @@ def check_divisible(mesh: Mesh, rules: Rules, boxed_abstract_tree) -> None:
         if not boxed(leaf):
             continue
         for size, name, axes in zip(leaf.value.shape, leaf.names, nn.logical_to_mesh_axes(leaf.names, rules)):
-            axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+            axes = axis_tuple(axes)
             ways = math.prod(mesh.shape[a] for a in axes)
             if size % ways:
                 where = " x ".join(f"{a}={mesh.shape[a]}" for a in axes)
@@ -76,6 +77,4 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 def batch_shards(mesh: Mesh, rules: Rules) -> int:
     """How many ways the rules split the batch over the mesh."""
-    axes = nn.logical_to_mesh_axes(("batch",), rules)[0]
-    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-    return math.prod(mesh.shape[a] for a in axes)
+    return math.prod(mesh.shape[a] for a in axis_tuple(nn.logical_to_mesh_axes(("batch",), rules)[0]))

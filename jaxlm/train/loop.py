@@ -27,7 +27,7 @@ from jaxlm.train.preflight import check_batch, preflight
 from jaxlm.train.metrics import MetricsWriter, plot_curves
 from jaxlm.train.optim import make_optimizer, reject_loss_spikes, schedule
 from jaxlm.train.state import abstract_state, count_params, create_state, state_shardings
-from jaxlm.train.step import dropout_key, make_eval_step, make_train_step
+from jaxlm.train.step import dropout_key, init_key, make_eval_step, make_train_step
 from jaxlm.train.storage import run_path
 
 
@@ -183,7 +183,7 @@ def train(config: RunConfig) -> dict:
     run_dir = run_path(tcfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     mngr = checkpoint.manager(run_dir / "checkpoints", tcfg.keep_checkpoints)
-    rng, init_rng = dropout_key(tcfg), jax.random.fold_in(jax.random.key(tcfg.seed), 1)
+    rng, init_rng = dropout_key(tcfg), init_key(tcfg)
     warnings = []
     state, start, how = restore_or_init(setup, mngr, init_rng, warnings.append)
     compiled_train, compiled_eval = compile_steps(setup)

@@ -73,6 +73,11 @@ def dropout_key(train: TrainConfig) -> jax.Array:
     return jax.random.key(train.seed, impl=DROPOUT_RNGS[train.dropout_rng])
 
 
+def init_key(train: TrainConfig) -> jax.Array:
+    """The key the parameters are initialised from: train.seed's, folded with 1 (apart from the dropout key)."""
+    return jax.random.fold_in(jax.random.key(train.seed), 1)
+
+
 def make_train_step(objective, optimizer: optax.GradientTransformation, schedule, grad_accum: int = 1):
     """A pure step: the batch's gradient (over `grad_accum` micro-batches), one optimiser update."""
     gradients = make_gradients(objective, grad_accum)
