@@ -26,3 +26,9 @@ def test_readme_eval_example_runs(capsys):
     exec(compile(library_examples()[2], "README.md", "exec"), {"__name__": "readme"})
     printed = capsys.readouterr().out
     assert re.search(r"log-likelihoods \[-\d+\.\d+ +-\d+\.\d+\]", printed), printed
+
+
+def test_readme_sections_appear_once():
+    """An edit that pasted a section twice (it happened once) leaves two headings of one name."""
+    headings = re.findall(r"^#{2,3} .+$", (ROOT / "README.md").read_text(), re.M)
+    assert len(headings) == len(set(headings)), sorted(h for h in headings if headings.count(h) > 1)
