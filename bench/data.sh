@@ -2,7 +2,8 @@
 # Input-pipeline throughput of every objective at sequence length 128 and 512: prepares the demo corpus
 # for each tiny config (cached under .bench-data/), then times `jaxlm bench data` (read shards, decode,
 # mask or corrupt, stack): examples/s on one core, in one thread; with WORKERS=0,1,2 instead through the
-# trainer's grain loader with 0 (a background thread), 1 and 2 worker processes, wall time.
+# trainer's grain loader with 0 (a background thread), 1 and 2 worker processes, wall time, and the cores
+# that the trainer and its workers kept busy meanwhile (cores_used).
 #   bash bench/data.sh
 #   WORKERS=0,1,2 bash bench/data.sh
 #   WORKERS=1,2 REPEAT=5 BATCHES=120 bash bench/data.sh   # each setting 5 times in turn: median and range
@@ -21,4 +22,4 @@ for seq in 128 512; do
     jaxlm prepare configs/$family-tiny.yaml "${common[@]}" > "$log" 2>&1 || { cat "$log" >&2; exit 1; }
     jaxlm bench data configs/$family-tiny.yaml "${common[@]}" "${workers[@]}" | sed '1d;$d'
   done
-done | { echo "config  family  layout  seq_len  batch  workers  examples_per_s  examples_per_s_range  examples_per_s_core  tokens_per_s_core  ms_per_batch"; cat; }
+done | { echo "config  family  layout  seq_len  batch  workers  examples_per_s  examples_per_s_range  examples_per_s_core  tokens_per_s_core  cores_used  ms_per_batch"; cat; }

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import time
 
+import psutil
+
 from jaxlm.config import RunConfig
 from jaxlm.data.pipeline import open_data
 
@@ -16,7 +18,8 @@ def bench_data(config: RunConfig, batches: int = 20, batch_size: int = 256, work
     one core's rate (CPU time), as each input worker runs; workers=N: taken from the loader the trainer
     uses (`iterate`, N grain processes, 0 a background thread), wall time in the steady state: after the
     first batch and WARM_UP_S more seconds of batches (the workers start one after the other, and the batches
-    they built meanwhile would count as free)."""
+    they built meanwhile would count as free). `cores_used`: the CPU time of this process and its workers
+    over that wall time."""
     _, train, _ = open_data(config)
     if workers is None:
         train.local_batch(0, batch_size)  # opens the shards, warms the caches
@@ -24,6 +27,9 @@ def bench_data(config: RunConfig, batches: int = 20, batch_size: int = 256, work
         for step in range(1, batches + 1):
             batch = train.local_batch(step, batch_size)
         cpu_s, wall_s = time.process_time() - started, time.perf_counter() - wall
+        examples = batches * batch_size
+        measures = {"examples_per_s_core": examples / max(cpu_s, 1e-9),
+                    "tokens_per_s_core": examples * config.data.max_seq_length / max(cpu_s, 1e-9)}
     else:
         stream = train.iterate(0, batch_size, workers=workers)
         try:
@@ -31,20 +37,30 @@ def bench_data(config: RunConfig, batches: int = 20, batch_size: int = 256, work
             warm_until = time.perf_counter() + WARM_UP_S
             while time.perf_counter() < warm_until:
                 next(stream)
-            wall = time.perf_counter()
+            tree_cpu, wall = _tree_cpu_s(), time.perf_counter()
             for _ in range(batches):
                 batch = next(stream)
             wall_s = time.perf_counter() - wall
+            measures = {"cores_used": (_tree_cpu_s() - tree_cpu) / wall_s}
         finally:
             stream.close()
-        cpu_s = None
-    examples = batches * batch_size
-    per_core = {"examples_per_s_core": examples / max(cpu_s, 1e-9),
-                "tokens_per_s_core": examples * config.data.max_seq_length / max(cpu_s, 1e-9)} if cpu_s else {}
     return {"family": config.model.family, "layout": train.manifest["layout"],
             "seq_len": config.data.max_seq_length, "batch": batch_size,
-            "workers": "thread" if workers is None else workers, "examples_per_s": examples / wall_s,
-            **per_core, "ms_per_batch": wall_s / batches * 1e3, "fields": len(batch)}
+            "workers": "thread" if workers is None else workers, "examples_per_s": batches * batch_size / wall_s,
+            **measures, "ms_per_batch": wall_s / batches * 1e3, "fields": len(batch)}
+
+
+def _tree_cpu_s() -> float:
+    """CPU seconds used so far by this process and every process it started (the loader's workers)."""
+    tree = psutil.Process()
+    total = 0.0
+    for process in (tree, *tree.children(recursive=True)):
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def median_rows(runs: list[dict]) -> list[dict]:
@@ -62,14 +78,21 @@ def median_rows(runs: list[dict]) -> list[dict]:
     return rows
 
 
+def _cell(row: dict, column: str) -> str:
+    value = row.get(column, "-")
+    if not isinstance(value, float):
+        return str(value)
+    return f"{value:.2f}" if column == "cores_used" else f"{value:,.0f}"
+
+
 def format_data_table(rows: list[dict]) -> str:
     columns = ("config", "family", "layout", "seq_len", "batch", "workers", "examples_per_s", "examples_per_s_range",
-               "examples_per_s_core", "tokens_per_s_core", "ms_per_batch")
-    cells = [[f"{row[c]:,.0f}" if isinstance(row.get(c), float) else str(row.get(c, "-")) for c in columns]
-             for row in rows]
+               "examples_per_s_core", "tokens_per_s_core", "cores_used", "ms_per_batch")
+    cells = [[_cell(row, c) for c in columns] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in cells]
     lines.append(f"workers: thread = built in the timing thread (per core: CPU time); N = the trainer's loader with N "
-                 f"grain processes (0: one background thread), wall time; this machine has {os.cpu_count()} cores")
+                 f"grain processes (0: one background thread), wall time, and the CPU time of the trainer's process and its "
+                 f"workers over it (cores_used); this machine has {os.cpu_count()} cores")
     return "\n".join(lines)

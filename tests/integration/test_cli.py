@@ -48,4 +48,5 @@ def test_bench_data_prints_examples_per_second(tiny_config):
     assert [row["workers"] for row in rows] == ["thread", 0, 1]
     assert all(row["examples_per_s"] > 0 and row["batch"] == 256 and row["family"] == "bert" for row in rows)
     assert rows[0]["examples_per_s_core"] > 0
-    assert "examples_per_s" in loader.stdout.splitlines()[0]
+    assert all(0 < row["cores_used"] for row in rows[1:]), rows  # the worker's CPU counts with the trainer's
+    assert "examples_per_s" in loader.stdout.splitlines()[0] and "cores_used" in loader.stdout.splitlines()[0]
