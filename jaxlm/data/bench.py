@@ -37,11 +37,11 @@ def bench_data(config: RunConfig, batches: int = 20, batch_size: int = 256, work
             warm_until = time.perf_counter() + WARM_UP_S
             while time.perf_counter() < warm_until:
                 next(stream)
-            tree_cpu, wall = _tree_cpu_s(), time.perf_counter()
+            tree_cpu, wall = process_tree_cpu_s(), time.perf_counter()
             for _ in range(batches):
                 batch = next(stream)
             wall_s = time.perf_counter() - wall
-            measures = {"cores_used": (_tree_cpu_s() - tree_cpu) / wall_s}
+            measures = {"cores_used": (process_tree_cpu_s() - tree_cpu) / wall_s}
         finally:
             stream.close()
     return {"family": config.model.family, "layout": train.manifest["layout"],
@@ -50,7 +50,7 @@ def bench_data(config: RunConfig, batches: int = 20, batch_size: int = 256, work
             **measures, "ms_per_batch": wall_s / batches * 1e3, "fields": len(batch)}
 
 
-def _tree_cpu_s() -> float:
+def process_tree_cpu_s() -> float:
     """CPU seconds used so far by this process and every process it started (the loader's workers)."""
     tree = psutil.Process()
     total = 0.0

@@ -1,5 +1,9 @@
-"""`jaxlm bench data --repeat`: repeated runs of each setting give the median run and the range of all."""
-from jaxlm.data.bench import format_data_table, median_rows
+"""`jaxlm bench data`: repeated runs of each setting give the median run and the range of all; cores_used counts
+the workers' CPU time."""
+import subprocess
+import sys
+
+from jaxlm.data.bench import process_tree_cpu_s, format_data_table, median_rows
 
 
 def run(config: str, workers, rate: float) -> dict:
@@ -17,3 +21,16 @@ def test_median_rows_keep_the_median_run_of_each_setting_and_the_range():
     assert [r.get("examples_per_s_range") for r in rows] == ["10-30", "50-70", None]
     table = format_data_table(rows).splitlines()
     assert "examples_per_s_range" in table[0] and "10-30" in table[1] and table[3].split()[7] == "-"
+
+
+def test_cores_used_counts_the_cpu_time_of_started_processes():
+    """`bench data --workers` reads the trainer's CPU time with its workers': a child's counts while it lives."""
+    before = process_tree_cpu_s()
+    busy = "import time\nwhile time.process_time() < 0.5: pass\nprint('done', flush=True)\ntime.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", busy], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "done"
+        assert process_tree_cpu_s() - before >= 0.45  # /proc counts in clock ticks
+    finally:
+        child.kill()
+        child.wait()
