@@ -144,7 +144,8 @@ def cmd_convert_from_hf(args) -> None:
     if not source.exists() and args.hf_dir in PACKAGED_MODELS:
         source = PACKAGED_MODELS[args.hf_dir]()
     out = store.check_output(args.out, args.overwrite, source)
-    config, params = registry.from_hf(source, scan_layers=args.scan_layers, dtype=args.dtype)
+    config, params = registry.from_hf(source, scan_layers=args.scan_layers, vocab_multiple=args.vocab_multiple,
+                                      dtype=args.dtype)
     store.save_converted(out, config, params, tokenizer_dir=source, source=f"hf:{source.resolve()}",
                          overwrite=args.overwrite)
     _print_converted(out, config, params)
@@ -154,7 +155,8 @@ def cmd_convert_from_gguf(args) -> None:
     _quiet_orbax()
     source = pathlib.Path(args.gguf)
     out = store.check_output(args.out, args.overwrite, source)
-    config, params, tokenizer_files = registry.from_gguf(source, scan_layers=args.scan_layers, dtype=args.dtype)
+    config, params, tokenizer_files = registry.from_gguf(source, scan_layers=args.scan_layers,
+                                                         vocab_multiple=args.vocab_multiple, dtype=args.dtype)
     store.save_converted(out, config, params, tokenizer_files=tokenizer_files, source=f"gguf:{source.resolve()}",
                          overwrite=args.overwrite)
     _print_converted(out, config, params)
@@ -307,6 +309,9 @@ def parser() -> argparse.ArgumentParser:
                          help="compute dtype recorded in the model config (parameters stay float32)")
         sub.add_argument("--scan-layers", action="store_true",
                          help="store the layers stacked for model.scan_layers=true")
+        sub.add_argument("--vocab-multiple", type=int, default=1, metavar="N",
+                         help="pad the token tables to a multiple of N rows (model.vocab_multiple), e.g. 128 so a "
+                              "tensor-parallel mesh splits GPT-2's 50,257")
     conversion("to-hf", cmd_convert_to_hf, "a jaxlm checkpoint (converted or a run) -> a Hugging Face directory",
                "ckpt", "a directory from `jaxlm convert from-hf` or a training run directory")
 

@@ -5,11 +5,17 @@ import dataclasses
 import json
 from typing import Mapping
 
+import flax.linen as nn
+import jax
+import numpy as np
+
 from jaxlm import families
 from jaxlm.convert import gguf
 from jaxlm.convert.hf import read_config, read_tensors
 from jaxlm.convert.layout import stack_layers, unstack_layers
-from jaxlm.models.config import TransformerConfig
+from jaxlm.convert.names import flatten, plain, unflatten
+from jaxlm.data.settings import DataConfig
+from jaxlm.models.config import TransformerConfig, check_vocab_multiple
 
 
 def convertible() -> list[str]:
@@ -32,19 +38,26 @@ def family_of(config: TransformerConfig) -> families.Family:
     return families.get(config.family)
 
 
-def from_hf(model_dir, *, scan_layers: bool = False, **overrides) -> tuple[TransformerConfig, dict]:
+def from_hf(model_dir, *, scan_layers: bool = False, vocab_multiple: int = 1,
+            **overrides) -> tuple[TransformerConfig, dict]:
     """(config, parameter tree) of a Hugging Face checkpoint directory; the config is checked before
-    any tensor is read. With `scan_layers` the tree has the stacked (scan) layer layout."""
+    any tensor is read. With `scan_layers` the tree has the stacked (scan) layer layout; with `vocab_multiple`
+    the token tables are padded (`padded_vocab`)."""
     hf_config = read_config(model_dir)
     family = family_for_hf(hf_config)
     config = family.converter("config_from_hf")(hf_config, **overrides)
+    check_vocab_multiple(vocab_multiple, "--vocab-multiple")
     params = family.converter("params_from_hf")(read_tensors(model_dir), config)
+    config, params = padded_vocab(config, params, vocab_multiple)
     return scan_layout(config, params) if scan_layers else (config, params)
 
 
-def from_gguf(path, *, scan_layers: bool = False, **overrides) -> tuple[TransformerConfig, dict, dict[str, str]]:
+def from_gguf(path, *, scan_layers: bool = False, vocab_multiple: int = 1,
+              **overrides) -> tuple[TransformerConfig, dict, dict[str, str]]:
     """(config, parameter tree, tokenizer files by name) of a llama.cpp GGUF file, via jaxlm.convert.gguf."""
+    check_vocab_multiple(vocab_multiple, "--vocab-multiple")
     config, params, info = gguf.load_gguf(path, **overrides)
+    config, params = padded_vocab(config, params, vocab_multiple)
     tokenizer = gguf.gguf_tokenizer(path)
     settings = {f"{kind}_token": tokenizer.id_to_token(info[f"{kind}_token_id"])
                 for kind in ("bos", "eos") if info.get(f"{kind}_token_id") is not None}
@@ -54,6 +67,34 @@ def from_gguf(path, *, scan_layers: bool = False, **overrides) -> tuple[Transfor
              "tokenizer_config.json": json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", **settings}, indent=2)}
     config, params = scan_layout(config, params) if scan_layers else (config, params)
     return config, params, files
+
+
+def vocab_axes(config: TransformerConfig) -> dict[str, int]:
+    """'/'-joined path -> vocabulary axis of each parameter that the family's pretraining network splits over
+    "vocab": token tables, output projections and their biases."""
+    objective = families.make_objective(config, DataConfig(max_seq_length=16, max_predictions=2))
+    boxed = jax.eval_shape(objective.init, jax.random.key(0))
+    leaves = jax.tree_util.tree_flatten_with_path(boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))[0]
+    return {"/".join(part.key for part in path): leaf.names.index("vocab") for path, leaf in leaves
+            if isinstance(leaf, nn.Partitioned) and "vocab" in leaf.names}
+
+
+def padded_vocab(config: TransformerConfig, params: Mapping, multiple: int) -> tuple[TransformerConfig, dict]:
+    """(config, params) with `vocab_multiple=multiple`: every vocabulary axis cut or zero-padded to the new
+    `padded_vocab_size` rows. multiple=1 strips the padding, as Hugging Face and GGUF files have none; the
+    model's outputs are the same either way (the padding's logits are dropped)."""
+    if multiple == config.vocab_multiple:
+        return config, dict(params)
+    resized = dataclasses.replace(config, vocab_multiple=multiple)
+    rows, axes = resized.padded_vocab_size, vocab_axes(config)
+    flat = dict(flatten(plain(params)))
+    for path, axis in axes.items():
+        if path in flat:
+            value = np.asarray(flat[path])[(slice(None),) * axis + (slice(0, min(rows, config.vocab_size)),)]
+            widths = [(0, 0)] * value.ndim
+            widths[axis] = (0, rows - value.shape[axis])
+            flat[path] = np.pad(value, widths)
+    return resized, unflatten(flat)
 
 
 def scan_layout(config: TransformerConfig, params: Mapping) -> tuple[TransformerConfig, dict]:
@@ -74,6 +115,7 @@ def to_hf(config: TransformerConfig, params: Mapping) -> tuple[dict, dict, str]:
     """(config.json dict, tensors by Hugging Face name, the transformers auto class that loads them)."""
     family = family_of(config)
     config, params = loop_layout(config, params)
+    config, params = padded_vocab(config, params, 1)
     hf_config = family.converter("config_to_hf")(config)
     tensors = family.converter("params_to_hf")(params, config)
     auto_class = family.auto_class

@@ -109,14 +109,15 @@ class BartForConditionalGeneration(EncoderDecoder):
 
     def setup(self):
         cfg = self.config
-        self.shared = Embed(cfg, cfg.vocab_size, ("vocab", "embed"))
+        self.shared = Embed(cfg, cfg.padded_vocab_size, ("vocab", "embed"))
         self.encoder = BartEncoder(cfg)
         self.decoder = BartDecoder(cfg)
-        self.final_logits_bias = self.param("final_logits_bias", zeros_init(("vocab",)), (cfg.vocab_size,),
+        self.final_logits_bias = self.param("final_logits_bias", zeros_init(("vocab",)), (cfg.padded_vocab_size,),
                                             jnp.dtype(cfg.param_dtype))
 
     def check_length(self, length: int, what: str) -> None:
         check_length(length, self.config, what)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
-        return self.shared.attend(hidden).astype(jnp.float32) + self.final_logits_bias.astype(jnp.float32)
+        bias = self.final_logits_bias[:self.config.vocab_size]
+        return self.shared.attend(hidden).astype(jnp.float32) + bias.astype(jnp.float32)

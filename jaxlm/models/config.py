@@ -11,6 +11,11 @@ POSITION_EMBEDDINGS = ("learned", "rope", "relative")
 REMAT_POLICIES = ("none", "full", "dots")
 
 
+def check_vocab_multiple(multiple: int, name: str = "model.vocab_multiple") -> None:
+    if multiple < 1:
+        raise ValueError(f"{name}={multiple}; use 1 (no padding) or a row multiple such as 64 or 128")
+
+
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
     family: str = "bert"  # a name in jaxlm.families
@@ -67,6 +72,11 @@ class TransformerConfig:
     # logits recomputed in the backward pass, so only [batch, length / logits_chunks, vocab] is ever live
     # (0: the whole logits at once).
     logits_chunks: int = 0
+    # Token tables, output projections and their biases get rows up to the next multiple of this
+    # (Megatron's make-vocab-size-divisible-by, 64 or 128; tensor-parallel meshes need it when the vocabulary
+    # does not divide, as GPT-2's 50,257 = 29 x 1,733 never does). The extra rows are never looked up and
+    # their logits are dropped, so every output equals the unpadded model's.
+    vocab_multiple: int = 1
 
     @property
     def head_dim(self) -> int:
@@ -81,11 +91,17 @@ class TransformerConfig:
         return self.activation in GATED_ACTIVATIONS
 
     @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the token tables: vocab_size rounded up to a multiple of vocab_multiple."""
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
+
+    @property
     def kv_heads(self) -> int:
         """Key/value heads: `num_kv_heads`, or `num_heads` when it is 0 (plain multi-head)."""
         return self.num_kv_heads or self.num_heads
 
     def validate(self) -> None:
+        check_vocab_multiple(self.vocab_multiple)
         if self.logits_chunks < 0:
             raise ValueError(f"model.logits_chunks={self.logits_chunks}; use 0 (whole logits) or a number of slices")
         if self.remat not in REMAT_POLICIES:

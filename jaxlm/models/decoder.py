@@ -55,7 +55,7 @@ class Decoder(nn.Module):
 
     def setup(self):
         cfg = self.config
-        self.token = Embed(cfg, cfg.vocab_size, ("vocab", "embed"))
+        self.token = Embed(cfg, cfg.padded_vocab_size, ("vocab", "embed"))
         if cfg.position_embedding == "learned":
             self.position = Embed(cfg, cfg.max_position_embeddings, ("length", "embed"))
         self.dropout = nn.Dropout(cfg.hidden_dropout)
@@ -95,7 +95,7 @@ class CausalLM(nn.Module):
         self.decoder = Decoder(cfg)
         if not cfg.tie_embeddings:
             self.lm_head = self.param("lm_head", normal_init(cfg, ("embed", "vocab")),
-                                      (cfg.hidden_size, cfg.vocab_size), jnp.dtype(cfg.param_dtype))
+                                      (cfg.hidden_size, cfg.padded_vocab_size), jnp.dtype(cfg.param_dtype))
 
     def __call__(self, input_ids, positions=None, segment_ids=None, padding_mask=None,
                  deterministic: bool = True, decode: bool = False) -> jax.Array:
@@ -111,5 +111,5 @@ class CausalLM(nn.Module):
         if self.config.tie_embeddings:
             logits = self.decoder.word_embeddings(hidden)
         else:
-            logits = hidden @ self.lm_head.astype(hidden.dtype)
+            logits = (hidden @ self.lm_head.astype(hidden.dtype))[..., :self.config.vocab_size]
         return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))

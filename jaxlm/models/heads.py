@@ -30,8 +30,8 @@ class MlmHead(nn.Module):
         out_axis = "embed_out" if axis == "embed" else axis
         h = Dense(cfg, width, ("embed",), (out_axis,), name="transform")(states)
         h = LayerNorm(cfg, axis, name="norm")(ACTIVATIONS[cfg.activation](h))
-        bias = self.param("bias", zeros_init(("vocab",)), (cfg.vocab_size,), jnp.dtype(cfg.param_dtype))
-        return decode(h).astype(jnp.float32) + bias
+        bias = self.param("bias", zeros_init(("vocab",)), (cfg.padded_vocab_size,), jnp.dtype(cfg.param_dtype))
+        return decode(h).astype(jnp.float32) + bias[:cfg.vocab_size]
 
 
 class BertForPreTraining(nn.Module):

@@ -37,8 +37,8 @@ class SpanBoundaryHead(nn.Module):
         for i in (1, 2):
             h = Dense(cfg, cfg.hidden_size, ("embed",), ("embed_out",), name=f"dense{i}")(h)
             h = LayerNorm(cfg, name=f"norm{i}")(ACTIVATIONS[cfg.activation](h))
-        bias = self.param("bias", zeros_init(("vocab",)), (cfg.vocab_size,), jnp.dtype(cfg.param_dtype))
-        return decode(h).astype(jnp.float32) + bias
+        bias = self.param("bias", zeros_init(("vocab",)), (cfg.padded_vocab_size,), jnp.dtype(cfg.param_dtype))
+        return decode(h).astype(jnp.float32) + bias[:cfg.vocab_size]
 
 
 class SpanBertForPreTraining(nn.Module):

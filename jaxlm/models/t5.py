@@ -159,16 +159,16 @@ class T5ForConditionalGeneration(EncoderDecoder):
 
     def setup(self):
         cfg = self.config
-        self.shared = Embed(cfg, cfg.vocab_size, ("vocab", "embed"))
+        self.shared = Embed(cfg, cfg.padded_vocab_size, ("vocab", "embed"))
         self.encoder = T5Encoder(cfg)
         self.decoder = T5Decoder(cfg)
         if not cfg.tie_embeddings:
             self.lm_head = self.param("lm_head", normal_init(cfg, ("embed", "vocab")),
-                                      (cfg.hidden_size, cfg.vocab_size), jnp.dtype(cfg.param_dtype))
+                                      (cfg.hidden_size, cfg.padded_vocab_size), jnp.dtype(cfg.param_dtype))
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         if self.config.tie_embeddings:
             logits = self.shared.attend(hidden * jnp.asarray(self.config.hidden_size ** -0.5, hidden.dtype))
         else:
-            logits = hidden @ self.lm_head.astype(hidden.dtype)
+            logits = (hidden @ self.lm_head.astype(hidden.dtype))[..., :self.config.vocab_size]
         return logits.astype(jnp.float32)

@@ -57,7 +57,9 @@ class Embed(nn.Module):
         return rows.astype(jnp.dtype(self.config.dtype))
 
     def attend(self, x: jax.Array) -> jax.Array:
-        return jnp.einsum("...e,ve->...v", x, self.table().astype(jnp.dtype(self.config.dtype)))
+        """The table as the output projection: logits of the vocabulary's tokens, less the padding rows'."""
+        logits = jnp.einsum("...e,ve->...v", x, self.table().astype(jnp.dtype(self.config.dtype)))
+        return logits[..., :self.config.vocab_size]
 
 
 def rotary_embedding(x: jax.Array, positions: jax.Array, theta: float = 10000.0) -> jax.Array:
@@ -97,7 +99,7 @@ class BertEmbeddings(nn.Module):
     def setup(self):
         cfg = self.config
         axis, width = embedding_axis(cfg)
-        self.word = Embed(cfg, cfg.vocab_size, ("vocab", axis), width)
+        self.word = Embed(cfg, cfg.padded_vocab_size, ("vocab", axis), width)
         self.position = Embed(cfg, cfg.max_position_embeddings, ("length", axis), width)
         if cfg.type_vocab_size:
             self.token_type = Embed(cfg, cfg.type_vocab_size, ("segment", axis), width)

@@ -67,6 +67,8 @@ def check_divisible(mesh: Mesh, rules: Rules, boxed_abstract_tree) -> None:
             if size % ways:
                 where = " x ".join(f"{a}={mesh.shape[a]}" for a in axes)
                 fix = f"choose mesh sizes whose {' x '.join(axes)} divides {size}, or other mesh.rules"
+                if name == "vocab":
+                    fix = f"set model.vocab_multiple={math.lcm(ways, 128)} (padded rows), or {fix}"
                 raise ConfigError(f"parameter {jax.tree_util.keystr(path, simple=True, separator='/')} has {size} "
                                   f"along {name!r}, which the mesh rules split {ways} ways ({where}): {fix}")
 

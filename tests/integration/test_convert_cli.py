@@ -178,6 +178,19 @@ def test_scan_layers_stores_stacked_params_and_round_trips(converted, tmp_path, 
     assert_same_tensors(model, tmp_path / "back")
 
 
+def test_vocab_multiple_pads_the_tables_and_to_hf_strips_them(converted, tmp_path, capsys):
+    model, source, _, _ = converted["gpt2"]
+    assert cli(capsys, "convert", "from-hf", source, tmp_path / "padded", "--vocab-multiple", "128")[0] == 0
+    config, params, _ = store.load_checkpoint(tmp_path / "padded")
+    assert config.vocab_multiple == 128 and params["decoder"]["token"]["embedding"].shape == (config.padded_vocab_size, 64)
+    assert config.padded_vocab_size % 128 == 0 and config.padded_vocab_size > config.vocab_size
+    assert cli(capsys, "convert", "to-hf", tmp_path / "padded", tmp_path / "back")[0] == 0
+    assert_same_tensors(model, tmp_path / "back")
+    code, _, err = cli(capsys, "convert", "from-hf", source, tmp_path / "zero", "--vocab-multiple", "0")
+    assert_one_error(code, err, "convert from-hf", "--vocab-multiple=0", "64 or 128")
+    assert not (tmp_path / "zero").exists()
+
+
 def test_converted_bert_restores_as_init_from(converted):
     _, _, ckpt, _ = converted["bert"]
     config, params, _ = store.load_checkpoint(ckpt)

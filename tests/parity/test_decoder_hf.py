@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from hf_models import DECODERS, GPT2, LLAMA, VOCAB, torch_tensors  # noqa: E402
-from jaxlm.convert import hf_decoder  # noqa: E402
+from jaxlm.convert import hf_decoder, registry  # noqa: E402
 from jaxlm.models import CausalLM, model_config  # noqa: E402
 from jaxlm.parallel.rules import rules_for  # noqa: E402
 
@@ -160,3 +160,18 @@ def test_jitted_grad_on_eight_devices_is_finite_and_descends(preset):
     assert float(after) < float(loss)
     kernel = params["decoder"]["layer_0"]["attention"]["query"]["kernel"]
     assert tuple(kernel.sharding.spec)[:2] == ("fsdp", "tensor")
+
+
+def test_an_import_with_padded_tables_gives_the_same_logits_and_exports_the_same_tensors(family, tmp_path):
+    name, model, _, _, _ = family
+    model.save_pretrained(tmp_path)
+    config, params = registry.from_hf(tmp_path, vocab_multiple=128, dtype="float32")
+    assert config.vocab_size == VOCAB and config.padded_vocab_size == 1024
+    ids = random_ids(seed=2)
+    ours = np.asarray(CausalLM(config).apply({"params": params}, jnp.asarray(ids)))
+    assert ours.shape[-1] == VOCAB and np.abs(ours - torch_logits(model, ids)).max() < ATOL
+    _, tensors, _ = registry.to_hf(config, params)
+    source = torch_tensors(model)
+    assert len(tensors.keys() & source.keys()) > 10
+    for tensor_name in tensors.keys() & source.keys():
+        np.testing.assert_array_equal(tensors[tensor_name], source[tensor_name], err_msg=f"{name} {tensor_name}")
