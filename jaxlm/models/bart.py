@@ -10,7 +10,7 @@ from jaxlm.models.config import TransformerConfig
 from jaxlm.models.encoder import EncoderLayer
 from jaxlm.models.seq2seq import EncoderDecoder
 from jaxlm.nn.attention import Attention
-from jaxlm.nn.embed import Embed
+from jaxlm.nn.embed import Embed, vocabulary_columns
 from jaxlm.nn.layers import LayerNorm, Mlp, zeros_init
 from jaxlm.nn.stack import make_layers, run_layers
 from jaxlm.parallel.logical import constrain
@@ -119,5 +119,5 @@ class BartForConditionalGeneration(EncoderDecoder):
         check_length(length, self.config, what)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
-        bias = self.final_logits_bias[:self.config.vocab_size]
-        return self.shared.attend(hidden).astype(jnp.float32) + bias.astype(jnp.float32)
+        bias = vocabulary_columns(self.final_logits_bias, self.config).astype(jnp.float32)
+        return self.shared.attend(hidden).astype(jnp.float32) + bias

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from jaxlm.models.config import TransformerConfig
 from jaxlm.nn.attention import Attention
-from jaxlm.nn.embed import Embed
+from jaxlm.nn.embed import Embed, vocabulary_columns
 from jaxlm.nn.layers import mlp_block, norm_layer, normal_init
 from jaxlm.nn.stack import make_layers, run_layers
 from jaxlm.parallel.logical import constrain
@@ -111,5 +111,5 @@ class CausalLM(nn.Module):
         if self.config.tie_embeddings:
             logits = self.decoder.word_embeddings(hidden)
         else:
-            logits = (hidden @ self.lm_head.astype(hidden.dtype))[..., :self.config.vocab_size]
+            logits = vocabulary_columns(hidden @ self.lm_head.astype(hidden.dtype), self.config)
         return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))

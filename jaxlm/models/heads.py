@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.encoder import BertEncoder
-from jaxlm.nn.embed import embedding_axis
+from jaxlm.nn.embed import embedding_axis, vocabulary_columns
 from jaxlm.nn.layers import ACTIVATIONS, Dense, LayerNorm, zeros_init
 
 
@@ -31,7 +31,7 @@ class MlmHead(nn.Module):
         h = Dense(cfg, width, ("embed",), (out_axis,), name="transform")(states)
         h = LayerNorm(cfg, axis, name="norm")(ACTIVATIONS[cfg.activation](h))
         bias = self.param("bias", zeros_init(("vocab",)), (cfg.padded_vocab_size,), jnp.dtype(cfg.param_dtype))
-        return decode(h).astype(jnp.float32) + bias[:cfg.vocab_size]
+        return decode(h).astype(jnp.float32) + vocabulary_columns(bias, cfg)
 
 
 class BertForPreTraining(nn.Module):

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.encoder import BertEncoder
 from jaxlm.models.heads import MlmHead, gather_positions
-from jaxlm.nn.embed import Embed
+from jaxlm.nn.embed import Embed, vocabulary_columns
 from jaxlm.nn.layers import ACTIVATIONS, Dense, LayerNorm, zeros_init
 
 
@@ -38,7 +38,7 @@ class SpanBoundaryHead(nn.Module):
             h = Dense(cfg, cfg.hidden_size, ("embed",), ("embed_out",), name=f"dense{i}")(h)
             h = LayerNorm(cfg, name=f"norm{i}")(ACTIVATIONS[cfg.activation](h))
         bias = self.param("bias", zeros_init(("vocab",)), (cfg.padded_vocab_size,), jnp.dtype(cfg.param_dtype))
-        return decode(h).astype(jnp.float32) + bias[:cfg.vocab_size]
+        return decode(h).astype(jnp.float32) + vocabulary_columns(bias, cfg)
 
 
 class SpanBertForPreTraining(nn.Module):

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.seq2seq import EncoderDecoder
 from jaxlm.nn.attention import Attention
-from jaxlm.nn.embed import Embed
+from jaxlm.nn.embed import Embed, vocabulary_columns
 from jaxlm.nn.layers import mlp_block, normal_init, norm_layer
 from jaxlm.nn.stack import make_layers, run_layers
 from jaxlm.parallel.logical import constrain
@@ -170,5 +170,5 @@ class T5ForConditionalGeneration(EncoderDecoder):
         if self.config.tie_embeddings:
             logits = self.shared.attend(hidden * jnp.asarray(self.config.hidden_size ** -0.5, hidden.dtype))
         else:
-            logits = (hidden @ self.lm_head.astype(hidden.dtype))[..., :self.config.vocab_size]
+            logits = vocabulary_columns(hidden @ self.lm_head.astype(hidden.dtype), self.config)
         return logits.astype(jnp.float32)

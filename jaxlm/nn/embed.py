@@ -8,7 +8,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxlm.nn.layers import LayerNorm, normal_init
-from jaxlm.parallel.logical import constrain, explicit_axes, gathered, layout
+from jax.sharding import PartitionSpec as P
+
+from jaxlm.parallel.logical import constrain, explicit_axes, gathered, layout, spec_of
 
 if TYPE_CHECKING:
     from jaxlm.models.config import TransformerConfig
@@ -58,8 +60,18 @@ class Embed(nn.Module):
 
     def attend(self, x: jax.Array) -> jax.Array:
         """The table as the output projection: logits of the vocabulary's tokens, less the padding rows'."""
-        logits = jnp.einsum("...e,ve->...v", x, self.table().astype(jnp.dtype(self.config.dtype)))
-        return logits[..., :self.config.vocab_size]
+        return vocabulary_columns(jnp.einsum("...e,ve->...v", x, self.table().astype(jnp.dtype(self.config.dtype))),
+                                  self.config)
+
+
+def vocabulary_columns(x: jax.Array, config: TransformerConfig) -> jax.Array:
+    """`x` [..., padded_vocab_size] (logits, a bias) without the padding rows' columns (`vocab_multiple`). Under
+    explicit axes a split vocabulary is gathered first: a slice cannot leave uneven shards."""
+    if x.shape[-1] == config.vocab_size:
+        return x
+    if explicit_axes():
+        x = jax.sharding.reshard(x, P(*spec_of(x)[:-1], None))
+    return x[..., :config.vocab_size]
 
 
 def rotary_embedding(x: jax.Array, positions: jax.Array, theta: float = 10000.0) -> jax.Array:
