@@ -90,7 +90,7 @@ def padded_vocab(config: TransformerConfig, params: Mapping, multiple: int) -> t
     flat = dict(flatten(plain(params)))
     for path, axis in axes.items():
         if path in flat:
-            value = np.asarray(flat[path])[(slice(None),) * axis + (slice(0, min(rows, config.vocab_size)),)]
+            value = np.asarray(flat[path]).take(np.arange(config.vocab_size), axis=axis)
             widths = [(0, 0)] * value.ndim
             widths[axis] = (0, rows - value.shape[axis])
             flat[path] = np.pad(value, widths)
