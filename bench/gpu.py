@@ -7,6 +7,7 @@ ratio, and MFU against the datasheet peak and against the bf16 matmul peak the p
     python bench/gpu.py [--peer ../shared/bench/peers_torch.py] [--cases bert128,bert512,gpt2,t5] [--set K=V]
                         [--profile] [--train DIR]
     python bench/gpu.py --prepare DIR [--cases ...]     # here, before: the demo corpus prepared per case
+    python bench/gpu.py --plan [--cases ...]             # here, no GPU: each case's roofline plan on an H100
 
 `--train DIR` also runs `jaxlm train` of each case on the data prepared under DIR and compares its tokens/s
 with the bench's (the issue's 95%: the input pipeline, metrics and checkpoints must not stall the device).
@@ -96,6 +97,41 @@ def ours(case: str, extra: list[str], out_dir: pathlib.Path, env: dict, profile:
     text = run_logged([sys.executable, "-m", "jaxlm.cli", "bench", config, *overrides, *extra, "--json", *trace],
                       out_dir / f"{case}.log", env)
     return last_json(text) or _failed(text, out_dir / f"{case}.log")
+
+
+def plan(case: str, extra: list[str], out_dir: pathlib.Path, env: dict) -> dict:
+    """`jaxlm compile --topology h100 --plan` of the case on this machine (no GPU): its compile-only step's
+    memory and roofline plan, with XLA's attention where the case asks for cuDNN's (built on the device only)."""
+    config, overrides, _ = CASES[case]
+    xla = [o.replace("=cudnn", "=xla") if o.startswith("model.attention_kernel=") else o for o in overrides]
+    plugin = ROOT / ".venv" / "cuda-plugin"  # where `make install` puts JAX's CUDA plugin, off the main path
+    path = os.pathsep.join(p for p in (str(plugin) if plugin.is_dir() else "", env.get("PYTHONPATH", "")) if p)
+    text = run_logged([sys.executable, "-m", "jaxlm.cli", "compile", config, *xla, *extra, "--topology", "h100",
+                       "--plan", "--json"], out_dir / f"plan-{case}.log",
+                      env | {"JAX_PLATFORMS": "cpu", "PYTHONPATH": path})
+    return last_json(text) or _failed(text, out_dir / f"plan-{case}.log")
+
+
+def plan_table(cases: list[str], rows: dict) -> str:
+    """Markdown: each case's roofline bound per step on one H100, by op class, with its bytes, kernels and
+    the temporary memory XLA plans."""
+    done = {c: rows[c] for c in cases if "plan" in rows.get(c, {})}
+    failed = [f"plan {c}: {rows[c]['error']}" for c in cases if "error" in rows.get(c, {})]
+    if not done:
+        return "\n".join(failed)
+    classes = [c for c in next(iter(done.values()))["plan"]["classes"] if c != "collectives"]
+    lines = ["", "Roofline plan on one H100 (compile-only, XLA attention; bound ms per step by op class):", "",
+             "| case | " + " | ".join(classes) + " | bound ms | memory-bound | GB moved | kernels | temp GiB | "
+             "bound tokens/s |", "|---" * (len(classes) + 7) + "|"]
+    for case, row in done.items():
+        total = row["plan"]["total"]
+        tokens = row["global_batch"] * row["seq_len"] / row["devices"]
+        cells = [f"{row['plan']['classes'][c]['ms']:.2f}" for c in classes] + [
+            f"{total['ms']:.2f}", f"{total['memory_bound_ms'] / total['ms']:.0%}", f"{total['gb']:.1f}",
+            f"{total['launches']:.0f}", f"{row['memory'].get('temp', 0) / 2**30:.2f}",
+            f"{tokens / total['ms'] * 1e3:,.0f}"]
+        lines.append(f"| {case} | " + " | ".join(cells) + " |")
+    return "\n".join(lines + failed)
 
 
 def data_name(case: str) -> str:
@@ -258,6 +294,8 @@ def main() -> None:
                         "prepared under DIR, and compare its tokens/s with the bench's")
     parser.add_argument("--prepare", metavar="DIR", help="only prepare the cases' data under DIR for --train "
                         "(on the CPU; the GPU machine has neither the corpora nor the tokenizers)")
+    parser.add_argument("--plan", action="store_true", help="no GPU: compile each case for a compile-only H100 "
+                        "and print its roofline plan by op class (needs JAX's CUDA plugin; no peer)")
     parser.add_argument("--out", default=str(ROOT / ".bench-gpu"), help="logs and the compilation cache")
     args = parser.parse_args()
     cases = [c for c in args.cases.split(",") if c]
@@ -275,6 +313,12 @@ def main() -> None:
                                                                     str(out_dir / "jax-cache"))}
     if args.prepare:
         return prepare(cases, pathlib.Path(args.prepare), out_dir, env)
+    if args.plan:
+        rows = {}
+        for case in cases:
+            rows[case] = plan(case, args.set, out_dir, env)
+            print(f"plan {case}: {'error' if 'error' in rows[case] else 'done'}", flush=True)
+        return print(plan_table(cases, rows))
     train_dir = pathlib.Path(args.train) if args.train else None
     missing = [data_name(c) for c in cases if train_dir and not (train_dir / data_name(c)).is_dir()]
     if missing:

@@ -27,7 +27,7 @@ from jaxlm.data.tokenizers import tokenize_cli, trainer_cli
 from jaxlm.eval import sweep
 from jaxlm.parallel import distributed
 from jaxlm.sentence_embedding import embed_file
-from jaxlm.train import aot
+from jaxlm.train import aot, hlo_cost
 from jaxlm.train.bench import bench, format_table
 from jaxlm.train.profile import PROFILED_STEPS, format_profile
 from jaxlm.train.faults import TrainingStopped
@@ -241,9 +241,11 @@ def cmd_compile(args) -> None:
             pass
     config = _load(args)
     result = aot.compile_for_topology(config, args.topology, chips_per_host_bounds=aot.parse_bounds(args.chips_per_host),
-                                      num_slices=args.num_slices)
+                                      num_slices=args.num_slices, plan=args.plan)
     line = aot.summary(result)
     print(line)
+    if "plan" in result:
+        print(hlo_cost.format_plan(result["plan"], result["model_gflop"]))
     if args.json:
         print(json.dumps({k: v for k, v in result.items() if k != "compiled"}))
     if "does NOT fit" in line:
@@ -377,12 +379,16 @@ def parser() -> argparse.ArgumentParser:
     pred.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     pred.set_defaults(handler=cmd_predict)
 
-    text = "compile the train step for a TPU topology (no TPU needed) and print its memory per device"
+    text = ("compile the train step for a TPU topology or H100 GPUs (none needed) and print its memory per device; "
+            "--plan: its kernels' FLOPs, bytes and roofline time by op class")
     comp = command(commands, "compile", cmd_compile, text)
     comp.add_argument("--topology", default=aot.DEFAULT_TOPOLOGY,
-                      help=f"TPU topology name, e.g. v5e:2x2, v5e:4x4, v5p:2x2x1 (default {aot.DEFAULT_TOPOLOGY})")
+                      help="TPU topology name, e.g. v5e:2x2, v5e:4x4, v5p:2x2x1, or GPUs: h100, h100:8, h100:2x8 "
+                           f"(default {aot.DEFAULT_TOPOLOGY})")
     comp.add_argument("--chips-per-host", default=None, help="chips per host bounds, e.g. 2x2x1 (default: libtpu's)")
     comp.add_argument("--num-slices", type=int, default=1, help="number of slices (default 1)")
+    comp.add_argument("--plan", action="store_true", help="also print the roofline plan of one device's step "
+                                                          "(jaxlm/train/hlo_cost.py)")
     comp.add_argument("--json", action="store_true", help="also print the numbers as JSON")
     tokenize_cli.add_parser(commands)
     trainer_cli.add_parser(commands)

@@ -1,9 +1,12 @@
-"""Compile the train step for a TPU topology without the TPUs: does this config fit, and how much memory?
+"""Compile the train step for a TPU topology or for H100 GPUs without them: does this config fit, how much
+memory, and (`--plan`) what its kernels ask of the device?
 
 With libtpu installed (`pip install "jax[tpu]==0.10.2"`, libtpu 0.0.42.1), `get_topology_desc` gives
-compile-only TPU devices on any machine, CPU-only ones included; the trainer's own `build` and
-`compile_steps` then lay the mesh over them and compile the real step, and `memory_analysis()` says
-what each chip would hold. `jaxlm compile CONFIG [overrides] --topology v5e:2x2` prints one line.
+compile-only TPU devices on any machine, CPU-only ones included; with JAX's CUDA plugin (`jax-cuda12-plugin`
+and `jax-cuda12-pjrt`, no CUDA libraries, no driver) it gives compile-only H100s from XLA's description of
+the GPU (`gpu_targets.py`). The trainer's own `build` and `compile_steps` then lay the mesh over them and
+compile the real step, and `memory_analysis()` says what each device would hold.
+`jaxlm compile CONFIG [overrides] --topology v5e:2x2` (or `h100`, `h100:8`, `h100:2x8`) prints one line.
 """
 from __future__ import annotations
 
@@ -15,13 +18,15 @@ import jax
 from jax._src import xla_bridge
 
 from jaxlm.config import RunConfig
+from jaxlm.train import flops, gpu_targets, hlo_cost
 from jaxlm.train.loop import build, compile_steps
 
 DEFAULT_TOPOLOGY = "v5e:2x2"
 MEMORY_FIELDS = ("argument", "output", "temp", "generated_code", "alias")
 # High-bandwidth memory per device, for the "fits" verdict (device_kind as libtpu reports it). A compile-only
 # v4 device is one TensorCore, half a 32 GiB chip (v4:2x2x1 has 8 devices); a v5p device is a whole chip.
-HBM_BYTES = {"TPU v4": 16 << 30, "TPU v5 lite": 16 << 30, "TPU v5": 95 << 30, "TPU v6 lite": 32 << 30}
+HBM_BYTES = {"TPU v4": 16 << 30, "TPU v5 lite": 16 << 30, "TPU v5": 95 << 30, "TPU v6 lite": 32 << 30,
+             **gpu_targets.MEMORY_BYTES}
 # XLA's refusal when the step cannot fit, e.g. "the total memory required for HLO temporaries (72.03G)
 # exceeds available HBM (15.25G)" or "Used 20.5G of 15.48G hbm"; its G is 2**30 bytes.
 UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -46,7 +51,10 @@ def parse_bounds(text: str | None) -> tuple[int, ...] | None:
 
 
 def topology_devices(topology: str = DEFAULT_TOPOLOGY, *, chips_per_host_bounds=None, num_slices: int = 1) -> list:
-    """Compile-only TPU devices for a topology name such as "v5e:2x2", "v5p:2x2x1", "v6e:4x4"."""
+    """Compile-only devices for a TPU topology name such as "v5e:2x2", "v5p:2x2x1", "v6e:4x4", or a GPU one
+    such as "h100", "h100:8" (one host's GPUs), "h100:2x8" (hosts x GPUs)."""
+    if gpu_targets.is_gpu(topology):
+        return gpu_targets.devices(topology)
     if xla_bridge.get_tpu_library_path() is None:
         raise TopologyError(f"compiling for a TPU topology needs libtpu, which is not installed: {INSTALL}")
     # Compile-only devices touch no TPU; don't take (or wait for) libtpu's one-process-per-host lock.
@@ -81,25 +89,53 @@ def memory_stats(compiled) -> dict[str, int]:
 
 
 def compile_for_topology(config: RunConfig, topology: str = DEFAULT_TOPOLOGY, *, chips_per_host_bounds=None,
-                         num_slices: int = 1) -> dict:
+                         num_slices: int = 1, plan: bool = False) -> dict:
     """AOT-compile `config`'s train step for `topology`, the mesh from `config.mesh` over its chips.
 
     Returns {"compiled", "topology", "device_kind", "devices", "mesh", "memory"}; `memory` is
     `memory_stats(compiled)` (bytes per device). When XLA refuses the step for want of memory, "compiled"
-    is None and "exhausted" holds what it said: {"what", "need", "available", "state"} (bytes per device)."""
+    is None and "exhausted" holds what it said: {"what", "need", "available", "state"} (bytes per device).
+    With `plan`, "plan" is `hlo_cost.plan` of one device's step and "model_gflop" the MFU formula's FLOPs per
+    device and step."""
+    if plan and not gpu_targets.is_gpu(topology):
+        # TPU's HLO writes matmuls as convolutions of many layouts, whose FLOPs hlo_cost does not count reliably
+        raise TopologyError(f"--plan reads a GPU's compiled step; {topology!r} is a TPU topology: use h100 or "
+                            "compile without --plan")
+    if gpu_targets.is_gpu(topology) and config.model.attention_kernel == "cudnn":
+        raise TopologyError("model.attention_kernel=cudnn cannot be compiled without a GPU (cuDNN builds its "
+                            "kernels on the device): set model.attention_kernel=xla")
     devices = topology_devices(topology, chips_per_host_bounds=chips_per_host_bounds, num_slices=num_slices)
+    if plan:
+        peak_and_bandwidth = roofline(config, devices[0].device_kind)
     setup = build(config, devices=devices)
     result = {"topology": topology, "device_kind": devices[0].device_kind, "devices": len(devices),
               "mesh": dict(setup.mesh.shape), "global_batch": config.train.global_batch,
+              "seq_len": config.data.max_seq_length,
               "grad_accum": config.optim.grad_accum, "remat": config.model.remat}
     try:
         compiled, _ = compile_steps(setup, with_eval=False)
     except jax.errors.JaxRuntimeError as err:
         exhausted = out_of_memory(str(err))
         if exhausted is None:
-            raise
+            text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise TopologyError(f"XLA could not compile the step for {topology}: {text}") from err
         return result | {"compiled": None, "memory": {}, "exhausted": exhausted | {"state": state_bytes(setup.abstract)}}
-    return result | {"compiled": compiled, "memory": memory_stats(compiled)}
+    result |= {"compiled": compiled, "memory": memory_stats(compiled)}
+    if plan:
+        tokens = config.train.global_batch * config.data.max_seq_length / len(devices)
+        result |= {"plan": hlo_cost.plan(compiled.as_text(), *peak_and_bandwidth),
+                   "model_gflop": setup.objective.flops_per_token() * tokens / 1e9}
+    return result
+
+
+def roofline(config: RunConfig, device_kind: str) -> tuple[float, float]:
+    """(peak FLOP/s, memory bytes/s) of one GPU of `device_kind`, from the data sheets (flops.py)."""
+    peak = config.bench.peak_flops_per_device or flops.device_figure(flops.PEAK_BF16_FLOPS, device_kind)
+    bandwidth = flops.device_figure(flops.HBM_BANDWIDTH, device_kind)
+    if not peak or bandwidth is None:
+        raise TopologyError(f"no peak FLOP/s or memory bandwidth known for {device_kind!r} to plan with; "
+                            "set bench.peak_flops_per_device, or compile without --plan")
+    return peak, bandwidth
 
 
 def out_of_memory(message: str) -> dict | None:

@@ -3,11 +3,20 @@ from __future__ import annotations
 
 import jax
 
-# Dense bf16 peak per device (one chip / one GPU), from the vendors' data sheets.
+# Dense bf16 peak per device (one chip / one GPU), from the vendors' data sheets; matched in order, so
+# "tpu v5" (the device kind of a v5p chip) after "tpu v5 lite".
 PEAK_BF16_FLOPS = {
     "h200": 989e12, "h100": 989e12, "a100": 312e12, "l4": 121e12, "a10": 125e12,
     "tpu v6": 918e12, "tpu v5p": 459e12, "tpu v5 lite": 197e12, "tpu v5e": 197e12, "tpu v4": 275e12,
+    "tpu v5": 459e12,
 }
+# Memory bytes/s per GPU, from the same data sheets (H100 SXM, H200, A100 80GB, L4, A10).
+HBM_BANDWIDTH = {"h200": 4.8e12, "h100": 3.35e12, "a100": 2.04e12, "l4": 0.3e12, "a10": 0.6e12}
+
+
+def device_figure(table: dict, device_kind: str) -> float | None:
+    """The value of `table` (PEAK_BF16_FLOPS, HBM_BANDWIDTH) whose key is in `device_kind`; None if none is."""
+    return next((value for name, value in table.items() if name in device_kind.lower()), None)
 
 
 def peak_flops(device=None, override: float = 0.0) -> tuple[float | None, str]:
@@ -15,10 +24,9 @@ def peak_flops(device=None, override: float = 0.0) -> tuple[float | None, str]:
     if override > 0:
         return override, f"{override:.3g} FLOP/s per device (bench.peak_flops_per_device)"
     device = device or jax.devices()[0]
-    kind = device.device_kind.lower()
-    for name, value in PEAK_BF16_FLOPS.items():
-        if name in kind:
-            return value, f"{value / 1e12:.0f} TFLOP/s bf16 dense ({device.device_kind})"
+    value = device_figure(PEAK_BF16_FLOPS, device.device_kind)
+    if value is not None:
+        return value, f"{value / 1e12:.0f} TFLOP/s bf16 dense ({device.device_kind})"
     return None, f"unknown peak for {device.device_kind}; set bench.peak_flops_per_device"
 
 

@@ -31,10 +31,11 @@ ATTENTION_TARGETS = ("fmha", "flash", "attention", "sdpa")
 PROFILED_STEPS = 5
 
 _COMPUTATION = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = .*?\s([a-z][a-z0-9\-]*)\((.*)$")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = (.*?)\s([a-z][a-z0-9\-]*)\((.*)$")
 _CALLS = re.compile(r"(?:calls|to_apply|body|condition|branch_computations)=(%?[\w.\-]+|\{[^}]*\})")
 _TARGET = re.compile(r'custom_call_target="([^"]*)"')
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
+_OPERAND = re.compile(r"%([\w.\-]+)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +44,9 @@ class Instruction:
     op_name: str  # the JAX name stack of its (first) source op
     target: str  # a custom call's target
     calls: tuple[str, ...]  # the computations it runs (a fusion's body, a loop's body)
+    shape: str = ""  # its result type, e.g. "bf16[256,128]{1,0}" or a tuple of them
+    operands: tuple[str, ...] = ()  # the instructions it reads
+    attributes: str = ""  # what follows its operands (dimension numbers, backend config)
 
 
 def parse_hlo(text: str) -> tuple[dict[str, Instruction], dict[str, list[str]]]:
@@ -51,19 +55,34 @@ def parse_hlo(text: str) -> tuple[dict[str, Instruction], dict[str, list[str]]]:
     for line in text.splitlines():
         match = _INSTRUCTION.match(line)
         if match and current is not None:
-            name, opcode, rest = match.groups()
-            calls = _CALLS.findall(rest)
+            name, shape, opcode, rest = match.groups()
+            operand_text, attributes = _split_operands(rest)
+            calls = _CALLS.findall(attributes)
             op_name = _OP_NAME.search(rest)
             target = _TARGET.search(rest)
             instructions[name] = Instruction(
                 opcode, op_name.group(1).split(";")[0] if op_name else "", target.group(1) if target else "",
-                tuple(c.strip(" {}%") for group in calls for c in group.split(",") if c.strip(" {}")))
+                tuple(c.strip(" {}%") for group in calls for c in group.split(",") if c.strip(" {}")),
+                shape, tuple(_OPERAND.findall(operand_text)), attributes)
             computations[current].append(name)
         elif (computation := _COMPUTATION.match(line)) and " = " not in line:
             current = computation.group(1)
         elif line.strip() == "}":
             current = None
     return instructions, dict(computations)
+
+
+def _split_operands(rest: str) -> tuple[str, str]:
+    """An instruction's text after `opcode(`: (its operand list, the attributes after the closing parenthesis)."""
+    depth = 0
+    for at, char in enumerate(rest):
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            if depth == 0:
+                return rest[:at], rest[at + 1:]
+            depth -= 1
+    return rest, ""
 
 
 def _contents(name: str, instructions: dict, computations: dict, seen: set | None = None) -> list[Instruction]:

@@ -1,0 +1,84 @@
+"""Compile-only GPUs: XLA's description of each GPU we compile for without one, and its devices.
+
+JAX's CUDA plugin (`jax-cuda12-plugin`, `jax-cuda12-pjrt`) makes a compile-only client from a GPU's target
+description, no driver or CUDA library needed; XLA then compiles for that GPU as if one were attached,
+choosing its kernels without autotuning (which needs the device). The description is XLA's `GpuTargetConfig`
+text: the H100 SXM's figures as CUDA reports them (132 SMs, 80 GB HBM3 at 3.35 TB/s, compute capability 9.0).
+GEMMs compile to cuBLAS calls (`--xla_gpu_enable_triton_gemm=false` unless XLA_FLAGS says otherwise): without
+autotuning, XLA's default Triton tiles fail on some shapes.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+
+import jax
+
+H100_SXM = """
+gpu_device_info {
+  threads_per_block_limit: 1024
+  threads_per_warp: 32
+  shared_memory_per_block: 49152
+  shared_memory_per_core: 233472
+  threads_per_core_limit: 2048
+  core_count: 132
+  fpus_per_core: 128
+  block_dim_limit_x: 2147483647
+  block_dim_limit_y: 65535
+  block_dim_limit_z: 65535
+  memory_bandwidth: 3352320000000
+  l2_cache_size: 52428800
+  clock_rate_ghz: 1.98
+  device_memory_size: 84929347584
+  shared_memory_per_block_optin: 232448
+  cuda_compute_capability { major: 9 minor: 0 }
+  registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
+}
+platform_name: "CUDA"
+dnn_version_info { major: 9 minor: 8 }
+runtime_version { major: 12 minor: 8 }
+device_description_str: "NVIDIA H100 80GB HBM3"
+"""
+TARGETS = {"h100": H100_SXM}
+MEMORY_BYTES = {"NVIDIA H100 80GB HBM3": 84929347584}
+_TOPOLOGY = re.compile(r"^(?P<gpu>[a-z]\w*)(?::(?:(?P<hosts>\d+)x)?(?P<gpus>\d+))?$")
+
+
+def is_gpu(topology: str) -> bool:
+    return topology.lower().split(":")[0] in TARGETS
+
+
+def plugin_hint() -> str:
+    return (f"pip install jax-cuda12-plugin=={jax.__version__} jax-cuda12-pjrt=={jax.__version__} (or put them on "
+            "PYTHONPATH: `make install` puts them in .venv/cuda-plugin)")
+
+
+def plugin_installed() -> bool:
+    try:
+        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    except ModuleNotFoundError:  # no jax_plugins package at all
+        return False
+
+
+def devices(topology: str) -> list:
+    """Compile-only devices for "h100" (one GPU), "h100:8" (8 GPUs of one host), "h100:2x8" (2 hosts of 8)."""
+    found = _TOPOLOGY.match(topology.lower())
+    if found is None or found["gpu"] not in TARGETS or found["gpus"] == "0" or found["hosts"] == "0":
+        raise ValueError(f"GPU topology {topology!r} must look like h100, h100:8 or h100:2x8 "
+                         f"(GPUs known: {', '.join(TARGETS)})")
+    if not plugin_installed():
+        raise ValueError(f"compiling for {found['gpu']} needs JAX's CUDA plugin, which is not installed: {plugin_hint()}")
+    if "xla_gpu_enable_triton_gemm" not in os.environ.get("XLA_FLAGS", ""):
+        # Without autotuning, XLA's default Triton tiling fails on some GEMMs (T5's); cuBLAS takes every shape.
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_gpu_enable_triton_gemm=false".strip()
+    from jax.experimental import topologies  # only here: importing it touches the accelerator plugins
+
+    shape = f"1x{found['hosts'] or 1}x{found['gpus'] or 1}"
+    try:
+        return list(topologies.get_topology_desc(platform="cuda", target_config=TARGETS[found["gpu"]],
+                                                 topology=shape).devices)
+    except Exception as err:  # the plugin raises JaxRuntimeError / RuntimeError with its own text
+        text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"could not make compile-only {found['gpu']} devices ({text}); {plugin_hint()}") from err

@@ -1,0 +1,129 @@
+"""What a compiled step asks of its device, read from the optimised HLO without running it: each kernel's
+FLOPs and the bytes of its operands and results, summed by op class (`profile.CLASSES`), and the roofline
+time they bound. It reads a GPU's HLO, where matmuls are dots (TPU's writes many as convolutions).
+
+A kernel is an instruction the device launches: a fusion, a custom call (a library GEMM), a collective, an
+unfused op; those inside a loop count once per known trip. Its FLOPs are those of the dots it contains; its bytes are what its operands and result occupy, so a kernel that reads a slice of a large
+operand, or updates one in place, is counted as if it moved all of it. Its roofline time is the larger of
+FLOPs at the device's dense bf16 peak (float32 dots at half of it, as TF32 runs; FP8 at twice) and bytes at
+its memory bandwidth. The sum is a bound the step cannot beat, and the classes say where it is memory-bound:
+a plan to compare variants by before a GPU measures them, not a measurement (`jaxlm bench --profile` is)."""
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+
+from jaxlm.train.profile import CLASSES, Instruction, _contents, op_class, parse_hlo
+
+NOT_KERNELS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "opt-barrier",
+               "partition-id", "replica-id", "add-dependency", "domain", "async-update", "async-done",
+               "copy-done", "send-done", "recv-done"}
+CONTROL = {"call", "while", "conditional", "async-start"}  # launch what their computations hold
+ELEMENT_BITS = {"pred": 8, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "s16": 16, "u16": 16, "f16": 16, "bf16": 16,
+                "s32": 32, "u32": 32, "f32": 32, "s64": 64, "u64": 64, "f64": 64, "c64": 64, "c128": 128}
+# A dot's rate relative to the bf16 peak, by its left operand's element type (fp8 types all start "f8")
+DOT_RATE = {"f32": 0.5, "f64": 1 / 16, "f8": 2.0}
+PLAN_CLASSES = tuple(c for c in CLASSES if c != "host gaps")
+
+_ARRAY = re.compile(r"\b([a-z]\w*?)\[([\d,]*)\]")
+_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+_LHS_CONTRACTING = re.compile(r"lhs_contracting_dims=\{([\d,]*)\}")
+_GEMM_CONTRACTING = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
+
+
+def arrays(shape: str) -> list[tuple[str, tuple[int, ...]]]:
+    """(element type, dimensions) of every array in an HLO result type (one, or a tuple's)."""
+    return [(kind, tuple(int(d) for d in dims.split(",") if d)) for kind, dims in _ARRAY.findall(shape)
+            if kind in ELEMENT_BITS or kind.startswith("f8")]
+
+
+def shape_bytes(shape: str) -> float:
+    return sum(math.prod(dims) * ELEMENT_BITS.get(kind, 8) / 8 for kind, dims in arrays(shape))
+
+
+def dot_flops(instruction: Instruction, instructions: dict[str, Instruction]) -> tuple[float, str]:
+    """(FLOPs, element type of the left operand) of a dot or a library GEMM call; (0, "") for anything else."""
+    if instruction.opcode not in ("dot", "custom-call") or not instruction.operands:
+        return 0.0, ""
+    lhs = instructions.get(instruction.operands[0])
+    if lhs is None or not arrays(lhs.shape) or not arrays(instruction.shape):
+        return 0.0, ""
+    (kind, lhs_dims), (_, out_dims) = arrays(lhs.shape)[0], arrays(instruction.shape)[0]
+    found = (_LHS_CONTRACTING if instruction.opcode == "dot" else _GEMM_CONTRACTING).search(instruction.attributes)
+    if found is None:
+        return 0.0, ""
+    contracting = [int(d.strip('" ')) for d in found.group(1).split(",") if d.strip('" ')]
+    return 2.0 * math.prod(out_dims) * math.prod(lhs_dims[d] for d in contracting), kind
+
+
+def kernels(hlo_text: str) -> list[dict]:
+    """Every kernel the step launches: {"name", "class", "launches", "flops", "bf16_flops", "bytes"}, the
+    FLOPs and bytes of all its launches; `bf16_flops` weighs each dot by its rate (DOT_RATE)."""
+    instructions, computations = parse_hlo(hlo_text)
+    entry = re.search(r"^ENTRY %?([\w.\-]+)", hlo_text, re.M).group(1)
+    found = []
+
+    def visit(computation: str, launches: int) -> None:
+        for name in computations.get(computation, ()):
+            instruction = instructions[name]
+            if instruction.opcode in CONTROL:
+                trips = _TRIP_COUNT.search(instruction.attributes) if instruction.opcode == "while" else None
+                for called in instruction.calls:
+                    visit(called, launches * (int(trips.group(1)) if trips else 1))
+            elif instruction.opcode not in NOT_KERNELS:
+                found.append(_kernel(name, instructions, computations, launches))
+
+    visit(entry, 1)
+    return found
+
+
+def _kernel(name: str, instructions: dict, computations: dict, launches: int) -> dict:
+    flops = weighted = 0.0
+    for part in _contents(name, instructions, computations):
+        count, kind = dot_flops(part, instructions)
+        rate = next((r for prefix, r in DOT_RATE.items() if kind.startswith(prefix)), 1.0)
+        flops, weighted = flops + count, weighted + count / rate
+    own = instructions[name]
+    moved = shape_bytes(own.shape) + sum(shape_bytes(instructions[o].shape) for o in own.operands if o in instructions)
+    return {"name": name, "class": op_class(name, instructions, computations), "launches": launches,
+            "flops": flops * launches, "bf16_flops": weighted * launches, "bytes": moved * launches}
+
+
+def plan(hlo_text: str, peak_flops: float, bandwidth: float, top: int = 8) -> dict:
+    """Per class: kernel launches, GFLOP, GB moved and roofline milliseconds (per kernel the larger of its
+    FLOPs at `peak_flops` and its bytes at `bandwidth`), with the totals and the `top` costliest kernels."""
+    per_class = {c: defaultdict(float) for c in PLAN_CLASSES}
+    found = kernels(hlo_text)
+    for k in found:
+        k["compute_ms"], k["memory_ms"] = k["bf16_flops"] / peak_flops * 1e3, k["bytes"] / bandwidth * 1e3
+        k["ms"] = max(k["compute_ms"], k["memory_ms"])
+        row = per_class[k["class"]]
+        row["launches"] += k["launches"]
+        row["gflop"] += k["flops"] / 1e9
+        row["gb"] += k["bytes"] / 1e9
+        row["ms"] += k["ms"]
+        row["memory_bound_ms"] += k["ms"] if k["memory_ms"] > k["compute_ms"] else 0.0
+    classes = {c: {key: row[key] for key in ("launches", "gflop", "gb", "ms", "memory_bound_ms")}
+               for c, row in per_class.items()}
+    total = {key: sum(row[key] for row in classes.values()) for key in ("launches", "gflop", "gb", "ms",
+                                                                        "memory_bound_ms")}
+    costliest = sorted(found, key=lambda k: -k["ms"])[:top]
+    return {"peak_flops": peak_flops, "bandwidth": bandwidth, "classes": classes, "total": total,
+            "top": [{key: k[key] for key in ("name", "class", "launches", "ms", "compute_ms", "memory_ms")}
+                    for k in costliest]}
+
+
+def format_plan(result: dict, model_gflop: float | None = None) -> str:
+    """The plan as a table, one row per class and the total."""
+    lines = [f"roofline plan ({result['peak_flops'] / 1e12:.0f} TFLOP/s bf16, {result['bandwidth'] / 1e12:.2f} TB/s):",
+             f"{'op class':<24} {'kernels':>8} {'GFLOP':>9} {'GB moved':>9} {'bound ms':>9} {'memory-bound':>13}"]
+    for name, row in [*result["classes"].items(), ("total", result["total"])]:
+        share = row["memory_bound_ms"] / row["ms"] if row["ms"] else 0.0
+        lines.append(f"{name:<24} {row['launches']:>8.0f} {row['gflop']:>9.1f} {row['gb']:>9.2f} {row['ms']:>9.3f} "
+                     f"{share:>13.0%}")
+    if model_gflop:
+        lines.append(f"model FLOPs (the MFU formula): {model_gflop:.1f} GFLOP per step; the HLO's dots: "
+                     f"{result['total']['gflop']:.1f}")
+    lines.append("costliest kernels: " + ", ".join(f"{k['name']} ({k['class']}) {k['ms']:.3f} ms" for k in result["top"]))
+    return "\n".join(lines)

@@ -1,0 +1,60 @@
+"""`jaxlm compile --topology h100 --plan` on this GPU-less machine: the real train step compiled for a
+compile-only H100 by JAX's CUDA plugin (`make install` puts it in .venv/cuda-plugin), its memory, and a
+roofline plan whose matmul FLOPs equal the MFU formula's; the bad inputs stop in one line before compute."""
+import json
+import os
+
+import pytest
+
+from conftest import ROOT, run_cli
+
+PLUGIN = {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / ".venv" / "cuda-plugin"),
+                                                      os.environ.get("PYTHONPATH", "")) if p)}
+
+
+def _plan(config, *overrides, topology="h100"):
+    proc = run_cli("compile", config, *overrides, "--topology", topology, "--plan", "--json", devices=1,
+                   env_extra=PLUGIN)
+    return proc.stdout, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("config, tolerance", [("configs/bert-tiny.yaml", 0.01), ("configs/gpt2-tiny.yaml", 0.01),
+                                               ("configs/t5-tiny.yaml", 0.1)])
+def test_plan_of_the_real_step_on_an_h100(config, tolerance):
+    out, result = _plan(config)
+    assert result["device_kind"] == "NVIDIA H100 80GB HBM3" and result["devices"] == 1
+    assert "fits in 79.10 GiB HBM" in out and "roofline plan (989 TFLOP/s bf16, 3.35 TB/s)" in out
+    plan = result["plan"]
+    # the HLO's dots are the model's matmuls (T5's formula leaves out its relative-position bias lookups)
+    assert plan["total"]["gflop"] == pytest.approx(result["model_gflop"], rel=tolerance)
+    assert plan["classes"]["matmuls"]["gflop"] > 0.8 * plan["total"]["gflop"]
+    for name in ("matmuls", "attention", "norms and elementwise", "embedding and loss", "optimizer and metrics"):
+        assert plan["classes"][name]["launches"] > 0 and plan["classes"][name]["ms"] > 0, name
+    assert plan["classes"]["collectives"]["launches"] == 0  # one device
+    assert plan["total"]["ms"] == pytest.approx(sum(row["ms"] for row in plan["classes"].values()))
+    assert result["memory"]["temp"] > 0
+
+
+def test_eight_gpus_split_the_batch_and_all_reduce():
+    _, one = _plan("configs/bert-tiny.yaml")
+    _, eight = _plan("configs/bert-tiny.yaml", topology="h100:8")
+    assert eight["devices"] == 8 and eight["mesh"]["data"] == 8
+    assert eight["plan"]["classes"]["collectives"]["launches"] > 0
+    assert eight["model_gflop"] == pytest.approx(one["model_gflop"] / 8)
+    assert eight["plan"]["classes"]["matmuls"]["gflop"] == pytest.approx(one["plan"]["classes"]["matmuls"]["gflop"] / 8,
+                                                                          rel=0.01)
+
+
+@pytest.mark.parametrize("args, env, expected", [
+    (["model.attention_kernel=cudnn", "--topology", "h100"], PLUGIN,
+     "model.attention_kernel=cudnn cannot be compiled without a GPU"),
+    (["--topology", "h100:0"], PLUGIN, "GPU topology 'h100:0' must look like h100, h100:8 or h100:2x8"),
+    (["--topology", "v5e:2x2", "--plan"], {}, "--plan reads a GPU's compiled step; 'v5e:2x2' is a TPU topology"),
+    (["--topology", "h100"], {}, "needs JAX's CUDA plugin, which is not installed: pip install jax-cuda12-plugin=="),
+])
+def test_bad_input_stops_in_one_line(args, env, expected):
+    proc = run_cli("compile", "configs/bert-tiny.yaml", *args, devices=1, check=False, env_extra=env)
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("jaxlm compile: error:") and expected in last, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr

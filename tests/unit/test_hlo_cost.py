@@ -1,0 +1,109 @@
+"""hlo_cost on steps compiled here: a dot's FLOPs from its shapes and contracting dimensions, weighed by its
+element type; a kernel's bytes are its operands' and result's; a loop's kernels count once per trip."""
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jaxlm.train import hlo_cost
+
+
+def _compiled_text(fn, *args) -> str:
+    return jax.jit(fn).lower(*args).compile().as_text()
+
+
+def _only(found, cls):
+    rows = [k for k in found if k["class"] == cls]
+    assert len(rows) == 1, found
+    return rows[0]
+
+
+def test_dot_flops_and_bytes():
+    a, b = jnp.ones((64, 48), jnp.float32), jnp.ones((48, 40), jnp.float32)
+    dot = _only(hlo_cost.kernels(_compiled_text(lambda x, y: x @ y, a, b)), "matmuls")
+    assert dot["flops"] == 2 * 64 * 48 * 40
+    assert dot["bf16_flops"] == 2 * dot["flops"]  # float32 runs at half the bf16 rate
+    assert dot["bytes"] == (64 * 48 + 48 * 40 + 64 * 40) * 4
+
+
+# A GPU step's shape (the CPU widens bf16 dots to f32): three GEMM fusions of one ENTRY, by element type.
+GPU_HLO = """HloModule step, is_scheduled=true
+
+%gemm_bf16 (p0: bf16[128,64], p1: bf16[64,32]) -> bf16[128,32] {
+  %p0 = bf16[128,64]{1,0} parameter(0)
+  %p1 = bf16[64,32]{1,0} parameter(1)
+  ROOT %dot.1 = bf16[128,32]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%gemm_fp8 (p2: f8e4m3fn[128,64], p3: f8e4m3fn[64,32]) -> bf16[128,32] {
+  %p2 = f8e4m3fn[128,64]{1,0} parameter(0)
+  %p3 = f8e4m3fn[64,32]{1,0} parameter(1)
+  ROOT %dot.2 = bf16[128,32]{1,0} dot(%p2, %p3), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (a: bf16[128,64], b: bf16[64,32], c: f8e4m3fn[128,64], d: f8e4m3fn[64,32]) -> (bf16[128,32], bf16[128,32]) {
+  %a = bf16[128,64]{1,0} parameter(0)
+  %b = bf16[64,32]{1,0} parameter(1)
+  %c = f8e4m3fn[128,64]{1,0} parameter(2)
+  %d = f8e4m3fn[64,32]{1,0} parameter(3)
+  %f1 = bf16[128,32]{1,0} fusion(%a, %b), kind=kCustom, calls=%gemm_bf16, metadata={op_name="jit(step)/jvp(M)/dense/dot_general"}
+  %f2 = bf16[128,32]{1,0} fusion(%c, %d), kind=kCustom, calls=%gemm_fp8, metadata={op_name="jit(step)/jvp(M)/dense/dot_general"}
+  ROOT %t = (bf16[128,32]{1,0}, bf16[128,32]{1,0}) tuple(%f1, %f2)
+}
+"""
+
+
+def test_element_type_sets_the_rate():
+    found = {k["name"]: k for k in hlo_cost.kernels(GPU_HLO)}
+    assert set(found) == {"f1", "f2"}  # parameters and the tuple launch nothing
+    flops = 2 * 128 * 64 * 32
+    assert found["f1"]["flops"] == found["f2"]["flops"] == flops
+    assert found["f1"]["bf16_flops"] == flops and found["f2"]["bf16_flops"] == flops / 2  # FP8 at twice the rate
+    assert found["f1"]["bytes"] == (128 * 64 + 64 * 32 + 128 * 32) * 2
+    assert found["f2"]["bytes"] == 128 * 64 + 64 * 32 + 128 * 32 * 2
+    assert {k["class"] for k in found.values()} == {"matmuls"}
+
+
+def test_contraction_over_two_dimensions():
+    a, b = jnp.ones((4, 6, 8), jnp.float32), jnp.ones((6, 8, 10), jnp.float32)
+    text = _compiled_text(lambda x, y: jnp.einsum("bij,ijk->bk", x, y), a, b)
+    assert sum(k["flops"] for k in hlo_cost.kernels(text)) == 2 * 4 * 10 * 6 * 8
+
+
+def test_loop_kernels_count_once_per_trip():
+    def loop(a, b):
+        return jax.lax.fori_loop(0, 5, lambda i, x: jnp.tanh(x @ b), a)
+
+    text = _compiled_text(loop, jnp.ones((64, 32), jnp.float32), jnp.ones((32, 32), jnp.float32))
+    dot = _only(hlo_cost.kernels(text), "matmuls")
+    assert dot["launches"] == 5
+    assert dot["flops"] == 5 * 2 * 64 * 32 * 32
+
+
+def test_elementwise_bytes_are_operands_and_result():
+    text = _compiled_text(lambda x: jnp.tanh(x) * 2, jnp.ones((1000,), jnp.float32))
+    found = [k for k in hlo_cost.kernels(text) if k["bytes"]]
+    assert sum(k["flops"] for k in found) == 0
+    assert min(k["bytes"] for k in found) >= 8000  # reads 4,000 bytes, writes 4,000
+
+
+def test_plan_sums_classes_and_bounds_each_kernel():
+    a, b = jnp.ones((256, 256), jnp.bfloat16), jnp.ones((256, 256), jnp.bfloat16)
+    text = _compiled_text(lambda x, y: jnp.tanh(x @ y).sum(), a, b)
+    peak, bandwidth = 1e12, 1e9
+    result = hlo_cost.plan(text, peak, bandwidth)
+    assert set(result["classes"]) == set(hlo_cost.PLAN_CLASSES)
+    for key in ("launches", "gflop", "gb", "ms", "memory_bound_ms"):
+        assert result["total"][key] == pytest.approx(sum(row[key] for row in result["classes"].values()))
+    kernels = hlo_cost.kernels(text)
+    expected = sum(max(k["bf16_flops"] / peak, k["bytes"] / bandwidth) for k in kernels) * 1e3
+    assert result["total"]["ms"] == pytest.approx(expected)
+    assert result["total"]["gflop"] == pytest.approx(2 * 256 ** 3 / 1e9)
+    table = hlo_cost.format_plan(result, model_gflop=0.0336)
+    assert "matmuls" in table and "total" in table and "the HLO's dots: 0.0" in table
+
+
+def test_array_shapes_of_tuples_and_scalars():
+    assert hlo_cost.arrays("(f32[], bf16[3,4]{1,0}, /*index=2*/s8[5]{0})") == [
+        ("f32", ()), ("bf16", (3, 4)), ("s8", (5,))]
+    assert hlo_cost.shape_bytes("(f32[], bf16[3,4]{1,0}, pred[2]{0})") == 4 + 24 + 2
+    assert hlo_cost.shape_bytes("f8e4m3fn[16]{0}") == 16
