@@ -3,6 +3,8 @@ compile-only H100 by JAX's CUDA plugin (`make install` puts it in .venv/cuda-plu
 roofline plan whose matmul FLOPs equal the MFU formula's; the bad inputs stop in one line before compute."""
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -58,3 +60,19 @@ def test_bad_input_stops_in_one_line(args, env, expected):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("jaxlm compile: error:") and expected in last, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_bench_gpu_plan_tables_a_real_case(tmp_path):
+    """bench/gpu.py --plan: BERT-base at 512 (its cuDNN attention swapped for XLA's), one row of the table."""
+    proc = subprocess.run([sys.executable, "bench/gpu.py", "--plan", "--cases", "bert512", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("| bert512 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    header = next(line for line in proc.stdout.splitlines() if line.startswith("| case |"))
+    columns = [c.strip() for c in header.strip("|").split("|")]
+    values = dict(zip(columns, cells))
+    classes = ["matmuls", "attention", "norms and elementwise", "embedding and loss", "optimizer and metrics"]
+    assert float(values["bound ms"]) == pytest.approx(sum(float(values[c]) for c in classes), abs=0.05)
+    assert float(values["matmuls"]) > 1 and int(values["kernels"]) > 100
