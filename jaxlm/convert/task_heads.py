@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxlm import families
+from jaxlm.convert.registry import padded_vocab
 from jaxlm.convert.names import Entry, dense, flatten, params_from_hf, params_to_hf, plain, unflatten
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.task_heads import MultipleChoice, QuestionAnswering, SequenceClassifier, TokenClassifier
@@ -73,9 +74,9 @@ def task_params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerCo
 
 def task_params_to_hf(params: Mapping, config: TransformerConfig, head: str, num_labels: int = 2,
                       pooling: str | None = None) -> dict[str, np.ndarray]:
-    """A Hugging Face fine-tuned model's tensors from our head's tree."""
+    """A Hugging Face fine-tuned model's tensors from our head's tree (its vocabulary padding stripped)."""
+    config, tree = padded_vocab(config, plain(params), 1)
     module = head_module(config, head, num_labels, pooling)
-    tree = plain(params)
     layers = unflatten({path: value for path, value in flatten(tree) if not path.startswith("encoder/")})
     tensors = families.get(config.family).converter("params_to_hf")({"encoder": tree["encoder"]}, config)
     return tensors | params_to_hf(layers, config, {"head": head_entries(head, _head_pooling(module))},

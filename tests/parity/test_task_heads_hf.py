@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from hf_models import random_model, right_padded, torch_tensors  # noqa: E402
-from jaxlm.convert import hf, hf_encoders, task_heads  # noqa: E402
+from jaxlm.convert import hf, hf_encoders, registry, task_heads  # noqa: E402
 from jaxlm.models.task_heads import (MultipleChoice, QuestionAnswering, SequenceClassifier,  # noqa: E402
                                      TokenClassifier)
 from jaxlm.objectives.finetune import (MultipleChoiceObjective, QuestionAnsweringObjective,  # noqa: E402
@@ -131,6 +131,18 @@ def test_bert_heads_convert_both_ways_exactly(model_class):
     labels = {"num_labels": 4} if "Classification" in model_class else {}  # QA's two and choices' one are fixed
     model, config, tensors, params = bert(model_class, **labels)
     back = task_heads.task_params_to_hf(params, config, HEAD_OF[model_class], labels.get("num_labels", 2))
+    expected = {k: v for k, v in tensors.items() if not k.endswith(("position_ids", "token_type_ids"))}
+    assert sorted(back) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(back[name], value, err_msg=name)
+
+
+def test_a_padded_vocabulary_is_stripped_on_the_way_out():
+    """A fine-tune of a model with padded token tables (model.vocab_multiple) gives Hugging Face's tensors."""
+    model, config, tensors, params = bert("BertForSequenceClassification", num_labels=4)
+    padded_config, padded = registry.padded_vocab(config, params, 128)
+    assert padded_config.padded_vocab_size > config.vocab_size
+    back = task_heads.task_params_to_hf(padded, padded_config, "sequence_classification", 4)
     expected = {k: v for k, v in tensors.items() if not k.endswith(("position_ids", "token_type_ids"))}
     assert sorted(back) == sorted(expected)
     for name, value in expected.items():
