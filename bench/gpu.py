@@ -258,10 +258,11 @@ def profile_table(cases: list[str], our_rows: dict) -> str:
     classes = list(next(iter(rows.values()))["ms_per_step"])
     lines = ["| case | " + " | ".join(classes) + " | traced ms/step |", "|---" * (len(classes) + 2) + "|"]
     for case, summary in rows.items():
-        cells = [f"{summary['ms_per_step'][c]:.2f}" for c in classes] + [f"{summary['traced_ms_per_step']:.2f}"]
-        lines.append(f"| {case} | " + " | ".join(cells) + " |")
-    return "\n".join(["", "jaxlm, milliseconds per step by op class (jax.profiler trace of 5 steps):", ""] + lines
-                     + failed)
+        bounds = summary.get("bound_ms_per_step", {})
+        cells = [f"{summary['ms_per_step'][c]:.2f}" + (f" ({bounds[c]:.2f})" if c in bounds else "") for c in classes]
+        lines.append(f"| {case} | " + " | ".join(cells + [f"{summary['traced_ms_per_step']:.2f}"]) + " |")
+    return "\n".join(["", "jaxlm, milliseconds per step by op class (jax.profiler trace of 5 steps; in brackets the "
+                       "roofline bound of the same compiled step, jaxlm/train/hlo_cost.py):", ""] + lines + failed)
 
 
 def _failed(text: str, log: pathlib.Path) -> dict:

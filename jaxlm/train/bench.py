@@ -7,7 +7,7 @@ import jax
 
 from jaxlm.config import RunConfig
 from jaxlm.parallel import distributed
-from jaxlm.train import flops
+from jaxlm.train import flops, hlo_cost
 from jaxlm.train.profile import PROFILED_STEPS, profile_steps
 from jaxlm.train.loop import build, compile_steps, global_batch, memory_summary
 from jaxlm.train.state import count_params, create_state
@@ -43,10 +43,14 @@ def bench(config: RunConfig, profile_dir: str | None = None) -> dict:
             state, metrics = compiled_train(state, batch, rng)
             return metrics
 
+        hlo_text = compiled_train.as_text()
         try:
-            profiled = {"profile": profile_steps(step, PROFILED_STEPS, profile_dir, compiled_train.as_text())}
+            profiled = {"profile": profile_steps(step, PROFILED_STEPS, profile_dir, hlo_text)}
         except (OSError, ValueError, KeyError, RuntimeError) as error:
             profiled = {"profile_error": f"{type(error).__name__}: {error}"}
+        bounds = hlo_cost.class_bounds(hlo_text, jax.devices()[0].device_kind, config.bench.peak_flops_per_device)
+        if "profile" in profiled and bounds:
+            profiled["profile"]["bound_ms_per_step"] = bounds
     tokens_per_s = size * config.data.max_seq_length / seconds
     peak, peak_text = flops.peak_flops(override=config.bench.peak_flops_per_device)
     per_token = setup.objective.flops_per_token()

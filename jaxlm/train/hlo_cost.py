@@ -3,17 +3,20 @@ FLOPs and the bytes of its operands and results, summed by op class (`profile.CL
 time they bound. It reads a GPU's HLO, where matmuls are dots (TPU's writes many as convolutions).
 
 A kernel is an instruction the device launches: a fusion, a custom call (a library GEMM), a collective, an
-unfused op; those inside a loop count once per known trip. Its FLOPs are those of the dots it contains; its bytes are what its operands and result occupy, so a kernel that reads a slice of a large
-operand, or updates one in place, is counted as if it moved all of it. Its roofline time is the larger of
-FLOPs at the device's dense bf16 peak (float32 dots at half of it, as TF32 runs; FP8 at twice) and bytes at
-its memory bandwidth. The sum is a bound the step cannot beat, and the classes say where it is memory-bound:
-a plan to compare variants by before a GPU measures them, not a measurement (`jaxlm bench --profile` is)."""
+unfused op; those inside a loop count once per known trip. Its FLOPs are those of the dots it contains; its
+bytes are what its operands and result occupy, so a kernel that reads a slice of a large operand, or updates
+one in place, is counted as if it moved all of it. Its roofline time is the larger of FLOPs at the device's
+dense bf16 peak (float32 dots at half of it, as TF32 runs; FP8 at twice) and bytes at its memory bandwidth;
+a library call other than a GEMM (cuDNN's attention) counts its bytes alone. The sum is a bound the step
+cannot beat, and the classes say where it is memory-bound: a plan to compare variants by before a GPU
+measures them (`jaxlm compile --topology h100 --plan`), and beside a measurement (`jaxlm bench --profile`)."""
 from __future__ import annotations
 
 import math
 import re
 from collections import defaultdict
 
+from jaxlm.train import flops
 from jaxlm.train.profile import CLASSES, Instruction, _contents, op_class, parse_hlo
 
 NOT_KERNELS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "opt-barrier",
@@ -24,6 +27,7 @@ ELEMENT_BITS = {"pred": 8, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "s16": 16, "u16":
                 "s32": 32, "u32": 32, "f32": 32, "s64": 64, "u64": 64, "f64": 64, "c64": 64, "c128": 128}
 # A dot's rate relative to the bf16 peak, by its left operand's element type (fp8 types all start "f8")
 DOT_RATE = {"f32": 0.5, "f64": 1 / 16, "f8": 2.0}
+GEMM_TARGETS = ("gemm", "matmul")  # cuBLAS's custom-call targets: __cublas$gemm, __cublas$lt$matmul
 PLAN_CLASSES = tuple(c for c in CLASSES if c != "host gaps")
 
 _ARRAY = re.compile(r"\b([a-z]\w*?)\[([\d,]*)\]")
@@ -46,6 +50,8 @@ def dot_flops(instruction: Instruction, instructions: dict[str, Instruction]) ->
     """(FLOPs, element type of the left operand) of a dot or a library GEMM call; (0, "") for anything else."""
     if instruction.opcode not in ("dot", "custom-call") or not instruction.operands:
         return 0.0, ""
+    if instruction.opcode == "custom-call" and not any(t in instruction.target.lower() for t in GEMM_TARGETS):
+        return 0.0, ""  # cuDNN's attention also names dot dimensions in its config, of two products
     lhs = instructions.get(instruction.operands[0])
     if lhs is None or not arrays(lhs.shape) or not arrays(instruction.shape):
         return 0.0, ""
@@ -112,6 +118,16 @@ def plan(hlo_text: str, peak_flops: float, bandwidth: float, top: int = 8) -> di
     return {"peak_flops": peak_flops, "bandwidth": bandwidth, "classes": classes, "total": total,
             "top": [{key: k[key] for key in ("name", "class", "launches", "ms", "compute_ms", "memory_ms")}
                     for k in costliest]}
+
+
+def class_bounds(hlo_text: str, device_kind: str, peak_override: float = 0.0) -> dict[str, float] | None:
+    """Roofline milliseconds per op class of a step compiled for a GPU of `device_kind` (what `jaxlm bench
+    --profile` prints beside the measured ones), or None where its peak or bandwidth is not known (CPUs)."""
+    peak = peak_override or flops.device_figure(flops.PEAK_BF16_FLOPS, device_kind)
+    bandwidth = flops.device_figure(flops.HBM_BANDWIDTH, device_kind)
+    if not peak or bandwidth is None:
+        return None
+    return {name: row["ms"] for name, row in plan(hlo_text, peak, bandwidth)["classes"].items()}
 
 
 def format_plan(result: dict, model_gflop: float | None = None) -> str:

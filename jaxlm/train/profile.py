@@ -217,8 +217,10 @@ def profile_steps(run_step, steps: int, out_dir: str | Path, hlo_text: str) -> d
 
 def format_profile(summary: dict) -> str:
     total = sum(summary["ms_per_step"].values())
-    lines = [f"{'op class':<24} {'ms/step':>9} {'share':>7}"]
-    lines += [f"{name:<24} {ms:>9.3f} {ms / max(total, 1e-12):>7.1%}" for name, ms in summary["ms_per_step"].items()]
+    bounds = summary.get("bound_ms_per_step", {})
+    lines = [f"{'op class':<24} {'ms/step':>9} {'share':>7}" + (f" {'roofline bound ms':>18}" if bounds else "")]
+    lines += [f"{name:<24} {ms:>9.3f} {ms / max(total, 1e-12):>7.1%}"
+              + (f" {bounds[name]:>18.3f}" if name in bounds else "") for name, ms in summary["ms_per_step"].items()]
     lines.append(f"{'traced, first op to last':<24} {summary['traced_ms_per_step']:>9.3f}")
     lines.append("costliest ops: " + ", ".join(f"{o['op']} ({o['class']}) {o['ms']:.3f} ms" for o in summary["top_ops"]))
     return "\n".join(lines)

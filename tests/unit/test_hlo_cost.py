@@ -40,13 +40,16 @@ GPU_HLO = """HloModule step, is_scheduled=true
   ROOT %dot.2 = bf16[128,32]{1,0} dot(%p2, %p3), lhs_contracting_dims={1}, rhs_contracting_dims={0}
 }
 
-ENTRY %main (a: bf16[128,64], b: bf16[64,32], c: f8e4m3fn[128,64], d: f8e4m3fn[64,32]) -> (bf16[128,32], bf16[128,32]) {
+ENTRY %main (a: bf16[128,64], b: bf16[64,32], c: f8e4m3fn[128,64], d: f8e4m3fn[64,32], q: bf16[2,64,4,32]) -> (bf16[128,32], bf16[128,32]) {
   %a = bf16[128,64]{1,0} parameter(0)
   %b = bf16[64,32]{1,0} parameter(1)
   %c = f8e4m3fn[128,64]{1,0} parameter(2)
   %d = f8e4m3fn[64,32]{1,0} parameter(3)
   %f1 = bf16[128,32]{1,0} fusion(%a, %b), kind=kCustom, calls=%gemm_bf16, metadata={op_name="jit(step)/jvp(M)/dense/dot_general"}
   %f2 = bf16[128,32]{1,0} fusion(%c, %d), kind=kCustom, calls=%gemm_fp8, metadata={op_name="jit(step)/jvp(M)/dense/dot_general"}
+  %g = (bf16[128,32]{1,0}, s8[4194304]{0}) custom-call(%a, %b), custom_call_target="__cublas$gemm", metadata={op_name="jit(step)/jvp(M)/out/dot_general"}, backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
+  %q = bf16[2,64,4,32]{3,2,1,0} parameter(4)
+  %att = (bf16[2,64,4,32]{3,2,1,0}, u8[0]{0}) custom-call(%q, %q, %q), custom_call_target="__cudnn$fmhaSoftmax", metadata={op_name="jit(step)/jvp(M)/attention_core/dot_product_attention"}, backend_config={"cudnn_fmha_backend_config":{"bmm1_dot_dimension_numbers":{"lhs_contracting_dimensions":["3"]}}}
   ROOT %t = (bf16[128,32]{1,0}, bf16[128,32]{1,0}) tuple(%f1, %f2)
 }
 """
@@ -54,13 +57,25 @@ ENTRY %main (a: bf16[128,64], b: bf16[64,32], c: f8e4m3fn[128,64], d: f8e4m3fn[6
 
 def test_element_type_sets_the_rate():
     found = {k["name"]: k for k in hlo_cost.kernels(GPU_HLO)}
-    assert set(found) == {"f1", "f2"}  # parameters and the tuple launch nothing
+    assert set(found) == {"f1", "f2", "g", "att"}  # parameters and the tuple launch nothing
     flops = 2 * 128 * 64 * 32
     assert found["f1"]["flops"] == found["f2"]["flops"] == flops
     assert found["f1"]["bf16_flops"] == flops and found["f2"]["bf16_flops"] == flops / 2  # FP8 at twice the rate
     assert found["f1"]["bytes"] == (128 * 64 + 64 * 32 + 128 * 32) * 2
     assert found["f2"]["bytes"] == 128 * 64 + 64 * 32 + 128 * 32 * 2
-    assert {k["class"] for k in found.values()} == {"matmuls"}
+    assert found["g"]["flops"] == flops and found["g"]["class"] == "matmuls"  # a cuBLAS call
+    # cuDNN's attention: its bytes (three inputs and the output), no FLOPs read from its config's dimensions
+    assert found["att"]["flops"] == 0 and found["att"]["class"] == "attention"
+    assert found["att"]["bytes"] == 4 * 2 * 64 * 4 * 32 * 2
+    assert {found[k]["class"] for k in ("f1", "f2")} == {"matmuls"}
+
+
+def test_bounds_beside_a_profile():
+    text = _compiled_text(lambda x, y: jnp.tanh(x @ y), jnp.ones((64, 64)), jnp.ones((64, 64)))
+    bounds = hlo_cost.class_bounds(text, "NVIDIA H100 80GB HBM3")
+    assert bounds == pytest.approx({c: row["ms"] for c, row in hlo_cost.plan(text, 989e12, 3.35e12)["classes"].items()})
+    assert hlo_cost.class_bounds(text, "cpu") is None  # no bandwidth known: the profile prints no bound
+    assert hlo_cost.class_bounds(text, "cpu", peak_override=1e12) is None
 
 
 def test_contraction_over_two_dimensions():

@@ -79,7 +79,9 @@ def test_a_traced_step_is_summarised_by_class(step, tmp_path):
     assert ms["collectives"] == 0 and ms["host gaps"] >= 0
     assert summary["traced_ms_per_step"] > 0 and len(summary["top_ops"]) == 10
     assert list(tmp_path.rglob("*.xplane.pb"))
-    assert "matmuls" in format_profile(summary)
+    assert "matmuls" in format_profile(summary) and "roofline bound" not in format_profile(summary)
+    bounded = format_profile(summary | {"bound_ms_per_step": dict.fromkeys(CLASSES[:-1], 0.125)})
+    assert "roofline bound ms" in bounded.splitlines()[0] and bounded.count("0.125") == len(CLASSES) - 1
 
 
 def test_kernels_inside_command_buffers_are_classed_by_their_names(step, tmp_path):
