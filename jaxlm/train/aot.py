@@ -67,7 +67,7 @@ def topology_devices(topology: str = DEFAULT_TOPOLOGY, *, chips_per_host_bounds=
     try:
         return list(topologies.get_topology_desc(platform="tpu", topology_name=topology, **kwargs).devices)
     except Exception as err:  # libtpu raises JaxRuntimeError / RuntimeError with its own text
-        text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        text = gpu_targets.first_line(err)
         if "lockfile" in text:
             raise TopologyError(f"libtpu is locked by another process ({text}); set ALLOW_MULTIPLE_LIBTPU_LOAD=1 "
                                 "before jax starts") from err
@@ -105,8 +105,10 @@ def compile_for_topology(config: RunConfig, topology: str = DEFAULT_TOPOLOGY, *,
         raise TopologyError("model.attention_kernel=cudnn cannot be compiled without a GPU (cuDNN builds its "
                             "kernels on the device): set model.attention_kernel=xla")
     devices = topology_devices(topology, chips_per_host_bounds=chips_per_host_bounds, num_slices=num_slices)
-    if plan:
-        peak_and_bandwidth = roofline(config, devices[0].device_kind)
+    figures = flops.roofline(devices[0].device_kind, config.bench.peak_flops_per_device)
+    if plan and figures is None:
+        raise TopologyError(f"no peak FLOP/s or memory bandwidth known for {devices[0].device_kind!r} to plan "
+                            "with; set bench.peak_flops_per_device, or compile without --plan")
     setup = build(config, devices=devices)
     result = {"topology": topology, "device_kind": devices[0].device_kind, "devices": len(devices),
               "mesh": dict(setup.mesh.shape), "global_batch": config.train.global_batch,
@@ -117,25 +119,14 @@ def compile_for_topology(config: RunConfig, topology: str = DEFAULT_TOPOLOGY, *,
     except jax.errors.JaxRuntimeError as err:
         exhausted = out_of_memory(str(err))
         if exhausted is None:
-            text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise TopologyError(f"XLA could not compile the step for {topology}: {text}") from err
+            raise TopologyError(f"XLA could not compile the step for {topology}: {gpu_targets.first_line(err)}") from err
         return result | {"compiled": None, "memory": {}, "exhausted": exhausted | {"state": state_bytes(setup.abstract)}}
     result |= {"compiled": compiled, "memory": memory_stats(compiled)}
     if plan:
         tokens = config.train.global_batch * config.data.max_seq_length / len(devices)
-        result |= {"plan": hlo_cost.plan(compiled.as_text(), *peak_and_bandwidth),
+        result |= {"plan": hlo_cost.plan(compiled.as_text(), *figures),
                    "model_gflop": setup.objective.flops_per_token() * tokens / 1e9}
     return result
-
-
-def roofline(config: RunConfig, device_kind: str) -> tuple[float, float]:
-    """(peak FLOP/s, memory bytes/s) of one GPU of `device_kind`, from the data sheets (flops.py)."""
-    peak = config.bench.peak_flops_per_device or flops.device_figure(flops.PEAK_BF16_FLOPS, device_kind)
-    bandwidth = flops.device_figure(flops.HBM_BANDWIDTH, device_kind)
-    if not peak or bandwidth is None:
-        raise TopologyError(f"no peak FLOP/s or memory bandwidth known for {device_kind!r} to plan with; "
-                            "set bench.peak_flops_per_device, or compile without --plan")
-    return peak, bandwidth
 
 
 def out_of_memory(message: str) -> dict | None:

@@ -19,6 +19,13 @@ def device_figure(table: dict, device_kind: str) -> float | None:
     return next((value for name, value in table.items() if name in device_kind.lower()), None)
 
 
+def roofline(device_kind: str, peak_override: float = 0.0) -> tuple[float, float] | None:
+    """(peak FLOP/s, memory bytes/s) of a GPU of `device_kind` from the tables above; None if either is unknown."""
+    peak = peak_override or device_figure(PEAK_BF16_FLOPS, device_kind)
+    bandwidth = device_figure(HBM_BANDWIDTH, device_kind)
+    return (peak, bandwidth) if peak and bandwidth else None
+
+
 def peak_flops(device=None, override: float = 0.0) -> tuple[float | None, str]:
     """(peak FLOP/s per device or None when unknown, a description of where it came from)."""
     if override > 0:

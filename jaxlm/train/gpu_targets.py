@@ -46,6 +46,12 @@ MEMORY_BYTES = {"NVIDIA H100 80GB HBM3": 84929347584}
 _TOPOLOGY = re.compile(r"^(?P<gpu>[a-z]\w*)(?::(?:(?P<hosts>\d+)x)?(?P<gpus>\d+))?$")
 
 
+def first_line(err: Exception) -> str:
+    """An accelerator runtime's error in one line: its first, or its type when it says nothing."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 def is_gpu(topology: str) -> bool:
     return topology.lower().split(":")[0] in TARGETS
 
@@ -69,7 +75,8 @@ def devices(topology: str) -> list:
         raise ValueError(f"GPU topology {topology!r} must look like h100, h100:8 or h100:2x8 "
                          f"(GPUs known: {', '.join(TARGETS)})")
     if not plugin_installed():
-        raise ValueError(f"compiling for {found['gpu']} needs JAX's CUDA plugin, which is not installed: {plugin_hint()}")
+        raise ValueError(f"compiling for {found['gpu']} needs JAX's CUDA plugin, which is not installed: "
+                         f"{plugin_hint()}")
     if "xla_gpu_enable_triton_gemm" not in os.environ.get("XLA_FLAGS", ""):
         # Without autotuning, XLA's default Triton tiling fails on some GEMMs (T5's); cuBLAS takes every shape.
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_gpu_enable_triton_gemm=false".strip()
@@ -80,5 +87,5 @@ def devices(topology: str) -> list:
         return list(topologies.get_topology_desc(platform="cuda", target_config=TARGETS[found["gpu"]],
                                                  topology=shape).devices)
     except Exception as err:  # the plugin raises JaxRuntimeError / RuntimeError with its own text
-        text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ValueError(f"could not make compile-only {found['gpu']} devices ({text}); {plugin_hint()}") from err
+        raise ValueError(f"could not make compile-only {found['gpu']} devices ({first_line(err)}); "
+                         f"{plugin_hint()}") from err

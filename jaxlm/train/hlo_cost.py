@@ -17,7 +17,7 @@ import re
 from collections import defaultdict
 
 from jaxlm.train import flops
-from jaxlm.train.profile import CLASSES, Instruction, _contents, op_class, parse_hlo
+from jaxlm.train.profile import CLASSES, Instruction, contents, op_class, parse_hlo
 
 NOT_KERNELS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "opt-barrier",
                "partition-id", "replica-id", "add-dependency", "domain", "async-update", "async-done",
@@ -86,7 +86,7 @@ def kernels(hlo_text: str) -> list[dict]:
 
 def _kernel(name: str, instructions: dict, computations: dict, launches: int) -> dict:
     flops = weighted = 0.0
-    for part in _contents(name, instructions, computations):
+    for part in contents(name, instructions, computations):
         count, kind = dot_flops(part, instructions)
         rate = next((r for prefix, r in DOT_RATE.items() if kind.startswith(prefix)), 1.0)
         flops, weighted = flops + count, weighted + count / rate
@@ -123,16 +123,16 @@ def plan(hlo_text: str, peak_flops: float, bandwidth: float, top: int = 8) -> di
 def class_bounds(hlo_text: str, device_kind: str, peak_override: float = 0.0) -> dict[str, float] | None:
     """Roofline milliseconds per op class of a step compiled for a GPU of `device_kind` (what `jaxlm bench
     --profile` prints beside the measured ones), or None where its peak or bandwidth is not known (CPUs)."""
-    peak = peak_override or flops.device_figure(flops.PEAK_BF16_FLOPS, device_kind)
-    bandwidth = flops.device_figure(flops.HBM_BANDWIDTH, device_kind)
-    if not peak or bandwidth is None:
+    figures = flops.roofline(device_kind, peak_override)
+    if figures is None:
         return None
-    return {name: row["ms"] for name, row in plan(hlo_text, peak, bandwidth)["classes"].items()}
+    return {name: row["ms"] for name, row in plan(hlo_text, *figures)["classes"].items()}
 
 
 def format_plan(result: dict, model_gflop: float | None = None) -> str:
     """The plan as a table, one row per class and the total."""
-    lines = [f"roofline plan ({result['peak_flops'] / 1e12:.0f} TFLOP/s bf16, {result['bandwidth'] / 1e12:.2f} TB/s):",
+    figures = f"{result['peak_flops'] / 1e12:.0f} TFLOP/s bf16, {result['bandwidth'] / 1e12:.2f} TB/s"
+    lines = [f"roofline plan ({figures}):",
              f"{'op class':<24} {'kernels':>8} {'GFLOP':>9} {'GB moved':>9} {'bound ms':>9} {'memory-bound':>13}"]
     for name, row in [*result["classes"].items(), ("total", result["total"])]:
         share = row["memory_bound_ms"] / row["ms"] if row["ms"] else 0.0
@@ -141,5 +141,6 @@ def format_plan(result: dict, model_gflop: float | None = None) -> str:
     if model_gflop:
         lines.append(f"model FLOPs (the MFU formula): {model_gflop:.1f} GFLOP per step; the HLO's dots: "
                      f"{result['total']['gflop']:.1f}")
-    lines.append("costliest kernels: " + ", ".join(f"{k['name']} ({k['class']}) {k['ms']:.3f} ms" for k in result["top"]))
+    lines.append("costliest kernels: " + ", ".join(f"{k['name']} ({k['class']}) {k['ms']:.3f} ms"
+                                                   for k in result["top"]))
     return "\n".join(lines)

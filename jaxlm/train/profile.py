@@ -85,7 +85,7 @@ def _split_operands(rest: str) -> tuple[str, str]:
     return rest, ""
 
 
-def _contents(name: str, instructions: dict, computations: dict, seen: set | None = None) -> list[Instruction]:
+def contents(name: str, instructions: dict, computations: dict, seen: set | None = None) -> list[Instruction]:
     """The instruction and, for a fusion or call, every instruction it runs, recursively."""
     seen = set() if seen is None else seen
     own = instructions[name]
@@ -95,7 +95,7 @@ def _contents(name: str, instructions: dict, computations: dict, seen: set | Non
             continue
         seen.add(computation)
         for inner in computations.get(computation, ()):
-            found += _contents(inner, instructions, computations, seen)
+            found += contents(inner, instructions, computations, seen)
     return found
 
 
@@ -103,7 +103,7 @@ def op_class(name: str, instructions: dict, computations: dict) -> str:
     """The class of the HLO instruction `name` (one of CLASSES, without the host gaps)."""
     if name not in instructions:
         return "norms and elementwise"
-    parts = _contents(name, instructions, computations)
+    parts = contents(name, instructions, computations)
     opcodes = {p.opcode for p in parts}
     targets = " ".join(p.target.lower() for p in parts)
     op_name = instructions[name].op_name or next((p.op_name for p in parts if p.op_name), "")
