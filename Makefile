@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 # JAX's CUDA plugin for `jaxlm compile --topology h100` on machines without a GPU, kept off the venv's path
 # (on it, every JAX process would probe for CUDA); the tests and bench/gpu.py --plan put it on PYTHONPATH
-	JAX=$$($(PY) -c 'import jax; print(jax.__version__)') && $(PY) -m pip install --quiet --no-deps \
+	JAX=$$($(PY) -c 'import jax; print(jax.__version__)') && $(PY) -m pip install --quiet --no-deps --upgrade \
 		--target $(VENV)/cuda-plugin "jax-cuda12-plugin==$$JAX" "jax-cuda12-pjrt==$$JAX"
 	touch $@
 
