@@ -12,13 +12,16 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
 # JAX's CUDA plugin for `jaxlm compile --topology h100` on machines without a GPU, kept off the venv's path
 # (on it, every JAX process would probe for CUDA); the tests and bench/gpu.py --plan put it on PYTHONPATH
+$(VENV)/cuda-plugin/.installed: $(VENV)/.installed
 	JAX=$$($(PY) -c 'import jax; print(jax.__version__)') && $(PY) -m pip install --quiet --no-deps --upgrade \
 		--target $(VENV)/cuda-plugin "jax-cuda12-plugin==$$JAX" "jax-cuda12-pjrt==$$JAX"
 	touch $@
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed $(VENV)/cuda-plugin/.installed
 
 demo: install
 	JAX_PLATFORMS=$${JAX_PLATFORMS:-cpu} $(JAXLM) prepare $(DEMO_CONFIG)

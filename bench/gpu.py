@@ -116,7 +116,8 @@ def plan_table(cases: list[str], rows: dict) -> str:
     """Markdown: each case's roofline bound per step on one H100, by op class, with its bytes, kernels and
     the temporary memory XLA plans."""
     done = {c: rows[c] for c in cases if "plan" in rows.get(c, {})}
-    failed = [f"plan {c}: {rows[c]['error']}" for c in cases if "error" in rows.get(c, {})]
+    failed = [f"plan {c}: {rows[c].get('error') or 'does not fit: ' + json.dumps(rows[c].get('exhausted'))}"
+              for c in cases if c not in done]
     if not done:
         return "\n".join(failed)
     classes = [c for c in next(iter(done.values()))["plan"]["classes"] if c != "collectives"]

@@ -19,6 +19,7 @@ from jax._src import xla_bridge
 
 from jaxlm.config import RunConfig
 from jaxlm.train import flops, gpu_targets, hlo_cost
+from jaxlm.train.gpu_targets import TopologyError
 from jaxlm.train.loop import build, compile_steps
 
 DEFAULT_TOPOLOGY = "v5e:2x2"
@@ -36,10 +37,6 @@ OUT_OF_MEMORY = (re.compile(r"required for (?P<what>[\w ]+?) \((?P<need>[\d.]+)(
 INSTALL = 'pip install "jax[tpu]==0.10.2" (libtpu==0.0.42.1)'
 
 
-class TopologyError(ValueError):
-    """A topology that cannot be compiled for here; the message says what to change."""
-
-
 def parse_bounds(text: str | None) -> tuple[int, ...] | None:
     if not text:
         return None
@@ -54,6 +51,9 @@ def topology_devices(topology: str = DEFAULT_TOPOLOGY, *, chips_per_host_bounds=
     """Compile-only devices for a TPU topology name such as "v5e:2x2", "v5p:2x2x1", "v6e:4x4", or a GPU one
     such as "h100", "h100:8" (one host's GPUs), "h100:2x8" (hosts x GPUs)."""
     if gpu_targets.is_gpu(topology):
+        if chips_per_host_bounds is not None or num_slices != 1:
+            raise TopologyError(f"--chips-per-host and --num-slices are TPU settings; for GPUs name hosts and GPUs "
+                                f"in the topology, e.g. {topology.split(':')[0]}:2x8")
         return gpu_targets.devices(topology)
     if xla_bridge.get_tpu_library_path() is None:
         raise TopologyError(f"compiling for a TPU topology needs libtpu, which is not installed: {INSTALL}")
@@ -73,7 +73,7 @@ def topology_devices(topology: str = DEFAULT_TOPOLOGY, *, chips_per_host_bounds=
                                 "before jax starts") from err
         if "INVALID_ARGUMENT" in text or "invalid" in text.lower():
             raise TopologyError(f"unknown or unsupported TPU topology {topology!r}: {text}. Use a name like "
-                                "v5e:2x2, v5e:4x4, v5p:2x2x1, v4:2x2x1 or v6e:2x2") from err
+                                "v5e:2x2, v5e:4x4, v5p:2x2x1, v4:2x2x1 or v6e:2x2, or for GPUs h100, h100:8") from err
         raise TopologyError(f"could not make TPU topology {topology!r} ({text}); is libtpu working? {INSTALL}") from err
 
 
@@ -115,11 +115,13 @@ def compile_for_topology(config: RunConfig, topology: str = DEFAULT_TOPOLOGY, *,
               "seq_len": config.data.max_seq_length,
               "grad_accum": config.optim.grad_accum, "remat": config.model.remat}
     try:
-        compiled, _ = compile_steps(setup, with_eval=False)
+        options = gpu_targets.COMPILER_OPTIONS if gpu_targets.is_gpu(topology) else None
+        compiled, _ = compile_steps(setup, with_eval=False, compiler_options=options)
     except jax.errors.JaxRuntimeError as err:
         exhausted = out_of_memory(str(err))
         if exhausted is None:
-            raise TopologyError(f"XLA could not compile the step for {topology}: {gpu_targets.first_line(err)}") from err
+            reason = gpu_targets.first_line(err)
+            raise TopologyError(f"XLA could not compile the step for {topology}: {reason}") from err
         return result | {"compiled": None, "memory": {}, "exhausted": exhausted | {"state": state_bytes(setup.abstract)}}
     result |= {"compiled": compiled, "memory": memory_stats(compiled)}
     if plan:

@@ -46,11 +46,11 @@ def bench(config: RunConfig, profile_dir: str | None = None) -> dict:
         hlo_text = compiled_train.as_text()
         try:
             profiled = {"profile": profile_steps(step, PROFILED_STEPS, profile_dir, hlo_text)}
-        except (OSError, ValueError, KeyError, RuntimeError) as error:
+            bounds = hlo_cost.class_bounds(hlo_text, jax.devices()[0].device_kind, config.bench.peak_flops_per_device)
+            if bounds:
+                profiled["profile"]["bound_ms_per_step"] = bounds
+        except (OSError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as error:
             profiled = {"profile_error": f"{type(error).__name__}: {error}"}
-        bounds = hlo_cost.class_bounds(hlo_text, jax.devices()[0].device_kind, config.bench.peak_flops_per_device)
-        if "profile" in profiled and bounds:
-            profiled["profile"]["bound_ms_per_step"] = bounds
     tokens_per_s = size * config.data.max_seq_length / seconds
     peak, peak_text = flops.peak_flops(override=config.bench.peak_flops_per_device)
     per_token = setup.objective.flops_per_token()

@@ -4,13 +4,12 @@ JAX's CUDA plugin (`jax-cuda12-plugin`, `jax-cuda12-pjrt`) makes a compile-only 
 description, no driver or CUDA library needed; XLA then compiles for that GPU as if one were attached,
 choosing its kernels without autotuning (which needs the device). The description is XLA's `GpuTargetConfig`
 text: the H100 SXM's figures as CUDA reports them (132 SMs, 80 GB HBM3 at 3.35 TB/s, compute capability 9.0).
-GEMMs compile to cuBLAS calls (`--xla_gpu_enable_triton_gemm=false` unless XLA_FLAGS says otherwise): without
-autotuning, XLA's default Triton tiles fail on some shapes.
+GEMMs compile to cuBLAS calls (COMPILER_OPTIONS, given to the compile): without autotuning, XLA's default
+Triton tiles fail on some shapes.
 """
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 
 import jax
@@ -42,8 +41,14 @@ runtime_version { major: 12 minor: 8 }
 device_description_str: "NVIDIA H100 80GB HBM3"
 """
 TARGETS = {"h100": H100_SXM}
+# Without autotuning, XLA's default Triton tiling fails on some GEMMs (T5's); cuBLAS takes every shape.
+COMPILER_OPTIONS = {"xla_gpu_enable_triton_gemm": False}
 MEMORY_BYTES = {"NVIDIA H100 80GB HBM3": 84929347584}
 _TOPOLOGY = re.compile(r"^(?P<gpu>[a-z]\w*)(?::(?:(?P<hosts>\d+)x)?(?P<gpus>\d+))?$")
+
+
+class TopologyError(ValueError):
+    """A topology that cannot be compiled for here; the message says what to change."""
 
 
 def first_line(err: Exception) -> str:
@@ -72,14 +77,11 @@ def devices(topology: str) -> list:
     """Compile-only devices for "h100" (one GPU), "h100:8" (8 GPUs of one host), "h100:2x8" (2 hosts of 8)."""
     found = _TOPOLOGY.match(topology.lower())
     if found is None or found["gpu"] not in TARGETS or found["gpus"] == "0" or found["hosts"] == "0":
-        raise ValueError(f"GPU topology {topology!r} must look like h100, h100:8 or h100:2x8 "
-                         f"(GPUs known: {', '.join(TARGETS)})")
+        raise TopologyError(f"GPU topology {topology!r} must look like h100, h100:8 or h100:2x8 "
+                            f"(GPUs known: {', '.join(TARGETS)})")
     if not plugin_installed():
-        raise ValueError(f"compiling for {found['gpu']} needs JAX's CUDA plugin, which is not installed: "
-                         f"{plugin_hint()}")
-    if "xla_gpu_enable_triton_gemm" not in os.environ.get("XLA_FLAGS", ""):
-        # Without autotuning, XLA's default Triton tiling fails on some GEMMs (T5's); cuBLAS takes every shape.
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_gpu_enable_triton_gemm=false".strip()
+        raise TopologyError(f"compiling for {found['gpu']} needs JAX's CUDA plugin, which is not installed: "
+                            f"{plugin_hint()}")
     from jax.experimental import topologies  # only here: importing it touches the accelerator plugins
 
     shape = f"1x{found['hosts'] or 1}x{found['gpus'] or 1}"
@@ -87,5 +89,5 @@ def devices(topology: str) -> list:
         return list(topologies.get_topology_desc(platform="cuda", target_config=TARGETS[found["gpu"]],
                                                  topology=shape).devices)
     except Exception as err:  # the plugin raises JaxRuntimeError / RuntimeError with its own text
-        raise ValueError(f"could not make compile-only {found['gpu']} devices ({first_line(err)}); "
-                         f"{plugin_hint()}") from err
+        raise TopologyError(f"could not make compile-only {found['gpu']} devices ({first_line(err)}); "
+                               f"{plugin_hint()}") from err

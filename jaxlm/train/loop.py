@@ -88,14 +88,15 @@ def compile_eval(setup: Setup):
         return evaluate.lower(setup.abstract.params, batch_structs(setup)).compile()
 
 
-def compile_steps(setup: Setup, with_eval: bool = True):
-    """AOT-compiled train (and eval) steps with explicit shardings; the state is donated."""
+def compile_steps(setup: Setup, with_eval: bool = True, compiler_options: dict | None = None):
+    """AOT-compiled train (and eval) steps with explicit shardings; the state is donated. `compiler_options`
+    (XLA's debug options by name) apply to the train step."""
     rng = jax.ShapeDtypeStruct((), dropout_key(setup.config.train).dtype, sharding=replicated(setup.mesh))
     train_step = make_train_step(setup.objective, setup.optimizer, setup.schedule, setup.config.optim.grad_accum)
     with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
         train = jax.jit(train_step, in_shardings=(setup.shardings, setup.batch_shardings, replicated(setup.mesh)),
                         out_shardings=(setup.shardings, replicated(setup.mesh)), donate_argnums=0)
-        compiled_train = train.lower(setup.abstract, batch_structs(setup), rng).compile()
+        compiled_train = train.lower(setup.abstract, batch_structs(setup), rng).compile(compiler_options)
     return compiled_train, compile_eval(setup) if with_eval else None
 
 

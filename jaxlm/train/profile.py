@@ -32,7 +32,8 @@ PROFILED_STEPS = 5
 
 _COMPUTATION = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = (.*?)\s([a-z][a-z0-9\-]*)\((.*)$")
-_CALLS = re.compile(r"(?:calls|to_apply|body|condition|branch_computations)=(%?[\w.\-]+|\{[^}]*\})")
+_CALLS = re.compile(r"(?:calls|to_apply|body|condition|branch_computations|true_computation|false_computation)="
+                    r"(%?[\w.\-]+|\{[^}]*\})")
 _TARGET = re.compile(r'custom_call_target="([^"]*)"')
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _OPERAND = re.compile(r"%([\w.\-]+)")
@@ -47,6 +48,8 @@ class Instruction:
     shape: str = ""  # its result type, e.g. "bf16[256,128]{1,0}" or a tuple of them
     operands: tuple[str, ...] = ()  # the instructions it reads
     attributes: str = ""  # what follows its operands (dimension numbers, backend config)
+    root: bool = False  # its computation's result
+    number: int = -1  # a parameter's position
 
 
 def parse_hlo(text: str) -> tuple[dict[str, Instruction], dict[str, list[str]]]:
@@ -63,7 +66,8 @@ def parse_hlo(text: str) -> tuple[dict[str, Instruction], dict[str, list[str]]]:
             instructions[name] = Instruction(
                 opcode, op_name.group(1).split(";")[0] if op_name else "", target.group(1) if target else "",
                 tuple(c.strip(" {}%") for group in calls for c in group.split(",") if c.strip(" {}")),
-                shape, tuple(_OPERAND.findall(operand_text)), attributes)
+                shape, tuple(_OPERAND.findall(operand_text)), attributes, line.lstrip().startswith("ROOT "),
+                int(operand_text) if opcode == "parameter" and operand_text.strip().isdigit() else -1)
             computations[current].append(name)
         elif (computation := _COMPUTATION.match(line)) and " = " not in line:
             current = computation.group(1)

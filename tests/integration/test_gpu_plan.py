@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from conftest import ROOT, run_cli
+from jaxlm.train import gpu_targets
 
 PLUGIN = {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / ".venv" / "cuda-plugin"),
                                                       os.environ.get("PYTHONPATH", "")) if p)}
@@ -25,7 +26,7 @@ def _plan(config, *overrides, topology="h100"):
 def test_plan_of_the_real_step_on_an_h100(config, tolerance):
     out, result = _plan(config)
     assert result["device_kind"] == "NVIDIA H100 80GB HBM3" and result["devices"] == 1
-    assert "fits in 79.10 GiB HBM" in out and "roofline plan (989 TFLOP/s bf16, 3.35 TB/s)" in out
+    assert "fits in 79.10 GiB HBM" in out and "roofline plan (989 TFLOP/s bf16, 3.35 TB/s, links 450 GB/s)" in out
     plan = result["plan"]
     # the HLO's dots are the model's matmuls (T5's formula leaves out its relative-position bias lookups)
     assert plan["total"]["gflop"] == pytest.approx(result["model_gflop"], rel=tolerance)
@@ -41,7 +42,12 @@ def test_eight_gpus_split_the_batch_and_all_reduce():
     _, one = _plan("configs/bert-tiny.yaml")
     _, eight = _plan("configs/bert-tiny.yaml", topology="h100:8")
     assert eight["devices"] == 8 and eight["mesh"]["data"] == 8
-    assert eight["plan"]["classes"]["collectives"]["launches"] > 0
+    collectives = eight["plan"]["classes"]["collectives"]
+    # data parallel: the float32 gradients are all-reduced once, as big as the parameters (a third of the
+    # state's arguments: parameters and AdamW's two moments), each byte twice over NVLink
+    assert collectives["launches"] >= 1
+    assert collectives["gb"] * 1e9 == pytest.approx(eight["memory"]["argument"] / 3, rel=0.05)
+    assert collectives["ms"] == pytest.approx(2 * collectives["gb"] * 1e9 / 450e9 * 1e3)
     assert eight["model_gflop"] == pytest.approx(one["model_gflop"] / 8)
     assert eight["plan"]["classes"]["matmuls"]["gflop"] == pytest.approx(one["plan"]["classes"]["matmuls"]["gflop"] / 8,
                                                                           rel=0.01)
@@ -52,9 +58,13 @@ def test_eight_gpus_split_the_batch_and_all_reduce():
      "model.attention_kernel=cudnn cannot be compiled without a GPU"),
     (["--topology", "h100:0"], PLUGIN, "GPU topology 'h100:0' must look like h100, h100:8 or h100:2x8"),
     (["--topology", "v5e:2x2", "--plan"], {}, "--plan reads a GPU's compiled step; 'v5e:2x2' is a TPU topology"),
-    (["--topology", "h100"], {}, "needs JAX's CUDA plugin, which is not installed: pip install jax-cuda12-plugin=="),
+    (["--topology", "h100"], {"PYTHONPATH": ""},
+     "needs JAX's CUDA plugin, which is not installed: pip install jax-cuda12-plugin=="),
+    (["--topology", "h100", "--num-slices", "2"], PLUGIN, "--chips-per-host and --num-slices are TPU settings"),
 ])
 def test_bad_input_stops_in_one_line(args, env, expected):
+    if expected.startswith("needs JAX's CUDA plugin") and gpu_targets.plugin_installed():
+        pytest.skip("the CUDA plugin is installed in this environment itself")
     proc = run_cli("compile", "configs/bert-tiny.yaml", *args, devices=1, check=False, env_extra=env)
     assert proc.returncode == 2
     last = proc.stderr.strip().splitlines()[-1]

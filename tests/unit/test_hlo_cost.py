@@ -21,7 +21,7 @@ def test_dot_flops_and_bytes():
     a, b = jnp.ones((64, 48), jnp.float32), jnp.ones((48, 40), jnp.float32)
     dot = _only(hlo_cost.kernels(_compiled_text(lambda x, y: x @ y, a, b)), "matmuls")
     assert dot["flops"] == 2 * 64 * 48 * 40
-    assert dot["bf16_flops"] == 2 * dot["flops"]  # float32 runs at half the bf16 rate
+    assert dot["bf16_equivalent_flops"] == 2 * dot["flops"]  # float32 runs at half the bf16 rate
     assert dot["bytes"] == (64 * 48 + 48 * 40 + 64 * 40) * 4
 
 
@@ -60,7 +60,7 @@ def test_element_type_sets_the_rate():
     assert set(found) == {"f1", "f2", "g", "att"}  # parameters and the tuple launch nothing
     flops = 2 * 128 * 64 * 32
     assert found["f1"]["flops"] == found["f2"]["flops"] == flops
-    assert found["f1"]["bf16_flops"] == flops and found["f2"]["bf16_flops"] == flops / 2  # FP8 at twice the rate
+    assert found["f1"]["bf16_equivalent_flops"] == flops and found["f2"]["bf16_equivalent_flops"] == flops / 2  # FP8 at twice the rate
     assert found["f1"]["bytes"] == (128 * 64 + 64 * 32 + 128 * 32) * 2
     assert found["f2"]["bytes"] == 128 * 64 + 64 * 32 + 128 * 32 * 2
     assert found["g"]["flops"] == flops and found["g"]["class"] == "matmuls"  # a cuBLAS call
@@ -110,7 +110,7 @@ def test_plan_sums_classes_and_bounds_each_kernel():
     for key in ("launches", "gflop", "gb", "ms", "memory_bound_ms"):
         assert result["total"][key] == pytest.approx(sum(row[key] for row in result["classes"].values()))
     kernels = hlo_cost.kernels(text)
-    expected = sum(max(k["bf16_flops"] / peak, k["bytes"] / bandwidth) for k in kernels) * 1e3
+    expected = sum(max(k["bf16_equivalent_flops"] / peak, k["bytes"] / bandwidth) for k in kernels) * 1e3
     assert result["total"]["ms"] == pytest.approx(expected)
     assert result["total"]["gflop"] == pytest.approx(2 * 256 ** 3 / 1e9)
     table = hlo_cost.format_plan(result, model_gflop=0.0336)
@@ -122,3 +122,67 @@ def test_array_shapes_of_tuples_and_scalars():
         ("f32", ()), ("bf16", (3, 4)), ("s8", (5,))]
     assert hlo_cost.shape_bytes("(f32[], bf16[3,4]{1,0}, pred[2]{0})") == 4 + 24 + 2
     assert hlo_cost.shape_bytes("f8e4m3fn[16]{0}") == 16
+
+
+def test_a_scanned_layer_reads_its_slice_of_the_stacked_weights():
+    """Layers in a loop over stacked weights (model.scan_layers) move what the same layers unrolled move: a
+    dynamic slice reads its slice, an in-place update writes its update, not the whole stack each trip."""
+    layers, width = 8, 256
+    weights, x = jnp.ones((layers, width, width)), jnp.ones((64, width))
+
+    def scanned(w, x):
+        def layer(carry, w_i):
+            out = jnp.tanh(carry @ w_i)
+            return out, out
+        return jax.lax.scan(layer, x, w)
+
+    def unrolled(w, x):
+        outs = []
+        for i in range(layers):
+            x = jnp.tanh(x @ w[i])
+            outs.append(x)
+        return x, jnp.stack(outs)
+
+    loop, flat = (hlo_cost.kernels(_compiled_text(f, weights, x)) for f in (scanned, unrolled))
+    assert sum(k["flops"] for k in loop) == sum(k["flops"] for k in flat) == layers * 2 * 64 * width * width
+    loop_bytes, flat_bytes = (sum(k["bytes"] for k in found) for found in (loop, flat))
+    # counting the whole stack on every trip would read 8 x 2 MiB of weights alone
+    assert loop_bytes < 1.5 * flat_bytes < layers * weights.size * 4, (loop_bytes, flat_bytes)
+
+
+ASYNC_HLO = """HloModule step, is_scheduled=true
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %s = f32[] add(%x, %y)
+}
+
+%then (p: f32[1024]) -> f32[1024] {
+  %p = f32[1024]{0} parameter(0)
+  ROOT %e = f32[1024]{0} exponential(%p)
+}
+
+%else (p2: f32[1024]) -> f32[1024] {
+  %p2 = f32[1024]{0} parameter(0)
+  %n = f32[1024]{0} negate(%p2)
+  ROOT %e2 = f32[1024]{0} exponential(%n)
+}
+
+ENTRY %main (g: f32[1024], c: pred[]) -> f32[1024] {
+  %g = f32[1024]{0} parameter(0)
+  %c = pred[] parameter(1)
+  %ars = f32[1024]{0} all-reduce-start(%g), replica_groups={}, to_apply=%add, metadata={op_name="jit(step)/psum"}
+  %ard = f32[1024]{0} all-reduce-done(%ars)
+  ROOT %r = f32[1024]{0} conditional(%c, %ard, %ard), true_computation=%then, false_computation=%else
+}
+"""
+
+
+def test_a_collective_counts_once_at_the_link_and_a_conditional_its_costliest_branch():
+    found = {k["name"]: k for k in hlo_cost.kernels(ASYNC_HLO)}
+    assert set(found) == {"ars", "n", "e2"}  # the -done is no kernel; the else branch costs more than the then
+    assert found["ars"]["class"] == "collectives" and found["ars"]["bytes"] == 4096  # its operand, once
+    result = hlo_cost.plan(ASYNC_HLO, 1e12, 1e12, link_bandwidth=1e9)
+    assert result["classes"]["collectives"]["ms"] == pytest.approx(2 * 4096 / 1e9 * 1e3)  # a ring sends it twice
+    assert hlo_cost.plan(ASYNC_HLO, 1e12, 1e12)["classes"]["collectives"]["ms"] == 0  # no link figure: untimed
