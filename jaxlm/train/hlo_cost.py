@@ -3,13 +3,15 @@ FLOPs and the bytes of its operands and results, summed by op class (`profile.CL
 time they bound. It reads a GPU's HLO, where matmuls are dots (TPU's writes many as convolutions).
 
 A kernel is an instruction the device launches: a fusion, a custom call (a library GEMM), a collective, an
-unfused op; those inside a loop count once per known trip. Its FLOPs are those of the dots it contains; its
-bytes are what its operands and result occupy, so a kernel that reads a slice of a large operand, or updates
-one in place, is counted as if it moved all of it. Its roofline time is the larger of FLOPs at the device's
-dense bf16 peak (float32 dots at half of it, as TF32 runs; FP8 at twice) and bytes at its memory bandwidth;
-a library call other than a GEMM (cuDNN's attention) counts its bytes alone. The sum is a bound the step
-cannot beat, and the classes say where it is memory-bound: a plan to compare variants by before a GPU
-measures them (`jaxlm compile --topology h100 --plan`), and beside a measurement (`jaxlm bench --profile`)."""
+unfused op; those inside a loop count once per known trip. Its FLOPs are those of the dots it contains. Its
+bytes are what it reads and writes: of an operand it only slices, the slices; of a buffer it updates in
+place, the update (a scanned layer's share of the stacked weights); of anything else, all of it, though a
+kernel may read less. Its roofline time is the larger of its FLOPs at the device's dense bf16 peak (float32
+dots at half of it, as TF32 runs, or at the CUDA cores' rate at HIGHEST precision; FP8 at twice) and its
+bytes at the memory bandwidth; a collective's bytes cross the links between GPUs instead, and a library call
+other than a GEMM (cuDNN's attention) counts its bytes alone. The sum is a bound the step cannot beat, and
+the classes say where it is memory-bound: a plan to compare variants by before a GPU measures them (`jaxlm
+compile --topology h100 --plan`), and beside a measurement (`jaxlm bench --profile`)."""
 from __future__ import annotations
 
 import math
