@@ -105,7 +105,7 @@ def compile_for_topology(config: RunConfig, topology: str = DEFAULT_TOPOLOGY, *,
         raise TopologyError("model.attention_kernel=cudnn cannot be compiled without a GPU (cuDNN builds its "
                             "kernels on the device): set model.attention_kernel=xla")
     devices = topology_devices(topology, chips_per_host_bounds=chips_per_host_bounds, num_slices=num_slices)
-    figures = flops.roofline(devices[0].device_kind, config.bench.peak_flops_per_device)
+    figures = flops.roofline(devices[0].device_kind, config.bench.peak_flops_per_device) if plan else None
     if plan and figures is None:
         raise TopologyError(f"no peak FLOP/s or memory bandwidth known for {devices[0].device_kind!r} to plan "
                             "with; set bench.peak_flops_per_device, or compile without --plan")

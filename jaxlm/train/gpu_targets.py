@@ -44,6 +44,7 @@ TARGETS = {"h100": H100_SXM}
 # Without autotuning, XLA's default Triton tiling fails on some GEMMs (T5's); cuBLAS takes every shape.
 COMPILER_OPTIONS = {"xla_gpu_enable_triton_gemm": False}
 MEMORY_BYTES = {"NVIDIA H100 80GB HBM3": 84929347584}
+PLUGIN_FOLDER = ".venv/cuda-plugin"  # where `make install` puts the plugin, off the venv's path
 _TOPOLOGY = re.compile(r"^(?P<gpu>[a-z]\w*)(?::(?:(?P<hosts>\d+)x)?(?P<gpus>\d+))?$")
 
 
@@ -63,7 +64,7 @@ def is_gpu(topology: str) -> bool:
 
 def plugin_hint() -> str:
     return (f"pip install jax-cuda12-plugin=={jax.__version__} jax-cuda12-pjrt=={jax.__version__} (or put them on "
-            "PYTHONPATH: `make install` puts them in .venv/cuda-plugin)")
+            f"PYTHONPATH: `make install` puts them in {PLUGIN_FOLDER})")
 
 
 def plugin_installed() -> bool:

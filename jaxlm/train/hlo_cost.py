@@ -23,7 +23,7 @@ from jaxlm.train.profile import CLASSES, COLLECTIVES, Instruction, contents, ker
 
 NOT_KERNELS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "opt-barrier",
                "partition-id", "replica-id", "add-dependency", "domain", "async-update"}
-CONTROL = {"call", "while", "conditional", "async-start"}  # launch what their computations hold
+CONTROL = {"call", "while", "async-start"}  # launch what their computations hold (a conditional: one branch)
 SLICES = {"slice", "dynamic-slice"}
 ELEMENT_BITS = {"pred": 8, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "s16": 16, "u16": 16, "f16": 16, "bf16": 16,
                 "s32": 32, "u32": 32, "f32": 32, "s64": 64, "u64": 64, "f64": 64, "c64": 64, "c128": 128}
@@ -88,13 +88,6 @@ class Module:
         names = self.computations.get(computation, ())
         return self.instructions[next((n for n in names if self.instructions[n].root), names[-1])]
 
-    def uses(self, name: str) -> list[Instruction]:
-        """The instructions that read `name`, looking through bitcasts."""
-        found = []
-        for user in self.users.get(name, ()):
-            found += self.uses(user) if self.instructions[user].opcode == "bitcast" else [self.instructions[user]]
-        return found
-
     def parameter(self, computation: str, number: int) -> str | None:
         return next((n for n in self.computations.get(computation, ()) if self.instructions[n].number == number), None)
 
@@ -109,9 +102,10 @@ class Module:
         if index == 0 and kernel.opcode == "dynamic-update-slice":
             return 0.0
         parameter = self.parameter(kernel.calls[0], index) if kernel.opcode == "fusion" and kernel.calls else None
-        uses = self.uses(parameter) if parameter else []
-        if uses and all(u.opcode in SLICES | {"dynamic-update-slice"} and u.operands[0] in self._aliases(parameter)
-                        for u in uses):
+        aliases = self._aliases(parameter) if parameter else set()
+        uses = [self.instructions[u] for a in aliases for u in self.users.get(a, ())
+                if self.instructions[u].opcode != "bitcast"]
+        if uses and all(u.opcode in SLICES | {"dynamic-update-slice"} and u.operands[0] in aliases for u in uses):
             return sum(shape_bytes(u.shape) for u in uses if u.opcode in SLICES)
         return shape_bytes(self.instructions[operand].shape)
 

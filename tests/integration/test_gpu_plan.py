@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT, run_cli
 from jaxlm.train import gpu_targets
 
-PLUGIN = {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / ".venv" / "cuda-plugin"),
+PLUGIN = {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / gpu_targets.PLUGIN_FOLDER),
                                                       os.environ.get("PYTHONPATH", "")) if p)}
 
 
