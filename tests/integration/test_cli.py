@@ -43,7 +43,8 @@ def test_bench_prints_throughput_and_profile(tiny_config, tmp_path):
 def test_bench_data_prints_examples_per_second(tiny_config):
     config = tiny_config()
     per_core = run_cli("bench", "data", str(config), "--batches", "2", "--json", devices=1)
-    loader = run_cli("bench", "data", str(config), "--batches", "2", "--workers", "0,1", "--json", devices=1)
+    # 20 batches: long enough that the CPU time psutil reads (in 10 ms clock ticks) cannot round to nothing
+    loader = run_cli("bench", "data", str(config), "--batches", "20", "--workers", "0,1", "--json", devices=1)
     rows = [json.loads(line) for proc in (per_core, loader) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert [row["workers"] for row in rows] == ["thread", 0, 1]
     assert all(row["examples_per_s"] > 0 and row["batch"] == 256 and row["family"] == "bert" for row in rows)
