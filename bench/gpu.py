@@ -24,6 +24,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import time
 
 import sentencepiece
 
@@ -94,9 +95,11 @@ def run_logged(command: list[str], log: pathlib.Path, env: dict) -> str:
 def ours(case: str, extra: list[str], out_dir: pathlib.Path, env: dict, profile: bool) -> dict:
     config, overrides, _ = CASES[case]
     trace = ["--profile", str(out_dir / f"profile-{case}")] if profile else []
+    started = time.perf_counter()
     text = run_logged([sys.executable, "-m", "jaxlm.cli", "bench", config, *overrides, *extra, "--json", *trace],
                       out_dir / f"{case}.log", env)
-    return last_json(text) or _failed(text, out_dir / f"{case}.log")
+    row = last_json(text) or _failed(text, out_dir / f"{case}.log")
+    return row | {"process_s": round(time.perf_counter() - started, 1)}
 
 
 def plan(case: str, extra: list[str], out_dir: pathlib.Path, env: dict) -> dict:
@@ -216,18 +219,19 @@ def table(cases: list[str], our_rows: dict, peer_rows: dict, matmul: dict) -> st
              f"jaxlm's datasheet peak: {next((r['peak'] for r in our_rows.values() if 'peak' in r), 'n/a')}",
              "",
              "| case | batch | seq | jaxlm step ms | jaxlm tokens/s | peer step ms | peer tokens/s | ratio "
-             f"(target {TARGET_RATIO}) | jaxlm MFU datasheet / measured | peer MFU measured | jaxlm compile s | "
-             "peer warm-up s |",
+             f"(target {TARGET_RATIO}) | jaxlm MFU datasheet / measured | peer MFU measured | jaxlm compile s / "
+             "process s | peer warm-up s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for case in cases:
         a, b = our_rows.get(case, {}), peer_rows.get(case, {})
         ratio = a["tokens_per_s"] / b["tokens_per_s"] if "tokens_per_s" in a and "tokens_per_s" in b else None
         our_tflops = a["tokens_per_s"] * a["gflops_per_token"] / 1e3 if "tokens_per_s" in a else None
-        cells = [case, a.get("global_batch", b.get("batch")), a.get("seq_len", b.get("seq")),
+        cells = [case, a.get("global_batch", b.get("batch", "n/a")), a.get("seq_len", b.get("seq", "n/a")),
                  _number(a.get("step_ms"), ".1f"), _number(a.get("tokens_per_s"), ",.0f"),
                  _number(b.get("step_ms"), ".1f"), _number(b.get("tokens_per_s"), ",.0f"), _number(ratio, ".2f"),
                  f"{_number(a.get('mfu'), '.1%')} / {_number(_share(our_tflops, measured), '.1%')}",
-                 _number(_share(b.get("model_tflops"), measured), ".1%"), _number(a.get("compile_s"), ".0f"),
+                 _number(_share(b.get("model_tflops"), measured), ".1%"),
+                 f"{_number(a.get('compile_s'), '.0f')} / {_number(a.get('process_s'), '.0f')}",
                  _number(b.get("warmup_s"), ".0f")]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     errors = [f"{side} {case}: {row['error']}" for side, rows in (("jaxlm", our_rows), ("peer", peer_rows))
@@ -328,7 +332,9 @@ def main() -> None:
                      f"with --prepare {args.train}")
     matmul, peer_rows = {}, {}
     if args.peer != "none":
+        started = time.perf_counter()
         matmul, peer_rows = peer(cases, pathlib.Path(args.peer), out_dir, env)
+        print(f"peer: {time.perf_counter() - started:.0f} s", flush=True)
         for case in cases:
             print(f"peer {case}: {json.dumps(peer_rows.get(case))}", flush=True)
     our_rows, train_rows = {}, {}

@@ -17,14 +17,18 @@ from jaxlm.train.step import dropout_key
 def bench(config: RunConfig, profile_dir: str | None = None) -> dict:
     """Tokens/s and MFU of the compiled train step on synthetic batches; with `profile_dir`, a jax.profiler
     trace of PROFILED_STEPS more steps there, summarised by op class (`profile` in the result; a trace that
-    cannot be read or classed gives `profile_error` instead, and the timing stands)."""
+    cannot be read or classed gives `profile_error` instead, and the timing stands). `seconds` says where the
+    call's wall time went: setup (the model and its initialised state), compile, steps (warm-up and timed),
+    profile."""
     distributed.initialize(config.distributed)
+    phases = {"started": time.perf_counter()}
     setup = build(config)
     state = create_state(setup.objective.init, setup.optimizer, setup.shardings, setup.mesh, setup.rules,
                          jax.random.key(0))
-    started = time.perf_counter()
+    jax.block_until_ready(state)
+    phases["setup"] = time.perf_counter()
     compiled_train, _ = compile_steps(setup, with_eval=False)
-    compile_s = time.perf_counter() - started
+    phases["compile"] = time.perf_counter()
     size = config.train.global_batch
     local = setup.objective.synthetic_batch(size // jax.process_count(), seed=jax.process_index())
     batch, rng = global_batch(setup, local), dropout_key(config.train)
@@ -36,6 +40,7 @@ def bench(config: RunConfig, profile_dir: str | None = None) -> dict:
         state, metrics = compiled_train(state, batch, rng)
     jax.block_until_ready((state, metrics))
     seconds = (time.perf_counter() - started) / config.bench.steps
+    phases["steps"] = time.perf_counter()
     profiled = {}
     if profile_dir:
         def step():
@@ -51,6 +56,7 @@ def bench(config: RunConfig, profile_dir: str | None = None) -> dict:
                 profiled["profile"]["bound_ms_per_step"] = bounds
         except (OSError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as error:
             profiled = {"profile_error": f"{type(error).__name__}: {error}"}
+        phases["profile"] = time.perf_counter()
     tokens_per_s = size * config.data.max_seq_length / seconds
     peak, peak_text = flops.peak_flops(override=config.bench.peak_flops_per_device)
     per_token = setup.objective.flops_per_token()
@@ -61,8 +67,14 @@ def bench(config: RunConfig, profile_dir: str | None = None) -> dict:
             "attention": config.model.attention_kernel, "step_ms": seconds * 1e3,
             "tokens_per_s": tokens_per_s, "gflops_per_token": per_token / 1e9,
             "mfu": flops.mfu(tokens_per_s, per_token, jax.device_count(), peak), "peak": peak_text,
-            "compile_s": compile_s, "memory": memory_summary(compiled_train),
+            "compile_s": phases["compile"] - phases["setup"], "seconds": _durations(phases), "memory": memory_summary(compiled_train),
             "loss": float(metrics["loss"])} | profiled
+
+
+def _durations(ends: dict[str, float]) -> dict[str, float]:
+    """{phase: seconds} from {"started": t0, phase: its end time, ...} in order."""
+    names, times = list(ends), list(ends.values())
+    return {name: round(end - start, 1) for name, start, end in zip(names[1:], times, times[1:])}
 
 
 def format_table(rows: list[dict]) -> str:

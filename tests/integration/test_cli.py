@@ -38,6 +38,9 @@ def test_bench_prints_throughput_and_profile(tiny_config, tmp_path):
     assert all(profile[kind] > 0 for kind in ("matmuls", "attention", "norms and elementwise", "embedding and loss",
                                                "optimizer and metrics"))
     assert "op class" in proc.stdout and list((tmp_path / "trace").rglob("*.xplane.pb"))
+    assert list(row["seconds"]) == ["setup", "compile", "steps", "profile"]
+    assert all(seconds >= 0 for seconds in row["seconds"].values())
+    assert row["seconds"]["compile"] == round(row["compile_s"], 1)
 
 
 def test_bench_data_prints_examples_per_second(tiny_config):

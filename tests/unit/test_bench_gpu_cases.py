@@ -30,3 +30,16 @@ def test_profile_table_puts_each_bound_beside_its_measurement():
     assert "| bert128 | 2.00 (1.25) | 2.00 (0.50) | 2.00 | 6.50 |" in text
     assert "| gpt2 | 2.00 | 2.00 | 2.00 | 6.00 |" in text
     assert "jaxlm t5 profile: ValueError: no trace" in text
+
+
+def test_table_gives_the_ratio_mfu_and_where_each_process_spent_its_time():
+    """The main table with one H200 row of both sides (jaxlm 575,021 tokens/s, the peer 512,340)."""
+    ours = {"bert128": {"global_batch": 256, "seq_len": 128, "step_ms": 56.99, "tokens_per_s": 575020.7,
+                        "gflops_per_token": 0.546320232, "mfu": 0.3176, "peak": "989 TFLOP/s", "compile_s": 45.0,
+                        "process_s": 101.4},
+            "t5": {"error": "out of memory (all of it in t5.log)", "process_s": 12.0}}
+    theirs = {"bert128": {"batch": 256, "seq": 128, "step_ms": 63.96, "tokens_per_s": 512340, "model_tflops": 344.5,
+                          "warmup_s": 35.7}}
+    text = bench_gpu.table(["bert128", "t5"], ours, theirs, {"tflops": 792.7, "gpu": "NVIDIA H200"})
+    assert "| bert128 | 256 | 128 | 57.0 | 575,021 | 64.0 | 512,340 | 1.12 | 31.8% / 39.6% | 43.5% | 45 / 101 | 36 |" in text
+    assert "| t5 | n/a | n/a | n/a |" in text and "jaxlm t5: out of memory" in text
