@@ -28,7 +28,7 @@ from jaxlm.eval import sweep
 from jaxlm.parallel import distributed
 from jaxlm.sentence_embedding import embed_file
 from jaxlm.train import aot, hlo_cost
-from jaxlm.train.bench import bench, format_table
+from jaxlm.train.bench import bench, compile_only, format_table
 from jaxlm.train.profile import PROFILED_STEPS, format_profile
 from jaxlm.train.faults import TrainingStopped
 from jaxlm.train.preflight import preflight
@@ -92,7 +92,11 @@ def cmd_bench(args) -> None:
         return cmd_bench_data(args)
     if args.profile and pathlib.Path(args.profile).exists() and not pathlib.Path(args.profile).is_dir():
         raise ConfigError(f"--profile {args.profile} is a file: give a directory for the trace")
+    if args.compile_only and args.profile:
+        raise ConfigError("--compile-only times nothing, so there is nothing to profile: drop --profile or --compile-only")
     config = _load(args)
+    if args.compile_only:
+        return _print_compiled(compile_only(config), args.json)
     row = bench(config, profile_dir=args.profile)
     if jax.process_index() == 0:
         print(format_table([row]))
@@ -101,6 +105,15 @@ def cmd_bench(args) -> None:
         elif args.profile:
             print(f"profile: none, the trace could not be summarised ({row['profile_error']})")
         if args.json:
+            print(json.dumps(row))
+
+
+def _print_compiled(row: dict, as_json: bool) -> None:
+    if jax.process_index() == 0:
+        cache = f"into the compilation cache {row['cache']}" if row["cache"] else (
+            "with no compilation cache to keep it (set JAX_COMPILATION_CACHE_DIR)")
+        print(f"compiled in {row['compile_s']:.1f} s ({row['seconds']['setup']:.1f} s to set up) {cache}")
+        if as_json:
             print(json.dumps(row))
 
 
@@ -278,6 +291,8 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="also print the row(s) as JSON")
     bench.add_argument("--profile", metavar="DIR", help="also trace a few steps with jax.profiler into DIR and "
                        "print the time per step by op class (matmuls, attention, norms, loss, optimizer, gaps)")
+    bench.add_argument("--compile-only", action="store_true", help="compile the step (and initialise the state) "
+                       "and time nothing: with JAX_COMPILATION_CACHE_DIR set, a later bench or train finds both there")
     bench.add_argument("--batches", type=int, default=20, help="bench data: batches of 256 timed per config")
     bench.add_argument("--workers", help="bench data: time the trainer's loader with these grain worker counts, "
                        "e.g. 0,1,2 (default: the transform in one thread, per core)")

@@ -14,12 +14,8 @@ from jaxlm.train.state import count_params, create_state
 from jaxlm.train.step import dropout_key
 
 
-def bench(config: RunConfig, profile_dir: str | None = None) -> dict:
-    """Tokens/s and MFU of the compiled train step on synthetic batches; with `profile_dir`, a jax.profiler
-    trace of PROFILED_STEPS more steps there, summarised by op class (`profile` in the result; a trace that
-    cannot be read or classed gives `profile_error` instead, and the timing stands). `seconds` says where the
-    call's wall time went: setup (the model and its initialised state), compile, steps (warm-up and timed),
-    profile."""
+def _compiled(config: RunConfig):
+    """(setup, initialised state, compiled train step, {"started": t0, "setup": t1, "compile": t2})."""
     distributed.initialize(config.distributed)
     phases = {"started": time.perf_counter()}
     setup = build(config)
@@ -29,6 +25,25 @@ def bench(config: RunConfig, profile_dir: str | None = None) -> dict:
     phases["setup"] = time.perf_counter()
     compiled_train, _ = compile_steps(setup, with_eval=False)
     phases["compile"] = time.perf_counter()
+    return setup, state, compiled_train, phases
+
+
+def compile_only(config: RunConfig) -> dict:
+    """The state's initialiser and the train step compiled (and run: the initialiser) and nothing timed, so
+    that a later process finds both in JAX's persistent compilation cache (JAX_COMPILATION_CACHE_DIR) and
+    spends no compile time; `seconds` as bench's."""
+    *_, phases = _compiled(config)
+    return {"compile_s": phases["compile"] - phases["setup"], "seconds": _durations(phases),
+            "cache": jax.config.jax_compilation_cache_dir}
+
+
+def bench(config: RunConfig, profile_dir: str | None = None) -> dict:
+    """Tokens/s and MFU of the compiled train step on synthetic batches; with `profile_dir`, a jax.profiler
+    trace of PROFILED_STEPS more steps there, summarised by op class (`profile` in the result; a trace that
+    cannot be read or classed gives `profile_error` instead, and the timing stands). `seconds` says where the
+    call's wall time went: setup (the model and its initialised state), compile, steps (warm-up and timed),
+    profile."""
+    setup, state, compiled_train, phases = _compiled(config)
     size = config.train.global_batch
     local = setup.objective.synthetic_batch(size // jax.process_count(), seed=jax.process_index())
     batch, rng = global_batch(setup, local), dropout_key(config.train)

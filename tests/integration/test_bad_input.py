@@ -104,3 +104,9 @@ def test_bench_refuses_a_profile_path_that_is_a_file(tiny_config, tmp_path):
     proc = run_cli("bench", tiny_config(), "--profile", str(target), check=False)
     assert proc.returncode == 2 and "is a file: give a directory for the trace" in proc.stderr
     assert "Traceback" not in proc.stderr and target.read_text() == "kept"
+
+
+def test_bench_refuses_to_profile_a_compile_only_run(tiny_config, tmp_path):
+    proc = run_cli("bench", tiny_config(), "--compile-only", "--profile", str(tmp_path / "trace"), check=False)
+    assert proc.returncode == 2 and "--compile-only times nothing" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "trace").exists()

@@ -28,8 +28,16 @@ def test_data_show_prints_model_inputs(tiny_config):
 
 
 def test_bench_prints_throughput_and_profile(tiny_config, tmp_path):
+    """After `--compile-only` into a compilation cache (as bench/gpu.py does before timing), the bench loads
+    its step and state initialiser from the cache."""
+    cache = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache"), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    compiled = run_cli("bench", tiny_config(), "--compile-only", "--json", devices=8, env_extra=cache)
+    assert json.loads(compiled.stdout.splitlines()[-1])["cache"] == cache["JAX_COMPILATION_CACHE_DIR"]
     proc = run_cli("bench", tiny_config(), "bench.steps=2", "bench.warmup=1", "bench.peak_flops_per_device=1e11",
-                   "--json", "--profile", str(tmp_path / "trace"), devices=8)
+                   "--json", "--profile", str(tmp_path / "trace"), devices=8,
+                   env_extra=cache | {"JAX_DEBUG_LOG_MODULES": "jax._src.compiler"})
+    assert "Persistent compilation cache hit for 'jit_train_step'" in proc.stderr
+    assert "Persistent compilation cache hit for 'jit__lambda'" in proc.stderr  # the state's initialiser
     row = json.loads(proc.stdout.strip().splitlines()[-1])
     assert row["tokens_per_s"] > 0 and row["devices"] == 8
     assert 0 < row["mfu"] < 1

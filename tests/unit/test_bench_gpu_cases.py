@@ -1,5 +1,7 @@
-"""Every case of bench/gpu.py is a valid config, so that a rare GPU session does not lose a case to a typo."""
+"""bench/gpu.py without a GPU: every case is a valid config (a rare GPU session must not lose a case to a
+typo), its tables, and its compiling ahead."""
 import importlib.util
+import os
 import pathlib
 
 import pytest
@@ -43,3 +45,17 @@ def test_table_gives_the_ratio_mfu_and_where_each_process_spent_its_time():
     text = bench_gpu.table(["bert128", "t5"], ours, theirs, {"tflops": 792.7, "gpu": "NVIDIA H200"})
     assert "| bert128 | 256 | 128 | 57.0 | 575,021 | 64.0 | 512,340 | 1.12 | 31.8% / 39.6% | 43.5% | 45 / 101 | 36 |" in text
     assert "| t5 | n/a | n/a | n/a |" in text and "jaxlm t5: out of memory" in text
+
+
+def test_precompile_fills_the_cache_the_timed_processes_read(tmp_path, monkeypatch):
+    """bench/gpu.py's compiling ahead: two cases (tiny configs on the CPU) in two processes at once, each
+    row its compile time and the cache, the cache holding each one's train step."""
+    monkeypatch.setitem(bench_gpu.CASES, "bert-tiny", ("configs/bert-tiny.yaml", [], "bert128"))
+    monkeypatch.setitem(bench_gpu.CASES, "gpt2-tiny", ("configs/gpt2-tiny.yaml", [], "gpt2"))
+    cache = tmp_path / "cache"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    rows = bench_gpu.precompile(["bert-tiny", "gpt2-tiny"], ["train.global_batch=8"], tmp_path, env, jobs=2)
+    assert all(rows[case]["compile_s"] > 0 and rows[case]["cache"] == str(cache) for case in rows), rows
+    assert len(list(cache.glob("jit_train_step-*"))) == 2
+    assert (tmp_path / "compile-bert-tiny.log").is_file()
