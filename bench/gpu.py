@@ -1,8 +1,9 @@
 """Training throughput on one GPU, jaxlm next to the Hugging Face peer in the same call: BERT-base at 128 and
 512, GPT-2 124M at 1024, T5-base span corruption (512 -> 114). The peer (`peers_torch.py`: transformers,
 torch.compile, bf16 autocast, SDPA, fused AdamW) runs its cases before ours are timed, so that a call cut
-short by its time limit keeps them; then each jaxlm case runs `jaxlm bench` in its own process. One table of tokens/s, the
-ratio, and MFU against the datasheet peak and against the bf16 matmul peak the peer measures on this GPU.
+short by its time limit keeps them; then each jaxlm case runs `jaxlm bench` in its own process. One table of
+tokens/s, the ratio, and MFU against the datasheet peak and against the bf16 matmul peak the peer measures on
+this GPU.
 
     python bench/gpu.py [--peer ../shared/bench/peers_torch.py] [--cases bert128,bert512,gpt2,t5] [--set K=V]
                         [--profile] [--train DIR] [--compile-jobs N]

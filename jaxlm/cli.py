@@ -93,7 +93,8 @@ def cmd_bench(args) -> None:
     if args.profile and pathlib.Path(args.profile).exists() and not pathlib.Path(args.profile).is_dir():
         raise ConfigError(f"--profile {args.profile} is a file: give a directory for the trace")
     if args.compile_only and args.profile:
-        raise ConfigError("--compile-only times nothing, so there is nothing to profile: drop --profile or --compile-only")
+        raise ConfigError("--compile-only times nothing, so there is nothing to profile: drop --profile or "
+                          "--compile-only")
     config = _load(args)
     if args.compile_only:
         return _print_compiled(compile_only(config), args.json)
@@ -292,7 +293,8 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--profile", metavar="DIR", help="also trace a few steps with jax.profiler into DIR and "
                        "print the time per step by op class (matmuls, attention, norms, loss, optimizer, gaps)")
     bench.add_argument("--compile-only", action="store_true", help="compile the step (and initialise the state) "
-                       "and time nothing: with JAX_COMPILATION_CACHE_DIR set, a later bench or train finds both there")
+                       "and time nothing: with JAX_COMPILATION_CACHE_DIR set, a later bench of the same config loads "
+                       "both from there")
     bench.add_argument("--batches", type=int, default=20, help="bench data: batches of 256 timed per config")
     bench.add_argument("--workers", help="bench data: time the trainer's loader with these grain worker counts, "
                        "e.g. 0,1,2 (default: the transform in one thread, per core)")

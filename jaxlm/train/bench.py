@@ -82,7 +82,8 @@ def bench(config: RunConfig, profile_dir: str | None = None) -> dict:
             "attention": config.model.attention_kernel, "step_ms": seconds * 1e3,
             "tokens_per_s": tokens_per_s, "gflops_per_token": per_token / 1e9,
             "mfu": flops.mfu(tokens_per_s, per_token, jax.device_count(), peak), "peak": peak_text,
-            "compile_s": phases["compile"] - phases["setup"], "seconds": _durations(phases), "memory": memory_summary(compiled_train),
+            "compile_s": phases["compile"] - phases["setup"], "seconds": _durations(phases),
+            "memory": memory_summary(compiled_train),
             "loss": float(metrics["loss"])} | profiled
 
 
