@@ -96,13 +96,18 @@ def run_logged(command: list[str], log: pathlib.Path, env: dict) -> str:
     return log.read_text()
 
 
-def ours(case: str, extra: list[str], out_dir: pathlib.Path, env: dict, profile: bool) -> dict:
+def bench_process(case: str, extra: list[str], options: list[str], log: pathlib.Path, env: dict) -> dict:
+    """`jaxlm bench` of the case with `options`, its output in `log`: its JSON row, or why there is none."""
     config, overrides, _ = CASES[case]
+    text = run_logged([sys.executable, "-m", "jaxlm.cli", "bench", config, *overrides, *extra, "--json", *options],
+                      log, env)
+    return last_json(text) or _failed(text, log)
+
+
+def ours(case: str, extra: list[str], out_dir: pathlib.Path, env: dict, profile: bool) -> dict:
     trace = ["--profile", str(out_dir / f"profile-{case}")] if profile else []
     started = time.perf_counter()
-    text = run_logged([sys.executable, "-m", "jaxlm.cli", "bench", config, *overrides, *extra, "--json", *trace],
-                      out_dir / f"{case}.log", env)
-    row = last_json(text) or _failed(text, out_dir / f"{case}.log")
+    row = bench_process(case, extra, trace, out_dir / f"{case}.log", env)
     return row | {"process_s": round(time.perf_counter() - started, 1)}
 
 
@@ -111,11 +116,8 @@ def precompile(cases: list[str], extra: list[str], out_dir: pathlib.Path, env: d
     timed, into the compilation cache that each case's timed process then reads; {case: its row}. Each
     process takes GPU memory as it needs it (no preallocation), so that they fit side by side."""
     def one(case: str) -> dict:
-        config, overrides, _ = CASES[case]
-        log = out_dir / f"compile-{case}.log"
-        text = run_logged([sys.executable, "-m", "jaxlm.cli", "bench", config, *overrides, *extra, "--compile-only",
-                           "--json"], log, env | {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
-        return last_json(text) or _failed(text, log)
+        return bench_process(case, extra, ["--compile-only"], out_dir / f"compile-{case}.log",
+                             env | {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         return dict(zip(cases, pool.map(one, cases)))

@@ -33,8 +33,7 @@ def compile_only(config: RunConfig) -> dict:
     that a later process finds both in JAX's persistent compilation cache (JAX_COMPILATION_CACHE_DIR) and
     spends no compile time; `seconds` as bench's."""
     *_, phases = _compiled(config)
-    return {"compile_s": phases["compile"] - phases["setup"], "seconds": _durations(phases),
-            "cache": jax.config.jax_compilation_cache_dir}
+    return _timings(phases) | {"cache": jax.config.jax_compilation_cache_dir}
 
 
 def bench(config: RunConfig, profile_dir: str | None = None) -> dict:
@@ -82,15 +81,15 @@ def bench(config: RunConfig, profile_dir: str | None = None) -> dict:
             "attention": config.model.attention_kernel, "step_ms": seconds * 1e3,
             "tokens_per_s": tokens_per_s, "gflops_per_token": per_token / 1e9,
             "mfu": flops.mfu(tokens_per_s, per_token, jax.device_count(), peak), "peak": peak_text,
-            "compile_s": phases["compile"] - phases["setup"], "seconds": _durations(phases),
-            "memory": memory_summary(compiled_train),
-            "loss": float(metrics["loss"])} | profiled
+            "memory": memory_summary(compiled_train), "loss": float(metrics["loss"])} | _timings(phases) | profiled
 
 
-def _durations(ends: dict[str, float]) -> dict[str, float]:
-    """{phase: seconds} from {"started": t0, phase: its end time, ...} in order."""
+def _timings(ends: dict[str, float]) -> dict:
+    """{"compile_s": the compile's seconds, "seconds": {phase: seconds}} from {"started": t0, phase: its end
+    time, ...} in order."""
     names, times = list(ends), list(ends.values())
-    return {name: round(end - start, 1) for name, start, end in zip(names[1:], times, times[1:])}
+    return {"compile_s": ends["compile"] - ends["setup"],
+            "seconds": {name: round(end - start, 1) for name, start, end in zip(names[1:], times, times[1:])}}
 
 
 def format_table(rows: list[dict]) -> str:
