@@ -71,8 +71,8 @@ CASES = {
     "gpt2rbg": ("configs/gpt2-small.yaml", [*_gpt2(16), "train.dropout_rng=rbg"], "gpt2"),
     "t5nodrop": (T5_CONFIG, [*T5, *NO_DROPOUT], "t5"),
     "t5rbg": (T5_CONFIG, [*T5, "train.dropout_rng=rbg"], "t5"),
-    # GPT-2's 50,257-row table and head padded to 50,304 rows (nanoGPT's and Megatron's width)
-    "gpt2padded": ("configs/gpt2-small.yaml", [*_gpt2(16), "model.vocab_multiple=128"], "gpt2"),
+    # GPT-2's table and head at 50,257 rows, not the config's 50,304 (model.vocab_multiple=128)
+    "gpt2unpadded": ("configs/gpt2-small.yaml", [*_gpt2(16), "model.vocab_multiple=1"], "gpt2"),
 }
 DEFAULT_CASES = "bert128,bert512,gpt2,t5"
 TRAIN_STEPS, TRAIN_LOG_EVERY = 100, 25  # `jaxlm train`'s rate: the mean of its logged rates after the first

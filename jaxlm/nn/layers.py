@@ -31,43 +31,36 @@ def ones_init(names: Sequence[str | None]):
     return with_logical_partitioning(nn.initializers.ones_init(), names)
 
 
-def gelu_derivative(x: jax.Array, approximate: bool) -> jax.Array:
-    """d gelu(x) / dx, from x alone: Φ(x) + x·φ(x) exactly, or the derivative of the tanh approximation."""
-    if approximate:
-        scale, cubic = math.sqrt(2 / math.pi), 0.044715
-        tanh = jnp.tanh(scale * (x + cubic * x ** 3))
-        return 0.5 * (1 + tanh) + 0.5 * x * (1 - tanh ** 2) * scale * (1 + 3 * cubic * x ** 2)
-    return 0.5 * jax.lax.erfc(-x / math.sqrt(2)) + x * jnp.exp(-0.5 * x ** 2) / math.sqrt(2 * math.pi)
-
-
-# The activation keeps only its input for the backward pass and recomputes the derivative there, in float32:
-# differentiated as written, XLA saves two more tensors of the MLP's width per layer (erfc's value and the
-# scaled input), 400 MB each step per BERT-base layer at 256 × 128.
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _gelu(x: jax.Array, approximate: bool) -> jax.Array:
-    return jax.nn.gelu(x, approximate=approximate)
-
-
-def _gelu_forward(x: jax.Array, approximate: bool):
-    return jax.nn.gelu(x, approximate=approximate), x
-
-
-def _gelu_backward(approximate: bool, x: jax.Array, grad: jax.Array):
-    derivative = gelu_derivative(x.astype(jnp.float32), approximate)
-    return ((grad.astype(jnp.float32) * derivative).astype(x.dtype),)
-
-
-_gelu.defvjp(_gelu_forward, _gelu_backward)
+def gelu_tanh_derivative(x: jax.Array) -> jax.Array:
+    """d gelu_tanh(x) / dx, from x alone."""
+    scale, cubic = math.sqrt(2 / math.pi), 0.044715
+    tanh = jnp.tanh(scale * (x + cubic * x ** 3))
+    return 0.5 * (1 + tanh) + 0.5 * x * (1 - tanh ** 2) * scale * (1 + 3 * cubic * x ** 2)
 
 
 def gelu(x: jax.Array) -> jax.Array:
-    """BERT's exact (erf) GELU."""
-    return _gelu(x, False)
+    """BERT's exact (erf) GELU, differentiated by JAX: recomputing erf in the backward pass, as gelu_tanh does
+    with tanh, moved less memory but made BERT-128's elementwise kernels 1.5 ms a step slower on an H200."""
+    return jax.nn.gelu(x, approximate=False)
 
 
+# The activation keeps only its input for the backward pass and recomputes the derivative there, in float32:
+# differentiated as written, XLA saves two more tensors of the MLP's width per layer.
+@jax.custom_vjp
 def gelu_tanh(x: jax.Array) -> jax.Array:
     """GPT-2's tanh-approximate GELU (`gelu_new`)."""
-    return _gelu(x, True)
+    return jax.nn.gelu(x, approximate=True)
+
+
+def _gelu_tanh_forward(x: jax.Array):
+    return jax.nn.gelu(x, approximate=True), x
+
+
+def _gelu_tanh_backward(x: jax.Array, grad: jax.Array):
+    return ((grad.astype(jnp.float32) * gelu_tanh_derivative(x.astype(jnp.float32))).astype(x.dtype),)
+
+
+gelu_tanh.defvjp(_gelu_tanh_forward, _gelu_tanh_backward)
 
 
 ACTIVATIONS = {"gelu": gelu, "gelu_tanh": gelu_tanh, "relu": jax.nn.relu}
