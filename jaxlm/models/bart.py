@@ -10,6 +10,7 @@ from jaxlm.models.config import TransformerConfig
 from jaxlm.models.encoder import EncoderLayer
 from jaxlm.models.seq2seq import EncoderDecoder
 from jaxlm.nn.attention import Attention
+from jaxlm.nn.dropout import Dropout
 from jaxlm.nn.embed import Embed, vocabulary_columns
 from jaxlm.nn.layers import LayerNorm, Mlp, zeros_init
 from jaxlm.nn.stack import make_layers, run_layers
@@ -49,7 +50,7 @@ class BartEmbeddings(nn.Module):
         cfg = self.config
         self.position = Embed(cfg, cfg.max_position_embeddings, ("length", "embed"))
         self.norm = LayerNorm(cfg)
-        self.dropout = nn.Dropout(cfg.hidden_dropout)
+        self.dropout = Dropout(cfg.hidden_dropout)
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, deterministic: bool) -> jax.Array:
         x = tokens + self.position(positions + self.config.position_offset)

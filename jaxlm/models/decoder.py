@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from jaxlm.models.config import TransformerConfig
 from jaxlm.nn.attention import Attention
+from jaxlm.nn.dropout import Dropout
 from jaxlm.nn.embed import Embed, vocabulary_columns
 from jaxlm.nn.layers import mlp_block, norm_layer, normal_init
 from jaxlm.nn.stack import make_layers, run_layers
@@ -58,7 +59,7 @@ class Decoder(nn.Module):
         self.token = Embed(cfg, cfg.padded_vocab_size, ("vocab", "embed"))
         if cfg.position_embedding == "learned":
             self.position = Embed(cfg, cfg.max_position_embeddings, ("length", "embed"))
-        self.dropout = nn.Dropout(cfg.hidden_dropout)
+        self.dropout = Dropout(cfg.hidden_dropout)
         self.layers = make_layers(DecoderLayer, cfg, cfg.num_layers, static_args=(5, 6))
         self.final_norm = norm_layer(cfg, "final_norm")
 

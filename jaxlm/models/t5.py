@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.seq2seq import EncoderDecoder
 from jaxlm.nn.attention import Attention
+from jaxlm.nn.dropout import Dropout
 from jaxlm.nn.embed import Embed, vocabulary_columns
 from jaxlm.nn.layers import mlp_block, normal_init, norm_layer
 from jaxlm.nn.stack import make_layers, run_layers
@@ -102,7 +103,7 @@ class T5Encoder(nn.Module):
         self.relative_bias = RelativeBias(cfg, bidirectional=True)
         self.layers = make_layers(T5EncoderLayer, cfg, cfg.num_layers, static_args=(4,))
         self.final_norm = norm_layer(cfg, "final_norm")
-        self.dropout = nn.Dropout(cfg.hidden_dropout)
+        self.dropout = Dropout(cfg.hidden_dropout)
 
     def __call__(self, x, padding_mask, deterministic: bool) -> jax.Array:
         positions = jnp.arange(x.shape[1])[None, :]
@@ -126,7 +127,7 @@ class T5Decoder(nn.Module):
         self.relative_bias = RelativeBias(cfg, bidirectional=False)
         self.layers = make_layers(T5DecoderLayer, cfg, cfg.decoder_layers, static_args=(6, 7))
         self.final_norm = norm_layer(cfg, "final_norm")
-        self.dropout = nn.Dropout(cfg.hidden_dropout)
+        self.dropout = Dropout(cfg.hidden_dropout)
 
     def __call__(self, x, positions, padding_mask, encoder_states, encoder_mask, deterministic: bool,
                  decode: bool) -> jax.Array:

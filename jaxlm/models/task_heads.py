@@ -14,6 +14,7 @@ from jaxlm.models.config import TransformerConfig
 from jaxlm.models.crf import CRF
 from jaxlm.models.decoder import Decoder
 from jaxlm.models.encoder import BertEncoder
+from jaxlm.nn.dropout import Dropout
 from jaxlm.nn.layers import Dense, normal_init
 
 # How a sequence is summarised before the classifier: BERT's and ALBERT's tanh pooler; RoBERTa's
@@ -33,7 +34,7 @@ def summarize(config: TransformerConfig, encoder: nn.Module, pooling: str, input
     `__call__`, so the dense layer of the first-token poolings is the head's `dense`."""
     if pooling not in POOLINGS:
         raise ValueError(f"pooling={pooling!r}; choose one of {', '.join(POOLINGS)}")
-    dropout = nn.Dropout(config.hidden_dropout)
+    dropout = Dropout(config.hidden_dropout)
     if padding_mask is None:
         padding_mask = jnp.ones(input_ids.shape, bool)
     if pooling == "pooler":
@@ -78,7 +79,7 @@ class TokenClassifier(nn.Module):
     def __call__(self, input_ids, segment_ids=None, padding_mask=None, deterministic: bool = True):
         cfg = self.config
         hidden = self.backbone(cfg, name="encoder").hidden_states(input_ids, segment_ids, padding_mask, deterministic)
-        hidden = nn.Dropout(cfg.hidden_dropout)(hidden, deterministic=deterministic)
+        hidden = Dropout(cfg.hidden_dropout)(hidden, deterministic=deterministic)
         logits = Dense(cfg, self.num_labels, ("embed",), ("classes",), name="classifier")(hidden)
         return logits.astype(jnp.float32)
 
@@ -127,7 +128,7 @@ class CrfTagger(nn.Module):
     def setup(self):
         cfg = self.config
         self.encoder = self.backbone(cfg)
-        self.dropout = nn.Dropout(cfg.hidden_dropout)
+        self.dropout = Dropout(cfg.hidden_dropout)
         self.classifier = Dense(cfg, self.num_labels, ("embed",), ("classes",))
         self.crf = CRF(self.num_labels, self.labels)
 
@@ -183,7 +184,7 @@ class SpanLabeller(nn.Module):
                  deterministic: bool = True):
         cfg = self.config
         hidden = self.backbone(cfg, name="encoder").hidden_states(input_ids, segment_ids, padding_mask, deterministic)
-        hidden = nn.Dropout(cfg.hidden_dropout)(hidden, deterministic=deterministic)
+        hidden = Dropout(cfg.hidden_dropout)(hidden, deterministic=deterministic)
         scores = Dense(cfg, 1, ("embed",), (None,), name="attention")(hidden)[..., 0].astype(jnp.float32)
         positions = jnp.arange(hidden.shape[1])
         inside = (positions >= span_starts[..., None]) & (positions <= span_ends[..., None])  # [B, S, T]

@@ -7,6 +7,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxlm.nn.dropout import Dropout, dropout
 from jaxlm.nn.embed import rotary_embedding
 from jaxlm.nn.layers import LayerDense
 from jaxlm.nn.splash import splash_attention
@@ -97,8 +98,7 @@ def dot_product_attention(
         logits = jnp.where(full_mask, logits, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(logits, axis=-1)
     if dropout_rate > 0.0 and dropout_rng is not None:
-        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
-        weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
+        weights = dropout(weights, dropout_rate, dropout_rng)
     return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
 
 
@@ -143,7 +143,7 @@ class Attention(nn.Module):
             scale=self.scale, kernel=kernel, dropout_rate=cfg.attention_dropout if use_dropout else 0.0,
             dropout_rng=self.make_rng("dropout") if use_dropout else None)
         out = LayerDense(cfg, cfg.hidden_size, ("heads", "kv"), ("embed",), contract=2, name="output")(out)
-        return nn.Dropout(cfg.hidden_dropout)(out, deterministic=deterministic)
+        return Dropout(cfg.hidden_dropout)(out, deterministic=deterministic)
 
     def _cached(self, k: jax.Array, v: jax.Array):
         """(all cached keys, values, mask of the slots each query may see); no mask on the sizing call."""

@@ -7,6 +7,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxlm.nn.dropout import Dropout
 from jaxlm.nn.layers import LayerNorm, normal_init
 from jax.sharding import PartitionSpec as P
 
@@ -116,7 +117,7 @@ class BertEmbeddings(nn.Module):
         if cfg.type_vocab_size:
             self.token_type = Embed(cfg, cfg.type_vocab_size, ("segment", axis), width)
         self.norm = LayerNorm(cfg, axis)
-        self.dropout = nn.Dropout(cfg.hidden_dropout)
+        self.dropout = Dropout(cfg.hidden_dropout)
 
     def __call__(self, input_ids, segment_ids, deterministic: bool) -> jax.Array:
         x = self.word(input_ids) + self.position(learned_positions(input_ids, self.config))

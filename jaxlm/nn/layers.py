@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from jaxlm.nn.dropout import Dropout
 from jaxlm.nn.fp8 import fp8_dot_general
 from jaxlm.parallel.logical import constrain, explicit_axes, gathered, spec_of, with_logical_partitioning
 
@@ -160,9 +161,9 @@ class Mlp(nn.Module):
         cfg = self.config
         h = LayerDense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), name="intermediate")(x)
         h = constrain(ACTIVATIONS[cfg.activation](h), ("batch", "length", "mlp"))
-        h = nn.Dropout(cfg.activation_dropout)(h, deterministic=deterministic)
+        h = Dropout(cfg.activation_dropout)(h, deterministic=deterministic)
         h = LayerDense(cfg, cfg.hidden_size, ("mlp",), ("embed",), name="output")(h)
-        return nn.Dropout(cfg.hidden_dropout)(h, deterministic=deterministic)
+        return Dropout(cfg.hidden_dropout)(h, deterministic=deterministic)
 
 
 class GatedMlp(nn.Module):
@@ -176,6 +177,6 @@ class GatedMlp(nn.Module):
         gate = LayerDense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), name="gate")(x)
         up = LayerDense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), name="up")(x)
         h = constrain(GATES[cfg.activation](gate) * up, ("batch", "length", "mlp"))
-        h = nn.Dropout(cfg.activation_dropout)(h, deterministic=deterministic)
+        h = Dropout(cfg.activation_dropout)(h, deterministic=deterministic)
         h = LayerDense(cfg, cfg.hidden_size, ("mlp",), ("embed",), name="down")(h)
-        return nn.Dropout(cfg.hidden_dropout)(h, deterministic=deterministic)
+        return Dropout(cfg.hidden_dropout)(h, deterministic=deterministic)

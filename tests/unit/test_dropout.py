@@ -1,0 +1,70 @@
+"""jaxlm.nn.dropout: masks with the asked keep probability (to 16 bits), uncorrelated between neighbours and
+between a threefry block's two outputs, from a quarter of the threefry blocks jax.random.bernoulli spends,
+under threefry, rbg and raw keys; the module keeps flax.linen.Dropout's contract."""
+import math
+import re
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxlm.nn.dropout import LEVELS, Dropout, dropout, keep_mask
+
+SHAPE = (8, 4, 96, 250)  # 768,000 draws; an odd number of words per row
+
+
+def _threefry_blocks(fn, *args) -> int:
+    """How many threefry blocks fn computes, from its printed jaxpr (nested jits' bodies included): the first
+    output of each threefry2x32 equation, and each random_bits equation's shape (one block an element under
+    jax_threefry_partitionable)."""
+    text = str(jax.make_jaxpr(fn)(*args))
+    shapes = re.findall(r"\w+:u32\[([\d,]*)\] \w+:u32\[[\d,]*\] = threefry2x32", text)
+    shapes += re.findall(r"random_bits\[bit_width=32 shape=\(([\d, ]*)\)", text)
+    return sum(math.prod(int(d) for d in dims.split(",") if d.strip()) for dims in shapes)
+
+
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg"])
+def test_masks_keep_the_asked_fraction_without_correlation(impl):
+    keep, kept = keep_mask(jax.random.key(3, impl=impl), 0.9, SHAPE)
+    keep = np.asarray(keep)
+    assert keep.shape == SHAPE and keep.dtype == bool
+    assert kept == round(0.9 * LEVELS) / LEVELS and abs(kept - 0.9) < 1e-5
+    draws = keep.size
+    assert abs(keep.mean() - kept) < 4 * np.sqrt(kept * (1 - kept) / draws)
+    rows = keep.reshape(-1, SHAPE[-1]).astype(np.float64)
+    for a, b in [(rows[:, :-1], rows[:, 1:]), (rows[:, :124], rows[:, 124:248]), (rows[:-1], rows[1:])]:
+        assert abs(np.corrcoef(a.ravel(), b.ravel())[0, 1]) < 0.01
+    other, _ = keep_mask(jax.random.key(4, impl=impl), 0.9, SHAPE)
+    again, _ = keep_mask(jax.random.key(3, impl=impl), 0.9, SHAPE)
+    assert np.array_equal(np.asarray(again), keep) and not np.array_equal(np.asarray(other), keep)
+
+
+def test_a_quarter_of_bernoullis_threefry_blocks():
+    key = jax.random.key(0)
+    ours = _threefry_blocks(lambda k: keep_mask(k, 0.9, SHAPE)[0], key)
+    theirs = _threefry_blocks(lambda k: jax.random.bernoulli(k, 0.9, SHAPE), key)
+    assert theirs == math.prod(SHAPE) and ours == math.prod(SHAPE[:-1]) * 63  # 125 words, 63 blocks a row
+
+
+def test_dropout_keeps_the_mean_and_takes_raw_keys():
+    x = jnp.ones(SHAPE, jnp.float32)
+    out = dropout(x, 0.1, jax.random.PRNGKey(0))
+    kept = round(0.9 * LEVELS) / LEVELS
+    assert set(np.unique(np.asarray(out)).tolist()) == {0.0, np.float32(1 / kept)}
+    assert abs(float(out.mean()) - 1.0) < 4 * np.sqrt((1 - kept) / kept / out.size)
+    assert not dropout(x, 1.0, jax.random.PRNGKey(0)).any()
+
+
+def test_module_keeps_flax_contract():
+    x = jnp.arange(1.0, 1001.0).reshape(10, 100)
+    module = Dropout(0.25)
+    assert jnp.array_equal(module.apply({}, x, deterministic=True), x)
+    assert jnp.array_equal(Dropout(0.0).apply({}, x, deterministic=False), x)
+    out = module.apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(1)})
+    kept = round(0.75 * LEVELS) / LEVELS
+    assert jnp.allclose(jnp.where(out == 0, 0, x / kept), out)
+    with pytest.raises(Exception, match="dropout"):
+        module.apply({}, x, deterministic=False)
+    assert isinstance(module, nn.Module)
