@@ -68,3 +68,19 @@ def test_module_keeps_flax_contract():
     with pytest.raises(Exception, match="dropout"):
         module.apply({}, x, deterministic=False)
     assert isinstance(module, nn.Module)
+
+
+@pytest.mark.parametrize("axis", [0, 2])
+def test_sharded_masks_need_no_collective(axis):
+    """Each device draws its own shard's mask, whether the batch or the feature axis is split."""
+    devices = np.array(jax.devices()[:4])
+    mesh = jax.sharding.Mesh(devices, ("x",))
+    spec = [None, None, None]
+    spec[axis] = "x"
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
+    x = jax.device_put(jnp.ones((8, 16, 64)), sharding)
+    step = jax.jit(lambda k, v: dropout(v, 0.1, k), out_shardings=sharding)
+    hlo = step.lower(jax.random.key(0), x).compile().as_text()
+    assert not re.search(r"all-gather|all-to-all|collective-permute|all-reduce", hlo)
+    whole = dropout(jnp.ones((8, 16, 64)), 0.1, jax.random.key(0))
+    assert jnp.array_equal(step(jax.random.key(0), x), whole)
