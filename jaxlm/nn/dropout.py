@@ -46,8 +46,8 @@ def keep_mask(rng: jax.Array, keep_prob: float, shape: tuple[int, ...]) -> tuple
 
 
 def dropout(x: jax.Array, rate: float, rng: jax.Array) -> jax.Array:
-    """Inverted dropout of `x` at `rate`, masks from keep_mask."""
-    if rate >= 1.0:
+    """Inverted dropout of `x` at `rate`, masks from keep_mask; zeros where 16 bits keep nothing (rate ≈ 1)."""
+    if round((1.0 - rate) * LEVELS) == 0:
         return jnp.zeros_like(x)
     keep, kept = keep_mask(rng, 1.0 - rate, x.shape)
     return jnp.where(keep, x / kept, jnp.zeros((), x.dtype))

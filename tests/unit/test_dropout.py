@@ -54,7 +54,9 @@ def test_dropout_keeps_the_mean_and_takes_raw_keys():
     kept = round(0.9 * LEVELS) / LEVELS
     assert set(np.unique(np.asarray(out)).tolist()) == {0.0, np.float32(1 / kept)}
     assert abs(float(out.mean()) - 1.0) < 4 * np.sqrt((1 - kept) / kept / out.size)
-    assert not dropout(x, 1.0, jax.random.PRNGKey(0)).any()
+    for rate in (1.0, 1 - 1e-6):
+        assert not dropout(x, rate, jax.random.PRNGKey(0)).any()
+        assert not jnp.isnan(jax.grad(lambda v: dropout(v, rate, jax.random.PRNGKey(0)).sum())(x)).any()
 
 
 def test_module_keeps_flax_contract():
