@@ -19,19 +19,16 @@ def _uniform_halves(rng: jax.Array, lead: tuple[int, ...], count: int) -> jax.Ar
         words = jax.random.bits(rng, (*lead, -(-count // 2)), jnp.uint32)
     else:
         shape = (*lead, blocks)
-        counter = sum((jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * jnp.uint32(stride)
-                       for axis, stride in enumerate(_strides(shape))), jnp.zeros(shape, jnp.uint32))
+        counter = sum(jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * jnp.uint32(math.prod(shape[axis + 1:]))
+                      for axis in range(len(shape)))
         high, low = jax.random.key_data(rng)
         words = jnp.stack(threefry2x32_p.bind(high, low, jnp.zeros(shape, jnp.uint32), counter), axis=-1)
     return jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(*lead, -1)[..., :count]
 
 
-def _strides(shape: tuple[int, ...]) -> list[int]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= size
-    return strides[::-1]
+def _threshold(keep_prob: float) -> int:
+    """The 16-bit draws below which an element is kept."""
+    return round(keep_prob * LEVELS)
 
 
 def keep_mask(rng: jax.Array, keep_prob: float, shape: tuple[int, ...]) -> tuple[jax.Array, float]:
@@ -41,13 +38,13 @@ def keep_mask(rng: jax.Array, keep_prob: float, shape: tuple[int, ...]) -> tuple
     if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
         rng = jax.random.wrap_key_data(rng)
     *lead, last = shape
-    threshold = round(keep_prob * LEVELS)
+    threshold = _threshold(keep_prob)
     return _uniform_halves(rng, tuple(lead), last) < threshold, threshold / LEVELS
 
 
 def dropout(x: jax.Array, rate: float, rng: jax.Array) -> jax.Array:
     """Inverted dropout of `x` at `rate`, masks from keep_mask; zeros where 16 bits keep nothing (rate ≈ 1)."""
-    if round((1.0 - rate) * LEVELS) == 0:
+    if _threshold(1.0 - rate) == 0:
         return jnp.zeros_like(x)
     keep, kept = keep_mask(rng, 1.0 - rate, x.shape)
     return jnp.where(keep, x / kept, jnp.zeros((), x.dtype))
