@@ -73,6 +73,12 @@ CASES = {
     "t5rbg": (T5_CONFIG, [*T5, "train.dropout_rng=rbg"], "t5"),
     # GPT-2's table and head at 50,257 rows, not the config's 50,304 (model.vocab_multiple=128)
     "gpt2unpadded": ("configs/gpt2-small.yaml", [*_gpt2(16), "model.vocab_multiple=1"], "gpt2"),
+    # the layers as one nn.scan: a fifth of the initialiser's compile time on the CPU (T5-base), at what cost
+    # to the step?
+    "bert128scan": ("configs/bert-base.yaml", [*_bert(256, 128), "model.scan_layers=true"], "bert128"),
+    "bert512scan": ("configs/bert-base.yaml", [*_bert(32, 512), "model.scan_layers=true"], "bert512"),
+    "gpt2scan": ("configs/gpt2-small.yaml", [*_gpt2(16), "model.scan_layers=true"], "gpt2"),
+    "t5scan": (T5_CONFIG, [*T5, "model.scan_layers=true"], "t5"),
 }
 DEFAULT_CASES = "bert128,bert512,gpt2,t5"
 TRAIN_STEPS, TRAIN_LOG_EVERY = 100, 25  # `jaxlm train`'s rate: the mean of its logged rates after the first
