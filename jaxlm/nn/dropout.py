@@ -37,8 +37,7 @@ def keep_mask(rng: jax.Array, keep_prob: float, shape: tuple[int, ...]) -> tuple
         words = _threefry_words(rng, (*lead, blocks))
     else:
         words = (jax.random.bits(rng, (*lead, -(-count // 2)), jnp.uint32),)
-    # compared before they are interleaved, so that XLA writes a block's four draws as four booleans (where
-    # interleaving the words first wrote them whole, for a second kernel to compare)
+    # compared before they are interleaved, so that the interleaved copy XLA writes holds booleans, not words
     halves = [half for word in words for half in (word & 0xFFFF < threshold, word >> 16 < threshold)]
     return jnp.stack(halves, axis=-1).reshape(*lead, -1)[..., :count], threshold / LEVELS
 
