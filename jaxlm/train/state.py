@@ -1,6 +1,7 @@
 """The train state and its sharded creation: never materialised unsharded."""
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -43,10 +44,36 @@ def abstract_state(init_params, optimizer, shardings):
     return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
 
 
+THREEFRY_KERNEL = "jax_threefry_gpu_kernel_lowering"
+
+
+@contextlib.contextmanager
+def threefry_kernel():
+    """On GPU, JAX's threefry as its precompiled CUDA kernel rather than XLA fusions (the same bits): the
+    initialiser's draws, one per parameter array, otherwise compile into a few huge fusions (T5-base's took
+    150 s to compile for a compile-only H100 on a 2-core CPU, 12 s with the kernel). Not for the train step,
+    whose dropout masks XLA fuses with their use. A JAX without the option compiles as before."""
+    before = getattr(jax.config, THREEFRY_KERNEL, None)
+    if before is None:
+        yield
+        return
+    jax.config.update(THREEFRY_KERNEL, True)
+    try:
+        yield
+    finally:
+        jax.config.update(THREEFRY_KERNEL, before)
+
+
+def state_initializer(init_params, optimizer, shardings):
+    """The jitted function from a key to the initialised state in its sharded layout (call or lower it under
+    `threefry_kernel()`, the mesh and the rules)."""
+    return jax.jit(lambda r: _state(init_params, optimizer, r), out_shardings=shardings)
+
+
 def create_state(init_params, optimizer, shardings, mesh: Mesh, rules: Rules, rng) -> TrainState:
     """Initialise directly into the sharded layout."""
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        return jax.jit(lambda r: _state(init_params, optimizer, r), out_shardings=shardings)(rng)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules), threefry_kernel():
+        return state_initializer(init_params, optimizer, shardings)(rng)
 
 
 def count_params(params) -> int:

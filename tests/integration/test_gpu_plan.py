@@ -86,3 +86,38 @@ def test_bench_gpu_plan_tables_a_real_case(tmp_path):
     classes = ["matmuls", "attention", "norms and elementwise", "embedding and loss", "optimizer and metrics"]
     assert float(values["bound ms"]) == pytest.approx(sum(float(values[c]) for c in classes), abs=0.05)
     assert float(values["matmuls"]) > 1 and int(values["kernels"]) > 100
+
+
+INITIALISER = """
+import contextlib
+import jax, flax.linen as nn
+from jaxlm import config as config_lib
+from jaxlm.parallel.mesh import replicated
+from jaxlm.train import aot, state
+from jaxlm.train.loop import build
+setup = build(config_lib.load("configs/bert-tiny.yaml"), devices=aot.topology_devices("h100"))
+key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype, sharding=replicated(setup.mesh))
+for kernel in (False, True):
+    drawing = state.threefry_kernel() if kernel else contextlib.nullcontext()
+    with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules), drawing:
+        initializer = state.state_initializer(setup.objective.init, setup.optimizer, setup.shardings)
+        text = initializer.lower(key).compile().as_text()
+    print(kernel, text.count('custom_call_target="cu_threefry2x32'), text.count("xor("))
+print("after", getattr(jax.config, state.THREEFRY_KERNEL))
+"""
+
+
+def test_the_initialiser_draws_with_the_threefry_kernel_on_a_gpu():
+    """The state's initialiser compiled for a compile-only H100: under `threefry_kernel()` each random draw is
+    JAX's CUDA threefry kernel (no threefry rounds left in XLA's fusions); without it, the rounds are fused
+    (what took T5-base's initialiser 150 s to compile); the option is restored after."""
+    proc = subprocess.run([sys.executable, "-c", INITIALISER], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu", **PLUGIN))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    fused, kernel, after = proc.stdout.strip().splitlines()[-3:]
+    calls, fused_xors = map(int, fused.split()[1:])
+    assert fused.startswith("False") and calls == 0
+    calls, xors = map(int, kernel.split()[1:])
+    # bert-tiny's 18 normal draws and their keys; one xor a draw is left, combining the kernel's two words
+    assert kernel.startswith("True") and calls >= 18 and xors <= 18 and fused_xors > 10 * 18
+    assert after == "after False"
