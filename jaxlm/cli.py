@@ -27,7 +27,7 @@ from jaxlm.data.tokenizers import tokenize_cli, trainer_cli
 from jaxlm.eval import sweep
 from jaxlm.parallel import distributed
 from jaxlm.sentence_embedding import embed_file
-from jaxlm.train import aot, hlo_cost
+from jaxlm.train import aot, compile_cache, hlo_cost
 from jaxlm.train.bench import bench, compile_only, format_table
 from jaxlm.train.profile import PROFILED_STEPS, format_profile
 from jaxlm.train.faults import TrainingStopped
@@ -66,6 +66,7 @@ def cmd_prepare(args) -> None:
 
 def cmd_train(args) -> None:
     config = _load(args)
+    compile_cache.enable(config.train)
     final = train(config)
     if jax.process_index() == 0 and final.get("examples") and not final.get("stopped"):
         print(report(config, final))

@@ -65,6 +65,9 @@ class TrainConfig:
     # generates the whole batch's, so it is for one device); initialisation keeps jax.random.key(train.seed)
     dropout_rng: str = "threefry"
     hang_timeout_s: float = 0.0  # no progress this long: dump stacks, exit 75; 0: 20x the median step, >= 300 s; <0: off
+    # where `jaxlm train` keeps its compiled programs for a restart to load: run_dir (<run_dir>/compile-cache),
+    # a directory or bucket path, or off; JAX_COMPILATION_CACHE_DIR, when set, wins
+    compile_cache: str = "run_dir"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -319,6 +322,8 @@ def validate_run(config: RunConfig) -> None:
         raise ConfigError(f"train.nonfinite={train.nonfinite!r}; choose one of {', '.join(NONFINITE)}")
     if train.dropout_rng not in DROPOUT_RNGS:
         raise ConfigError(f"train.dropout_rng={train.dropout_rng!r}; choose one of {', '.join(DROPOUT_RNGS)}")
+    if not train.compile_cache.strip():
+        raise ConfigError("train.compile_cache is empty; give run_dir, a directory, or off")
     if train.spike_sigmas < 0 or (train.spike_sigmas > 0 and train.nonfinite != "skip"):
         raise ConfigError(f"train.spike_sigmas={train.spike_sigmas:g}: loss spikes are skipped like non-finite steps; "
                           "set train.nonfinite=skip with it, and a positive value (0 turns it off)")

@@ -22,7 +22,7 @@ from jaxlm.objectives import Objective
 from jaxlm.parallel import distributed
 from jaxlm.parallel.mesh import logical_sharding, make_mesh, replicated
 from jaxlm.parallel.rules import Rules, rules_for
-from jaxlm.train import checkpoint, faults, flops
+from jaxlm.train import checkpoint, compile_cache, faults, flops
 from jaxlm.train.preflight import check_batch, preflight
 from jaxlm.train.metrics import MetricsWriter, plot_curves
 from jaxlm.train.optim import make_optimizer, reject_loss_spikes, schedule
@@ -186,8 +186,11 @@ def train(config: RunConfig) -> dict:
     mngr = checkpoint.manager(run_dir / "checkpoints", tcfg.keep_checkpoints)
     rng, init_rng = dropout_key(tcfg), init_key(tcfg)
     warnings = []
-    state, start, how = restore_or_init(setup, mngr, init_rng, warnings.append)
-    compiled_train, compiled_eval = compile_steps(setup)
+    with compile_cache.counted() as lookups:
+        state, start, how = restore_or_init(setup, mngr, init_rng, warnings.append)
+        started = time.perf_counter()
+        compiled_train, compiled_eval = compile_steps(setup)
+        compiled = compile_cache.summary(time.perf_counter() - started, lookups)
     resolved = config_lib.to_dict(config)
     if is_main:
         (run_dir / "config.json").write_text(json.dumps(resolved, indent=2))
@@ -198,6 +201,7 @@ def train(config: RunConfig) -> dict:
     writer.message(f"{how}; {count_params(state.params) / 1e6:.2f}M parameters on mesh "
                    f"{dict(setup.mesh.shape)} ({jax.device_count()} devices, {jax.process_count()} processes)")
     writer.message(f"train step memory: {memory_summary(compiled_train)}")
+    writer.message(compiled)
     peak, _ = flops.peak_flops(override=config.bench.peak_flops_per_device)
     tokens_per_step = tcfg.global_batch * config.data.max_seq_length
     flops_per_token = setup.objective.flops_per_token()

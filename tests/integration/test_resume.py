@@ -1,4 +1,7 @@
-"""A run killed with SIGKILL after its first checkpoint resumes to the uninterrupted run's losses."""
+"""A run killed with SIGKILL after its first checkpoint resumes to the uninterrupted run's losses, its
+compiled steps loaded from the compilation cache in its run directory."""
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -7,6 +10,7 @@ from conftest import ROOT, kill_when, run_cli
 from jaxlm.train.metrics import read_jsonl
 
 STEPS = 80
+CACHE_ALL = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}  # a tiny model's steps compile in under JAX's 1 s
 
 
 def _losses(run_dir):
@@ -24,7 +28,7 @@ def test_sigkill_then_resume_matches_uninterrupted(tiny_config, tmp_path):
     killed = tiny_config(extra | {"train": {**extra["train"], "run_dir": str(tmp_path / "killed")}}, "b.yaml")
     run_cli("train", straight)
 
-    env = dict(__import__("os").environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8", **CACHE_ALL)
     proc = subprocess.Popen([sys.executable, "-m", "jaxlm.cli", "train", str(killed)], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     checkpoints = tmp_path / "killed" / "checkpoints"
@@ -35,8 +39,12 @@ def test_sigkill_then_resume_matches_uninterrupted(tiny_config, tmp_path):
     logged_before = max(_losses(tmp_path / "killed"))
     assert logged_before < STEPS
 
-    resumed = run_cli("train", killed)
-    assert f"resumed from step {at_kill[-1]}" in resumed.stderr + resumed.stdout
+    resumed = run_cli("train", killed, env_extra=CACHE_ALL)
+    output = resumed.stderr + resumed.stdout
+    assert f"resumed from step {at_kill[-1]}" in output
+    # the restart loads its compiled steps from the run directory's cache, which the killed run wrote
+    loaded = re.search(r"(\d+) of (\d+) programs loaded from the compilation cache in (\S+)", output)
+    assert loaded and int(loaded[1]) >= 2 and loaded[3] == str(tmp_path / "killed" / "compile-cache"), output[-3000:]
 
     expected, got = _losses(tmp_path / "straight"), _losses(tmp_path / "killed")
     assert sorted(got) == list(range(1, STEPS + 1))
