@@ -190,7 +190,7 @@ def train(config: RunConfig) -> dict:
         state, start, how = restore_or_init(setup, mngr, init_rng, warnings.append)
         started = time.perf_counter()
         compiled_train, compiled_eval = compile_steps(setup)
-        compiled = compile_cache.summary(time.perf_counter() - started, lookups)
+        compile_line = compile_cache.summary(time.perf_counter() - started, lookups)
     resolved = config_lib.to_dict(config)
     if is_main:
         (run_dir / "config.json").write_text(json.dumps(resolved, indent=2))
@@ -201,7 +201,7 @@ def train(config: RunConfig) -> dict:
     writer.message(f"{how}; {count_params(state.params) / 1e6:.2f}M parameters on mesh "
                    f"{dict(setup.mesh.shape)} ({jax.device_count()} devices, {jax.process_count()} processes)")
     writer.message(f"train step memory: {memory_summary(compiled_train)}")
-    writer.message(compiled)
+    writer.message(compile_line)
     peak, _ = flops.peak_flops(override=config.bench.peak_flops_per_device)
     tokens_per_step = tcfg.global_batch * config.data.max_seq_length
     flops_per_token = setup.objective.flops_per_token()
