@@ -13,16 +13,15 @@ OFF = "off"
 HITS, MISSES = "/jax/compilation_cache/cache_hits", "/jax/compilation_cache/cache_misses"
 
 
-def enable(train) -> str:
+def enable(train) -> None:
     """Point this process's compilation cache at where `train.compile_cache` says, unless the user set
-    JAX_COMPILATION_CACHE_DIR (theirs is kept); returns the directory in use, "" for none. Process-wide:
-    call it once, before anything compiles (the CLI does; a library caller sets JAX's option itself)."""
+    JAX_COMPILATION_CACHE_DIR (theirs is kept). Process-wide: call it once, before anything compiles (the
+    CLI does; a library caller sets JAX's option itself)."""
     if jax.config.jax_compilation_cache_dir or train.compile_cache == OFF:
-        return jax.config.jax_compilation_cache_dir or ""
+        return
     in_run_dir = train.compile_cache == IN_RUN_DIR
     where = run_path(train.run_dir) / "compile-cache" if in_run_dir else run_path(train.compile_cache)
     jax.config.update("jax_compilation_cache_dir", str(where))
-    return str(where)
 
 
 @dataclasses.dataclass
