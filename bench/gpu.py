@@ -58,6 +58,8 @@ CASES = {
     "t5": (T5_CONFIG, T5, "t5"),
     # cuDNN's kernel has no attention dropout (the peer keeps T5's 0.1 on the attention weights)
     "t5cudnn": (T5_CONFIG, [*T5, "model.attention_kernel=cudnn", "model.attention_dropout=0"], "t5"),
+    # our Pallas kernel: T5's bias and its gradient, the padding and the attention dropout inside
+    "t5flash": (T5_CONFIG, [*T5, "model.attention_kernel=flash"], "t5"),
     "bert128b512": ("configs/bert-base.yaml", _bert(512, 128), "bert128b512"),
     "bert512b64": ("configs/bert-base.yaml", _bert(64, 512), "bert512b64"),
     "gpt2b32": ("configs/gpt2-small.yaml", _gpt2(32), "gpt2b32"),

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
-ATTENTION_KERNELS = ("xla", "cudnn", "splash")
+ATTENTION_KERNELS = ("xla", "cudnn", "flash", "splash")
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "swiglu", "geglu")
 GATED_ACTIVATIONS = ("swiglu", "geglu")

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from jaxlm.nn.dropout import Dropout, dropout
 from jaxlm.nn.embed import rotary_embedding
+from jaxlm.nn.flash import flash_attention
 from jaxlm.nn.layers import LayerDense
 from jaxlm.nn.splash import splash_attention
 from jaxlm.parallel.logical import constrain
@@ -94,7 +95,8 @@ def dot_product_attention(
     apart (tokens attend within their own segment id). `bias` [1 or batch, heads, q_length, k_length]
     is added to the logits (T5's relative positions); `mask` is any further boolean mask of that shape;
     `scale` multiplies the logits (default 1/sqrt(head_dim)). `xla` is portable and supports attention
-    dropout; `cudnn` is the fused GPU kernel (no dropout); `splash` is the Pallas TPU kernel.
+    dropout; `cudnn` is the fused GPU kernel (no dropout); `flash` is our Pallas GPU kernel (a bias shared by
+    the batch, dropout inside; no segment ids); `splash` is the Pallas TPU kernel.
     """
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     if kernel == "cudnn":
@@ -105,6 +107,12 @@ def dot_product_attention(
         return jax.nn.dot_product_attention(
             query, key, value, bias=bias, mask=mask, scale=scale, key_value_seq_lengths=lengths,
             is_causal=causal, implementation="cudnn")
+    if kernel == "flash":
+        if segment_ids is not None or mask is not None:
+            raise ValueError("attention_kernel='flash' takes no segment ids (packed documents) or extra mask: use "
+                             "'cudnn' or 'xla'")
+        return flash_attention(query, key, value, padding_mask=padding_mask, causal=causal, bias=bias, scale=scale,
+                               dropout_rate=dropout_rate, dropout_rng=dropout_rng)
     if kernel == "splash":
         if bias is not None or mask is not None:
             raise ValueError("attention_kernel='splash' takes no logit bias or extra mask: use 'xla' for "
@@ -112,7 +120,7 @@ def dot_product_attention(
         return splash_attention(query, key, value, padding_mask=padding_mask, causal=causal,
                                 segment_ids=segment_ids, scale=scale)
     if kernel != "xla":
-        raise ValueError(f"unknown attention kernel {kernel!r}; choose xla, cudnn or splash")
+        raise ValueError(f"unknown attention kernel {kernel!r}; choose xla, cudnn, flash or splash")
     groups = query.shape[2] // key.shape[2]
     if groups > 1:
         key, value = jnp.repeat(key, groups, axis=2), jnp.repeat(value, groups, axis=2)

@@ -21,10 +21,12 @@ def _plan(config, *overrides, topology="h100"):
     return proc.stdout, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("config, tolerance", [("configs/bert-tiny.yaml", 0.01), ("configs/gpt2-tiny.yaml", 0.01),
-                                               ("configs/t5-tiny.yaml", 0.1)])
-def test_plan_of_the_real_step_on_an_h100(config, tolerance):
-    out, result = _plan(config)
+@pytest.mark.parametrize("config, overrides, tolerance", [
+    ("configs/bert-tiny.yaml", [], 0.01), ("configs/gpt2-tiny.yaml", [], 0.01), ("configs/t5-tiny.yaml", [], 0.1),
+    # our Pallas (Triton) flash kernels lower for an H100 inside the real step; their dots are not the HLO's
+    ("configs/t5-tiny.yaml", ["model.attention_kernel=flash"], 0.25)])
+def test_plan_of_the_real_step_on_an_h100(config, overrides, tolerance):
+    out, result = _plan(config, *overrides)
     assert result["device_kind"] == "NVIDIA H100 80GB HBM3" and result["devices"] == 1
     assert "fits in 79.10 GiB HBM" in out and "roofline plan (989 TFLOP/s bf16, 3.35 TB/s, links 450 GB/s)" in out
     plan = result["plan"]

@@ -1,0 +1,406 @@
+"""Flash attention for GPUs in Pallas (Triton) behind `dot_product_attention(kernel="flash")`: a logit bias shared
+by the batch (T5's relative positions) with its gradient, key padding, causal masks and attention dropout, all
+inside the kernels, so that no [batch, heads, q, k] tensor reaches memory.
+
+Three kernels: the forward pass (one program per example, head and block of queries; online softmax over the
+key blocks), the keys' and values' gradients (one per example, head and block of keys) and the queries'
+gradients with the bias's (one per head, block of queries and chunk of the batch: the bias's gradient is summed
+over the batch in registers, a chunk at a time, and the chunks' sums are added by XLA; no atomics, so the result
+is the same on every run). Lengths are padded to the block size; padded keys are masked, padded queries dropped.
+
+Dropout keeps the attention weight of (example b, head h, query i, key j) when 16 bits of a hash of (the
+dropout key, b, h, i, j) fall below round(keep_prob * 65536), as `jaxlm.nn.dropout` compares its threefry
+draws, and divides by that kept fraction; `keep_mask` computes the same bits outside the kernels (tests). The
+hash is two rounds of `lowbias32` (Wellons's 32-bit integer hash): about 15 integer operations a weight, where a
+threefry block costs 80 for four, and nothing written to memory. Under a mesh the kernels run per shard
+(`jax.shard_map`, split as the flax rules place batch and heads) and hash global indices, so the masks do not
+depend on the mesh.
+
+Built for the CPU (the tests) the kernels run in Pallas interpret mode, slow and for checking numbers only.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+from jax.sharding import PartitionSpec
+
+from jaxlm.nn.dropout import LEVELS, _threshold
+from jaxlm.nn.splash import _dividing_axes, _spec_axis, target_platform
+
+BLOCK = 64  # queries and keys per tile; lengths are padded to a multiple
+DQ_BLOCK = 16  # queries per program of the gradient kernel that sums the bias's gradient: [16, k_length] floats live
+LOG2E = math.log2(math.e)  # the kernels work in base 2: exp(x) = exp2(x * log2(e))
+MASKED = float(np.finfo(np.float32).min)  # as the xla kernel masks: a row with no real key attends uniformly
+BIAS_CHUNKS = 4  # the batch's chunks whose bias gradients are summed separately (more programs, more partial sums)
+
+
+def _mix(x: jax.Array) -> jax.Array:
+    """lowbias32: each output bit of this uint32 hash flips with about half of the input's bits."""
+    x = x ^ (x >> 16)
+    x = x * np.uint32(0x21F0AAAD)
+    x = x ^ (x >> 15)
+    x = x * np.uint32(0x735A2D97)
+    return x ^ (x >> 15)
+
+
+def _keep(seed: tuple, row, q_positions, k_positions, k_length: int, threshold: int) -> jax.Array:
+    """Booleans [queries, keys] of one (example, head) `row`: 16 hashed bits below `threshold`."""
+    position = (q_positions.astype(jnp.uint32)[:, None] * np.uint32(k_length)
+                + k_positions.astype(jnp.uint32)[None, :])
+    bits = _mix(_mix(position ^ seed[0]) ^ (row * np.uint32(0x9E3779B9) + seed[1]))
+    return (bits >> 16) < np.uint32(threshold)
+
+
+def _seed_words(rng: jax.Array) -> jax.Array:
+    """The dropout key's two uint32 words."""
+    if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+        rng = jax.random.key_data(rng)
+    return rng.reshape(-1)[-2:].astype(jnp.uint32)
+
+
+def keep_mask(rng: jax.Array, keep_prob: float, shape: tuple[int, int, int, int]) -> tuple[jax.Array, float]:
+    """(the kernels' dropout booleans [batch, heads, q_length, k_length] for the key `rng`, the kept fraction);
+    `shape` is the padded one the kernels see (lengths rounded up to BLOCK)."""
+    batch, heads, q_length, k_length = shape
+    threshold = _threshold(keep_prob)
+    seed = _seed_words(rng)
+    rows = jnp.arange(batch * heads, dtype=jnp.uint32).reshape(batch, heads)
+    per_row = jax.vmap(jax.vmap(lambda row: _keep(seed, row, jnp.arange(q_length), jnp.arange(k_length), k_length,
+                                                  threshold)))
+    return per_row(rows), threshold / LEVELS
+
+
+def _row(seed_ref, b, h, heads: int):
+    """The global (example, head) index that the dropout hash takes: the shard's offsets are seed words 2 and 3."""
+    return ((seed_ref[2] + b.astype(jnp.uint32)) * np.uint32(heads) + seed_ref[3] + h.astype(jnp.uint32))
+
+
+def _compiler_params(num_warps: int, num_stages: int):
+    params = getattr(plgpu, "CompilerParams", None) or getattr(plgpu, "TritonCompilerParams")
+    return params(num_warps=num_warps, num_stages=num_stages)
+
+
+def _scores(q, k, bias, key_real, q_positions, k_positions, *, scale: float, causal: bool) -> jax.Array:
+    """float32 logits [queries, keys] of one tile in base 2, masked entries at MASKED."""
+    s = jnp.dot(q, k.T, preferred_element_type=jnp.float32) * scale
+    if bias is not None:
+        s = s + bias.astype(jnp.float32)
+    s = s * LOG2E
+    mask = None if key_real is None else (key_real != 0)[None, :]
+    if causal:
+        lower = q_positions[:, None] >= k_positions[None, :]
+        mask = lower if mask is None else mask & lower
+    return s if mask is None else jnp.where(mask, s, MASKED)
+
+
+
+
+def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, o_ref, lse_ref, *, scale, causal, rate,
+                    heads, k_length):
+    b, h, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    block_q = q_ref.shape[0]
+    q = q_ref[...]
+    q_positions = i * block_q + jnp.arange(block_q)
+    threshold = _threshold(1.0 - rate)
+    seed = None if seed_ref is None else (seed_ref[0], seed_ref[1])
+    row = None if seed_ref is None else _row(seed_ref, b, h, heads)
+
+    def body(j, carry):
+        out, top, total = carry
+        keys = pl.ds(j * BLOCK, BLOCK)
+        k_positions = j * BLOCK + jnp.arange(BLOCK)
+        s = _scores(q, k_ref[keys, :], None if bias_ref is None else bias_ref[:, keys],
+                    None if keys_ref is None else keys_ref[keys], q_positions, k_positions, scale=scale, causal=causal)
+        new_top = jnp.maximum(top, jnp.max(s, axis=-1))
+        correction = jnp.exp2(top - new_top)
+        p = jnp.exp2(s - new_top[:, None])
+        total = total * correction + jnp.sum(p, axis=-1)
+        if seed is not None:
+            p = jnp.where(_keep(seed, row, q_positions, k_positions, k_length, threshold), p, 0.0)
+        v = v_ref[keys, :]
+        out = out * correction[:, None] + jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        return out, new_top, total
+
+    blocks = jax.lax.div((i + 1) * block_q + BLOCK - 1, BLOCK) if causal else k_length // BLOCK
+    start = (jnp.zeros(o_ref.shape, jnp.float32), jnp.full((block_q,), -jnp.inf, jnp.float32),
+             jnp.zeros((block_q,), jnp.float32))
+    out, top, total = jax.lax.fori_loop(0, blocks, body, start)
+    kept = threshold / LEVELS if seed is not None else 1.0
+    o_ref[...] = (out / (total * kept)[:, None]).astype(o_ref.dtype)
+    lse_ref[...] = top + jnp.log2(total)
+
+
+def _weights_and_grad(seed, row, q, k, v, do, lse, delta, bias, key_real, q_positions, k_positions, *, scale,
+                      causal, rate, k_length):
+    """(dropped weights, the logits' gradient) [queries, keys] of one tile in the backward kernels."""
+    s = _scores(q, k, bias, key_real, q_positions, k_positions, scale=scale, causal=causal)
+    p = jnp.exp2(s - lse[:, None])
+    dp = jnp.dot(do, v.T, preferred_element_type=jnp.float32)
+    dropped = p
+    if seed is not None:
+        threshold = _threshold(1.0 - rate)
+        keep, inverse = _keep(seed, row, q_positions, k_positions, k_length, threshold), LEVELS / threshold
+        dropped = jnp.where(keep, p * inverse, 0.0)
+        dp = jnp.where(keep, dp * inverse, 0.0)
+    return dropped, p * (dp - delta[:, None])
+
+
+def _key_value_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, do_ref, lse_ref, delta_ref, dk_ref,
+                           dv_ref, *, scale, causal, rate, heads, k_length):
+    b, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    k, v = k_ref[...], v_ref[...]
+    k_positions = j * BLOCK + jnp.arange(BLOCK)
+    key_real = None if keys_ref is None else keys_ref[...]
+    seed = None if seed_ref is None else (seed_ref[0], seed_ref[1])
+    row = None if seed_ref is None else _row(seed_ref, b, h, heads)
+
+    def body(i, carry):
+        dk, dv = carry
+        queries = pl.ds(i * BLOCK, BLOCK)
+        q, do = q_ref[queries, :], do_ref[queries, :]
+        dropped, ds = _weights_and_grad(
+            seed, row, q, k, v, do, lse_ref[queries], delta_ref[queries],
+            None if bias_ref is None else bias_ref[queries, :], key_real, i * BLOCK + jnp.arange(BLOCK), k_positions,
+            scale=scale, causal=causal, rate=rate, k_length=k_length)
+        dv = dv + jnp.dot(dropped.astype(do.dtype).T, do, preferred_element_type=jnp.float32)
+        dk = dk + jnp.dot(ds.astype(q.dtype).T, q, preferred_element_type=jnp.float32)
+        return dk, dv
+
+    zeros = jnp.zeros(dk_ref.shape, jnp.float32)
+    dk, dv = jax.lax.fori_loop(j if causal else 0, q_ref.shape[0] // BLOCK, body, (zeros, zeros))
+    dk_ref[...] = (dk * scale).astype(dk_ref.dtype)
+    dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def _query_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, do_ref, lse_ref, delta_ref, dq_ref,
+                       dbias_ref=None, *, scale, causal, rate, heads, k_length, per_program):
+    """dq of `per_program` examples for one head and block of queries; with a bias, its gradient summed over them."""
+    h, i, c = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    block_q = DQ_BLOCK if dbias_ref is not None else BLOCK
+    queries = pl.ds(i * block_q, block_q)
+    q_positions = i * block_q + jnp.arange(block_q)
+    seed = None if seed_ref is None else (seed_ref[0], seed_ref[1])
+
+    def tile(b, j, q, do, lse, delta):
+        keys = pl.ds(j * BLOCK, BLOCK)
+        k, v = k_ref[b, keys, h, :], v_ref[b, keys, h, :]
+        _, ds = _weights_and_grad(
+            seed, None if seed_ref is None else _row(seed_ref, b, h, heads), q, k, v, do, lse, delta,
+            None if bias_ref is None else bias_ref[:, keys],
+            None if keys_ref is None else keys_ref[b, keys], q_positions, j * BLOCK + jnp.arange(BLOCK),
+            scale=scale, causal=causal, rate=rate, k_length=k_length)
+        return ds, k
+
+    def example(step, sums):
+        b = c * per_program + step
+        q, do = q_ref[b, queries, h, :], do_ref[b, queries, h, :]
+        lse, delta = lse_ref[b, h, queries], delta_ref[b, h, queries]
+        dq = jnp.zeros((block_q, q.shape[-1]), jnp.float32)
+        if sums is None:
+            def key_block(j, dq):
+                ds, k = tile(b, j, q, do, lse, delta)
+                return dq + jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
+            dq = jax.lax.fori_loop(0, k_length // BLOCK, key_block, dq)
+        else:
+            added = []
+            for j, total in enumerate(sums):  # unrolled, so that each key block's bias gradient stays in registers
+                ds, k = tile(b, j, q, do, lse, delta)
+                dq = dq + jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
+                added.append(total + ds)
+            sums = tuple(added)
+        dq_ref[b, queries, h, :] = (dq * scale).astype(dq_ref.dtype)
+        return sums
+
+    if dbias_ref is None:
+        jax.lax.fori_loop(0, per_program, example, None)
+        return
+    zeros = tuple(jnp.zeros((block_q, BLOCK), jnp.float32) for _ in range(k_length // BLOCK))
+    for j, total in enumerate(jax.lax.fori_loop(0, per_program, example, zeros)):
+        dbias_ref[:, j * BLOCK:(j + 1) * BLOCK] = total
+
+
+def _spec(array, block, index):
+    """A BlockSpec, or None for an absent input."""
+    return None if array is None else pl.BlockSpec(block, index)
+
+
+def _whole(array):
+    """The whole array for every program."""
+    return _spec(array, None if array is None else array.shape, lambda *_: (0,) * array.ndim)
+
+
+def _forward(q, k, v, bias, keys, seed, scale, causal, rate, heads, interpret):
+    batch, q_length, local_heads, head_dim = q.shape
+    k_length = k.shape[1]
+    kernel = functools.partial(_forward_kernel, scale=scale, causal=causal, rate=rate, heads=heads,
+                               k_length=k_length)
+    out, lse = pl.pallas_call(
+        kernel, grid=(batch, local_heads, q_length // BLOCK),
+        in_specs=[_whole(seed),
+                  pl.BlockSpec((None, BLOCK, None, head_dim), lambda b, h, i: (b, i, h, 0)),
+                  pl.BlockSpec((None, k_length, None, head_dim), lambda b, h, i: (b, 0, h, 0)),
+                  pl.BlockSpec((None, k_length, None, head_dim), lambda b, h, i: (b, 0, h, 0)),
+                  _spec(bias, (None, None, BLOCK, k_length), lambda b, h, i: (0, h, i, 0)),
+                  _spec(keys, (None, k_length), lambda b, h, i: (b, 0))],
+        out_specs=[pl.BlockSpec((None, BLOCK, None, head_dim), lambda b, h, i: (b, i, h, 0)),
+                   pl.BlockSpec((None, None, BLOCK), lambda b, h, i: (b, h, i))],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+                   jax.ShapeDtypeStruct((batch, local_heads, q_length), jnp.float32)],
+        compiler_params=_compiler_params(4, 2), interpret=interpret, name="flash_forward",
+    )(seed, q, k, v, bias, keys)
+    return out, lse
+
+
+def _backward(q, k, v, bias, keys, seed, out, lse, do, scale, causal, rate, heads, interpret):
+    batch, q_length, local_heads, head_dim = q.shape
+    k_length = k.shape[1]
+    statics = dict(scale=scale, causal=causal, rate=rate, heads=heads, k_length=k_length)
+    delta = jnp.einsum("bqhd,bqhd->bhq", out.astype(jnp.float32), do.astype(jnp.float32))
+    rows = pl.BlockSpec((None, q_length, None, head_dim), lambda b, h, j: (b, 0, h, 0))
+    keys_block = pl.BlockSpec((None, BLOCK, None, head_dim), lambda b, h, j: (b, j, h, 0))
+    per_query = pl.BlockSpec((None, None, q_length), lambda b, h, j: (b, h, 0))
+    dk, dv = pl.pallas_call(
+        functools.partial(_key_value_grad_kernel, **statics), grid=(batch, local_heads, k_length // BLOCK),
+        in_specs=[_whole(seed), rows, keys_block, keys_block,
+                  _spec(bias, (None, None, q_length, BLOCK), lambda b, h, j: (0, h, 0, j)),
+                  _spec(keys, (None, BLOCK), lambda b, h, j: (b, j)), rows, per_query, per_query],
+        out_specs=[keys_block, keys_block],
+        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        compiler_params=_compiler_params(4, 2), interpret=interpret, name="flash_key_value_grad",
+    )(seed, q, k, v, bias, keys, do, lse, delta)
+
+    chunks = math.gcd(batch, BIAS_CHUNKS) if bias is not None else batch
+    block_q = DQ_BLOCK if bias is not None else BLOCK
+    dq_shape = jax.ShapeDtypeStruct(q.shape, q.dtype)
+    dbias_shape = jax.ShapeDtypeStruct((chunks, local_heads, q_length, k_length), jnp.float32)
+    outputs = pl.pallas_call(
+        functools.partial(_query_grad_kernel, **statics, per_program=batch // chunks),
+        grid=(local_heads, q_length // block_q, chunks),
+        in_specs=[_whole(seed), _whole(q), _whole(k), _whole(v),
+                  _spec(bias, (None, None, block_q, k_length), lambda h, i, c: (0, h, i, 0)),
+                  _whole(keys), _whole(do), _whole(lse), _whole(delta)],
+        out_specs=[_whole(q)] + ([] if bias is None else
+                                 [pl.BlockSpec((None, None, block_q, k_length), lambda h, i, c: (c, h, i, 0))]),
+        out_shape=[dq_shape] + ([] if bias is None else [dbias_shape]),
+        compiler_params=_compiler_params(4, 2), interpret=interpret, name="flash_query_grad",
+    )(seed, q, k, v, bias, keys, do, lse, delta)
+    dq = outputs[0]
+    dbias = None if bias is None else jnp.sum(outputs[1], axis=0, keepdims=True).astype(bias.dtype)
+    return dq, dk, dv, dbias
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
+def _flash(q, k, v, bias, keys, seed, scale, causal, rate, heads, interpret):
+    return _forward(q, k, v, bias, keys, seed, scale, causal, rate, heads, interpret)[0]
+
+
+def _flash_forward(q, k, v, bias, keys, seed, scale, causal, rate, heads, interpret):
+    out, lse = _forward(q, k, v, bias, keys, seed, scale, causal, rate, heads, interpret)
+    return out, (q, k, v, bias, keys, seed, out, lse)
+
+
+def _flash_backward(scale, causal, rate, heads, interpret, residuals, do):
+    dq, dk, dv, dbias = _backward(*residuals, do, scale, causal, rate, heads, interpret)
+    return dq, dk, dv, dbias, None, None
+
+
+_flash.defvjp(_flash_forward, _flash_backward)
+
+
+def _pad(x: jax.Array | None, axis: int, length: int, value=0) -> jax.Array | None:
+    if x is None or x.shape[axis] == length:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, length - x.shape[axis])
+    return jnp.pad(x, widths, constant_values=value)
+
+
+def padded(length: int) -> int:
+    """`length` rounded up to the kernels' block."""
+    return -(-length // BLOCK) * BLOCK
+
+
+def flash_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, padding_mask: jax.Array | None = None,
+                    causal: bool = False, bias: jax.Array | None = None, scale: float, dropout_rate: float = 0.0,
+                    dropout_rng: jax.Array | None = None, interpret: bool | None = None) -> jax.Array:
+    """Attention of [B, Tq, H, D] queries over [B, Tk, KVH, D] keys/values with the flash kernels; returns
+    [B, Tq, H, D]. Arguments as `jaxlm.nn.attention.dot_product_attention`; `bias` is [1, H, Tq, Tk] (shared by
+    the batch). `interpret` defaults to "not building for a GPU"."""
+    batch, q_length, heads, head_dim = query.shape
+    k_length, kv_heads = key.shape[1], key.shape[2]
+    if heads % kv_heads:
+        raise ValueError(f"{heads} query heads cannot share {kv_heads} key/value heads; kv heads must divide heads")
+    if causal and q_length != k_length:
+        raise ValueError(f"causal flash attention needs equal query and key lengths, got {q_length} and {k_length}")
+    if bias is not None and bias.shape[0] != 1:
+        raise ValueError(f"attention_kernel='flash' takes a bias shared by the batch ([1, heads, q, k]), not "
+                         f"{bias.shape}; use 'xla'")
+    if interpret is None:
+        platform = target_platform()
+        if platform == "tpu":
+            raise ValueError("attention_kernel='flash' is the GPU kernel; on a TPU use 'splash' or 'xla'")
+        interpret = platform != "gpu"
+    if not interpret and (head_dim < 16 or head_dim & (head_dim - 1)):
+        raise ValueError(f"attention_kernel='flash' needs a head_dim that is a power of two from 16, not {head_dim}")
+    if heads != kv_heads:
+        key, value = (jnp.repeat(x, heads // kv_heads, axis=2) for x in (key, value))
+    rate = float(dropout_rate) if dropout_rng is not None else 0.0
+    seed = None
+    if rate > 0.0:
+        seed = jnp.concatenate([_seed_words(dropout_rng), jnp.zeros((2,), jnp.uint32)])
+    q_padded, k_padded = padded(q_length), padded(k_length)
+    keys = padding_mask
+    if keys is None and k_padded != k_length:
+        keys = jnp.ones((batch, k_length), bool)
+    keys = None if keys is None else _pad(keys.astype(jnp.int32), 1, k_padded)
+    q = _pad(query, 1, q_padded)
+    k, v = _pad(key, 1, k_padded), _pad(value, 1, k_padded)
+    if bias is not None:
+        bias = _pad(_pad(bias, 2, q_padded), 3, k_padded)
+    local = functools.partial(_local, scale=float(scale), causal=causal, rate=rate, heads=heads,
+                              interpret=interpret)
+    out = _sharded(local, q, k, v, bias, keys, seed)
+    return out[:, :q_length]
+
+
+def _local(q, k, v, bias, keys, seed, *, scale, causal, rate, heads, interpret, batch_offset=0, head_offset=0):
+    if seed is not None:
+        seed = seed + jnp.asarray([0, 0, batch_offset, head_offset], jnp.uint32)
+    return _flash(q, k, v, bias, keys, seed, scale, causal, rate, heads, interpret)
+
+
+def _sharded(local, q, k, v, bias, keys, seed):
+    """`local` on each device's shard of batch and heads, as the active flax rules split them."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or all(axis in mesh.manual_axes for axis in mesh.axis_names):
+        return local(q, k, v, bias, keys, seed)
+    placed = nn.logical_to_mesh_axes(("batch", "length", "heads", "kv"))
+    batch_axes = _dividing_axes(mesh, placed[0], q.shape[0])
+    head_axes = _dividing_axes(mesh, placed[2], q.shape[2])
+    b, h = _spec_axis(batch_axes), _spec_axis(head_axes)
+
+    def per_shard(q, k, v, bias, keys, seed):
+        return local(q, k, v, bias, keys, seed, batch_offset=_shard_index(batch_axes) * q.shape[0],
+                     head_offset=_shard_index(head_axes) * q.shape[2])
+
+    qkv = PartitionSpec(b, None, h, None)
+    specs = (qkv, qkv, qkv, None if bias is None else PartitionSpec(None, h, None, None),
+             None if keys is None else PartitionSpec(b, None), None if seed is None else PartitionSpec())
+    sharded = jax.shard_map(per_shard, in_specs=specs, out_specs=qkv, check_vma=False,
+                            axis_names={a for a in mesh.axis_names if a not in mesh.manual_axes})
+    return sharded(q, k, v, bias, keys, seed)
+
+
+def _shard_index(axes: tuple[str, ...]) -> jax.Array:
+    """This device's index along `axes` taken together (major to minor), as uint32; 0 for no axes."""
+    index = jnp.zeros((), jnp.uint32)
+    for axis in axes:
+        index = index * np.uint32(jax.lax.axis_size(axis)) + jax.lax.axis_index(axis).astype(jnp.uint32)
+    return index
