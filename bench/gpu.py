@@ -49,6 +49,7 @@ T5_CONFIG = "configs/t5-base.yaml"
 T5 = ["train.global_batch=64", "data.max_seq_length=512", "data.max_target_length=114"]
 T5_VOCABULARY = "t5-demo-unigram.model"  # trained by --prepare into its DIR
 NO_DROPOUT = ["model.hidden_dropout=0", "model.attention_dropout=0", "model.activation_dropout=0"]
+FLASH_DROPOUT = ["model.attention_kernel=flash", "model.attention_dropout=0.1"]
 # name: (config, overrides, the peer's case of the same model, sequence and batch); the b-suffixed cases are
 # larger batches, where each side may do better
 CASES = {
@@ -58,8 +59,12 @@ CASES = {
     "t5": (T5_CONFIG, T5, "t5"),
     # cuDNN's kernel has no attention dropout (the peer keeps T5's 0.1 on the attention weights)
     "t5cudnn": (T5_CONFIG, [*T5, "model.attention_kernel=cudnn", "model.attention_dropout=0"], "t5"),
-    # our Pallas kernel: T5's bias and its gradient, the padding and the attention dropout inside
+    # our Pallas kernels: T5's bias and its gradient, the padding and the attention dropout inside; BERT and GPT-2
+    # with the peer's attention dropout of 0.1, which cuDNN's kernel cannot do
     "t5flash": (T5_CONFIG, [*T5, "model.attention_kernel=flash"], "t5"),
+    "bert128flash": ("configs/bert-base.yaml", [*_bert(256, 128), *FLASH_DROPOUT], "bert128"),
+    "bert512flash": ("configs/bert-base.yaml", [*_bert(32, 512), *FLASH_DROPOUT], "bert512"),
+    "gpt2flash": ("configs/gpt2-small.yaml", [*_gpt2(16), *FLASH_DROPOUT], "gpt2"),
     "bert128b512": ("configs/bert-base.yaml", _bert(512, 128), "bert128b512"),
     "bert512b64": ("configs/bert-base.yaml", _bert(64, 512), "bert512b64"),
     "gpt2b32": ("configs/gpt2-small.yaml", _gpt2(32), "gpt2b32"),
@@ -153,7 +158,8 @@ def plan_table(cases: list[str], rows: dict) -> str:
     if not done:
         return "\n".join(failed)
     classes = [c for c in next(iter(done.values()))["plan"]["classes"] if c != "collectives"]
-    lines = ["", "Roofline plan on one H100 (compile-only, XLA attention; bound ms per step by op class):", "",
+    lines = ["", "Roofline plan on one H100 (compile-only: cuDNN's attention compiled as XLA's, our flash "
+             "kernels counted by their bytes; bound ms per step by op class):", "",
              "| case | " + " | ".join(classes) + " | bound ms | memory-bound | GB moved | kernels | temp GiB | "
              "bound tokens/s |", "|---" * (len(classes) + 7) + "|"]
     for case, row in done.items():

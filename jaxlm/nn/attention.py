@@ -96,7 +96,7 @@ def dot_product_attention(
     is added to the logits (T5's relative positions); `mask` is any further boolean mask of that shape;
     `scale` multiplies the logits (default 1/sqrt(head_dim)). `xla` is portable and supports attention
     dropout; `cudnn` is the fused GPU kernel (no dropout); `flash` is our Pallas GPU kernel (a bias shared by
-    the batch, dropout inside; no segment ids); `splash` is the Pallas TPU kernel.
+    the batch, dropout inside); `splash` is the Pallas TPU kernel.
     """
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     if kernel == "cudnn":
@@ -108,11 +108,10 @@ def dot_product_attention(
             query, key, value, bias=bias, mask=mask, scale=scale, key_value_seq_lengths=lengths,
             is_causal=causal, implementation="cudnn")
     if kernel == "flash":
-        if segment_ids is not None or mask is not None:
-            raise ValueError("attention_kernel='flash' takes no segment ids (packed documents) or extra mask: use "
-                             "'cudnn' or 'xla'")
-        return flash_attention(query, key, value, padding_mask=padding_mask, causal=causal, bias=bias, scale=scale,
-                               dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+        if mask is not None:
+            raise ValueError("attention_kernel='flash' takes no extra mask: use 'xla'")
+        return flash_attention(query, key, value, padding_mask=padding_mask, causal=causal, segment_ids=segment_ids,
+                               bias=bias, scale=scale, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
     if kernel == "splash":
         if bias is not None or mask is not None:
             raise ValueError("attention_kernel='splash' takes no logit bias or extra mask: use 'xla' for "

@@ -9,7 +9,7 @@ from jax.extend.random import threefry2x32_p
 LEVELS = 1 << 16  # each draw compares 16 random bits with round(keep_prob · LEVELS)
 
 
-def _threshold(keep_prob: float) -> int:
+def keep_threshold(keep_prob: float) -> int:
     """The 16-bit draws below which an element is kept."""
     return round(keep_prob * LEVELS)
 
@@ -31,7 +31,7 @@ def keep_mask(rng: jax.Array, keep_prob: float, shape: tuple[int, ...]) -> tuple
     if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
         rng = jax.random.wrap_key_data(rng)
     *lead, count = shape
-    threshold = _threshold(keep_prob)
+    threshold = keep_threshold(keep_prob)
     blocks = -(-count // 4)
     if str(jax.random.key_impl(rng)) == "threefry2x32" and blocks * math.prod(lead) < 1 << 32:
         words = _threefry_words(rng, (*lead, blocks))
@@ -44,7 +44,7 @@ def keep_mask(rng: jax.Array, keep_prob: float, shape: tuple[int, ...]) -> tuple
 
 def dropout(x: jax.Array, rate: float, rng: jax.Array) -> jax.Array:
     """Inverted dropout of `x` at `rate`, masks from keep_mask; zeros where 16 bits keep nothing (rate ≈ 1)."""
-    if _threshold(1.0 - rate) == 0:
+    if keep_threshold(1.0 - rate) == 0:
         return jnp.zeros_like(x)
     keep, kept = keep_mask(rng, 1.0 - rate, x.shape)
     return jnp.where(keep, x / kept, jnp.zeros((), x.dtype))

@@ -11,8 +11,9 @@ is the same on every run). Lengths are padded to the block size; padded keys are
 Dropout keeps the attention weight of (example b, head h, query i, key j) when 16 bits of a hash of (the
 dropout key, b, h, i, j) fall below round(keep_prob * 65536), as `jaxlm.nn.dropout` compares its threefry
 draws, and divides by that kept fraction; `keep_mask` computes the same bits outside the kernels (tests). The
-hash is two rounds of `lowbias32` (Wellons's 32-bit integer hash): about 15 integer operations a weight, where a
-threefry block costs 80 for four, and nothing written to memory. Under a mesh the kernels run per shard
+hash is two rounds of `lowbias32` (Wellons's 32-bit integer hash), about 20 integer operations a weight (as many
+as `jaxlm.nn.dropout` spends: a threefry block of about 80 for four draws), done again by each backward kernel,
+with nothing written to memory. Under a mesh the kernels run per shard
 (`jax.shard_map`, split as the flax rules place batch and heads) and hash global indices, so the masks do not
 depend on the mesh.
 
@@ -31,8 +32,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 from jax.sharding import PartitionSpec
 
-from jaxlm.nn.dropout import LEVELS, _threshold
-from jaxlm.nn.splash import _dividing_axes, _spec_axis, target_platform
+from jaxlm.nn.dropout import LEVELS, keep_threshold
+from jaxlm.nn.splash import dividing_axes, spec_axis, target_platform
 
 BLOCK = 64  # queries and keys per tile; lengths are padded to a multiple
 DQ_BLOCK = 16  # queries per program of the gradient kernel that sums the bias's gradient: [16, k_length] floats live
@@ -69,7 +70,7 @@ def keep_mask(rng: jax.Array, keep_prob: float, shape: tuple[int, int, int, int]
     """(the kernels' dropout booleans [batch, heads, q_length, k_length] for the key `rng`, the kept fraction);
     `shape` is the padded one the kernels see (lengths rounded up to BLOCK)."""
     batch, heads, q_length, k_length = shape
-    threshold = _threshold(keep_prob)
+    threshold = keep_threshold(keep_prob)
     seed = _seed_words(rng)
     rows = jnp.arange(batch * heads, dtype=jnp.uint32).reshape(batch, heads)
     per_row = jax.vmap(jax.vmap(lambda row: _keep(seed, row, jnp.arange(q_length), jnp.arange(k_length), k_length,
@@ -87,37 +88,42 @@ def _compiler_params(num_warps: int, num_stages: int):
     return params(num_warps=num_warps, num_stages=num_stages)
 
 
-def _scores(q, k, bias, key_real, q_positions, k_positions, *, scale: float, causal: bool) -> jax.Array:
-    """float32 logits [queries, keys] of one tile in base 2, masked entries at MASKED."""
+def _scores(q, k, bias, key_real, segments, q_positions, k_positions, *, scale: float, causal: bool) -> jax.Array:
+    """float32 logits [queries, keys] of one tile in base 2, masked entries at MASKED; `segments` is None or the
+    (queries', keys') segment ids."""
     s = jnp.dot(q, k.T, preferred_element_type=jnp.float32) * scale
     if bias is not None:
         s = s + bias.astype(jnp.float32)
     s = s * LOG2E
     mask = None if key_real is None else (key_real != 0)[None, :]
+    if segments is not None:
+        same = segments[0][:, None] == segments[1][None, :]
+        mask = same if mask is None else mask & same
     if causal:
         lower = q_positions[:, None] >= k_positions[None, :]
         mask = lower if mask is None else mask & lower
     return s if mask is None else jnp.where(mask, s, MASKED)
 
 
-
-
-def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, o_ref, lse_ref, *, scale, causal, rate,
-                    heads, k_length):
+def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, segments_ref, o_ref, lse_ref, *, scale,
+                    causal, rate, heads, k_length):
     b, h, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     block_q = q_ref.shape[0]
     q = q_ref[...]
     q_positions = i * block_q + jnp.arange(block_q)
-    threshold = _threshold(1.0 - rate)
+    threshold = keep_threshold(1.0 - rate)
     seed = None if seed_ref is None else (seed_ref[0], seed_ref[1])
     row = None if seed_ref is None else _row(seed_ref, b, h, heads)
+    q_segments = None if segments_ref is None else segments_ref[pl.ds(i * block_q, block_q)]
 
     def body(j, carry):
         out, top, total = carry
         keys = pl.ds(j * BLOCK, BLOCK)
         k_positions = j * BLOCK + jnp.arange(BLOCK)
+        segments = None if segments_ref is None else (q_segments, segments_ref[keys])
         s = _scores(q, k_ref[keys, :], None if bias_ref is None else bias_ref[:, keys],
-                    None if keys_ref is None else keys_ref[keys], q_positions, k_positions, scale=scale, causal=causal)
+                    None if keys_ref is None else keys_ref[keys], segments, q_positions, k_positions, scale=scale,
+                    causal=causal)
         new_top = jnp.maximum(top, jnp.max(s, axis=-1))
         correction = jnp.exp2(top - new_top)
         p = jnp.exp2(s - new_top[:, None])
@@ -137,38 +143,40 @@ def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, o_ref, ls
     lse_ref[...] = top + jnp.log2(total)
 
 
-def _weights_and_grad(seed, row, q, k, v, do, lse, delta, bias, key_real, q_positions, k_positions, *, scale,
-                      causal, rate, k_length):
+def _weights_and_grad(seed, row, q, k, v, do, lse, delta, bias, key_real, segments, q_positions, k_positions, *,
+                      scale, causal, rate, k_length):
     """(dropped weights, the logits' gradient) [queries, keys] of one tile in the backward kernels."""
-    s = _scores(q, k, bias, key_real, q_positions, k_positions, scale=scale, causal=causal)
+    s = _scores(q, k, bias, key_real, segments, q_positions, k_positions, scale=scale, causal=causal)
     p = jnp.exp2(s - lse[:, None])
     dp = jnp.dot(do, v.T, preferred_element_type=jnp.float32)
     dropped = p
     if seed is not None:
-        threshold = _threshold(1.0 - rate)
+        threshold = keep_threshold(1.0 - rate)
         keep, inverse = _keep(seed, row, q_positions, k_positions, k_length, threshold), LEVELS / threshold
         dropped = jnp.where(keep, p * inverse, 0.0)
         dp = jnp.where(keep, dp * inverse, 0.0)
     return dropped, p * (dp - delta[:, None])
 
 
-def _key_value_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, do_ref, lse_ref, delta_ref, dk_ref,
-                           dv_ref, *, scale, causal, rate, heads, k_length):
+def _key_value_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, segments_ref, do_ref, lse_ref, delta_ref,
+                           dk_ref, dv_ref, *, scale, causal, rate, heads, k_length):
     b, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     k, v = k_ref[...], v_ref[...]
     k_positions = j * BLOCK + jnp.arange(BLOCK)
     key_real = None if keys_ref is None else keys_ref[...]
     seed = None if seed_ref is None else (seed_ref[0], seed_ref[1])
     row = None if seed_ref is None else _row(seed_ref, b, h, heads)
+    k_segments = None if segments_ref is None else segments_ref[pl.ds(j * BLOCK, BLOCK)]
 
     def body(i, carry):
         dk, dv = carry
         queries = pl.ds(i * BLOCK, BLOCK)
         q, do = q_ref[queries, :], do_ref[queries, :]
+        segments = None if segments_ref is None else (segments_ref[queries], k_segments)
         dropped, ds = _weights_and_grad(
             seed, row, q, k, v, do, lse_ref[queries], delta_ref[queries],
-            None if bias_ref is None else bias_ref[queries, :], key_real, i * BLOCK + jnp.arange(BLOCK), k_positions,
-            scale=scale, causal=causal, rate=rate, k_length=k_length)
+            None if bias_ref is None else bias_ref[queries, :], key_real, segments, i * BLOCK + jnp.arange(BLOCK),
+            k_positions, scale=scale, causal=causal, rate=rate, k_length=k_length)
         dv = dv + jnp.dot(dropped.astype(do.dtype).T, do, preferred_element_type=jnp.float32)
         dk = dk + jnp.dot(ds.astype(q.dtype).T, q, preferred_element_type=jnp.float32)
         return dk, dv
@@ -179,8 +187,8 @@ def _key_value_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, do
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def _query_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, do_ref, lse_ref, delta_ref, dq_ref,
-                       dbias_ref=None, *, scale, causal, rate, heads, k_length, per_program):
+def _query_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, segments_ref, do_ref, lse_ref, delta_ref,
+                       dq_ref, dbias_ref=None, *, scale, causal, rate, heads, k_length, per_program):
     """dq of `per_program` examples for one head and block of queries; with a bias, its gradient summed over them."""
     h, i, c = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     block_q = DQ_BLOCK if dbias_ref is not None else BLOCK
@@ -188,13 +196,14 @@ def _query_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, do_ref
     q_positions = i * block_q + jnp.arange(block_q)
     seed = None if seed_ref is None else (seed_ref[0], seed_ref[1])
 
-    def tile(b, j, q, do, lse, delta):
+    def tile(b, j, q, do, lse, delta):  # the logits' gradient of one key block
         keys = pl.ds(j * BLOCK, BLOCK)
         k, v = k_ref[b, keys, h, :], v_ref[b, keys, h, :]
         _, ds = _weights_and_grad(
             seed, None if seed_ref is None else _row(seed_ref, b, h, heads), q, k, v, do, lse, delta,
-            None if bias_ref is None else bias_ref[:, keys],
-            None if keys_ref is None else keys_ref[b, keys], q_positions, j * BLOCK + jnp.arange(BLOCK),
+            None if bias_ref is None else bias_ref[:, keys], None if keys_ref is None else keys_ref[b, keys],
+            None if segments_ref is None else (segments_ref[b, queries], segments_ref[b, keys]), q_positions,
+            j * BLOCK + jnp.arange(BLOCK),
             scale=scale, causal=causal, rate=rate, k_length=k_length)
         return ds, k
 
@@ -207,7 +216,8 @@ def _query_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, do_ref
             def key_block(j, dq):
                 ds, k = tile(b, j, q, do, lse, delta)
                 return dq + jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
-            dq = jax.lax.fori_loop(0, k_length // BLOCK, key_block, dq)
+            blocks = jax.lax.div((i + 1) * block_q + BLOCK - 1, BLOCK) if causal else k_length // BLOCK
+            dq = jax.lax.fori_loop(0, blocks, key_block, dq)
         else:
             added = []
             for j, total in enumerate(sums):  # unrolled, so that each key block's bias gradient stays in registers
@@ -236,7 +246,7 @@ def _whole(array):
     return _spec(array, None if array is None else array.shape, lambda *_: (0,) * array.ndim)
 
 
-def _forward(q, k, v, bias, keys, seed, scale, causal, rate, heads, interpret):
+def _forward(q, k, v, bias, keys, segments, seed, scale, causal, rate, heads, interpret):
     batch, q_length, local_heads, head_dim = q.shape
     k_length = k.shape[1]
     kernel = functools.partial(_forward_kernel, scale=scale, causal=causal, rate=rate, heads=heads,
@@ -248,17 +258,18 @@ def _forward(q, k, v, bias, keys, seed, scale, causal, rate, heads, interpret):
                   pl.BlockSpec((None, k_length, None, head_dim), lambda b, h, i: (b, 0, h, 0)),
                   pl.BlockSpec((None, k_length, None, head_dim), lambda b, h, i: (b, 0, h, 0)),
                   _spec(bias, (None, None, BLOCK, k_length), lambda b, h, i: (0, h, i, 0)),
-                  _spec(keys, (None, k_length), lambda b, h, i: (b, 0))],
+                  _spec(keys, (None, k_length), lambda b, h, i: (b, 0)),
+                  _spec(segments, (None, k_length), lambda b, h, i: (b, 0))],
         out_specs=[pl.BlockSpec((None, BLOCK, None, head_dim), lambda b, h, i: (b, i, h, 0)),
                    pl.BlockSpec((None, None, BLOCK), lambda b, h, i: (b, h, i))],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                    jax.ShapeDtypeStruct((batch, local_heads, q_length), jnp.float32)],
         compiler_params=_compiler_params(4, 2), interpret=interpret, name="flash_forward",
-    )(seed, q, k, v, bias, keys)
+    )(seed, q, k, v, bias, keys, segments)
     return out, lse
 
 
-def _backward(q, k, v, bias, keys, seed, out, lse, do, scale, causal, rate, heads, interpret):
+def _backward(q, k, v, bias, keys, segments, seed, out, lse, do, scale, causal, rate, heads, interpret):
     batch, q_length, local_heads, head_dim = q.shape
     k_length = k.shape[1]
     statics = dict(scale=scale, causal=causal, rate=rate, heads=heads, k_length=k_length)
@@ -270,11 +281,12 @@ def _backward(q, k, v, bias, keys, seed, out, lse, do, scale, causal, rate, head
         functools.partial(_key_value_grad_kernel, **statics), grid=(batch, local_heads, k_length // BLOCK),
         in_specs=[_whole(seed), rows, keys_block, keys_block,
                   _spec(bias, (None, None, q_length, BLOCK), lambda b, h, j: (0, h, 0, j)),
-                  _spec(keys, (None, BLOCK), lambda b, h, j: (b, j)), rows, per_query, per_query],
+                  _spec(keys, (None, BLOCK), lambda b, h, j: (b, j)),
+                  _spec(segments, (None, k_length), lambda b, h, j: (b, 0)), rows, per_query, per_query],
         out_specs=[keys_block, keys_block],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
         compiler_params=_compiler_params(4, 2), interpret=interpret, name="flash_key_value_grad",
-    )(seed, q, k, v, bias, keys, do, lse, delta)
+    )(seed, q, k, v, bias, keys, segments, do, lse, delta)
 
     chunks = math.gcd(batch, BIAS_CHUNKS) if bias is not None else batch
     block_q = DQ_BLOCK if bias is not None else BLOCK
@@ -285,30 +297,30 @@ def _backward(q, k, v, bias, keys, seed, out, lse, do, scale, causal, rate, head
         grid=(local_heads, q_length // block_q, chunks),
         in_specs=[_whole(seed), _whole(q), _whole(k), _whole(v),
                   _spec(bias, (None, None, block_q, k_length), lambda h, i, c: (0, h, i, 0)),
-                  _whole(keys), _whole(do), _whole(lse), _whole(delta)],
+                  _whole(keys), _whole(segments), _whole(do), _whole(lse), _whole(delta)],
         out_specs=[_whole(q)] + ([] if bias is None else
                                  [pl.BlockSpec((None, None, block_q, k_length), lambda h, i, c: (c, h, i, 0))]),
         out_shape=[dq_shape] + ([] if bias is None else [dbias_shape]),
         compiler_params=_compiler_params(4, 2), interpret=interpret, name="flash_query_grad",
-    )(seed, q, k, v, bias, keys, do, lse, delta)
+    )(seed, q, k, v, bias, keys, segments, do, lse, delta)
     dq = outputs[0]
     dbias = None if bias is None else jnp.sum(outputs[1], axis=0, keepdims=True).astype(bias.dtype)
     return dq, dk, dv, dbias
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
-def _flash(q, k, v, bias, keys, seed, scale, causal, rate, heads, interpret):
-    return _forward(q, k, v, bias, keys, seed, scale, causal, rate, heads, interpret)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10, 11))
+def _flash(q, k, v, bias, keys, segments, seed, scale, causal, rate, heads, interpret):
+    return _forward(q, k, v, bias, keys, segments, seed, scale, causal, rate, heads, interpret)[0]
 
 
-def _flash_forward(q, k, v, bias, keys, seed, scale, causal, rate, heads, interpret):
-    out, lse = _forward(q, k, v, bias, keys, seed, scale, causal, rate, heads, interpret)
-    return out, (q, k, v, bias, keys, seed, out, lse)
+def _flash_forward(q, k, v, bias, keys, segments, seed, scale, causal, rate, heads, interpret):
+    out, lse = _forward(q, k, v, bias, keys, segments, seed, scale, causal, rate, heads, interpret)
+    return out, (q, k, v, bias, keys, segments, seed, out, lse)
 
 
 def _flash_backward(scale, causal, rate, heads, interpret, residuals, do):
     dq, dk, dv, dbias = _backward(*residuals, do, scale, causal, rate, heads, interpret)
-    return dq, dk, dv, dbias, None, None
+    return dq, dk, dv, dbias, None, None, None
 
 
 _flash.defvjp(_flash_forward, _flash_backward)
@@ -328,8 +340,9 @@ def padded(length: int) -> int:
 
 
 def flash_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, padding_mask: jax.Array | None = None,
-                    causal: bool = False, bias: jax.Array | None = None, scale: float, dropout_rate: float = 0.0,
-                    dropout_rng: jax.Array | None = None, interpret: bool | None = None) -> jax.Array:
+                    causal: bool = False, segment_ids: jax.Array | None = None, bias: jax.Array | None = None,
+                    scale: float, dropout_rate: float = 0.0, dropout_rng: jax.Array | None = None,
+                    interpret: bool | None = None) -> jax.Array:
     """Attention of [B, Tq, H, D] queries over [B, Tk, KVH, D] keys/values with the flash kernels; returns
     [B, Tq, H, D]. Arguments as `jaxlm.nn.attention.dot_product_attention`; `bias` is [1, H, Tq, Tk] (shared by
     the batch). `interpret` defaults to "not building for a GPU"."""
@@ -337,8 +350,9 @@ def flash_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, paddi
     k_length, kv_heads = key.shape[1], key.shape[2]
     if heads % kv_heads:
         raise ValueError(f"{heads} query heads cannot share {kv_heads} key/value heads; kv heads must divide heads")
-    if causal and q_length != k_length:
-        raise ValueError(f"causal flash attention needs equal query and key lengths, got {q_length} and {k_length}")
+    if (causal or segment_ids is not None) and q_length != k_length:
+        raise ValueError(f"causal or segmented flash attention needs equal query and key lengths, got {q_length} and "
+                         f"{k_length}")
     if bias is not None and bias.shape[0] != 1:
         raise ValueError(f"attention_kernel='flash' takes a bias shared by the batch ([1, heads, q, k]), not "
                          f"{bias.shape}; use 'xla'")
@@ -352,6 +366,8 @@ def flash_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, paddi
     if heads != kv_heads:
         key, value = (jnp.repeat(x, heads // kv_heads, axis=2) for x in (key, value))
     rate = float(dropout_rate) if dropout_rng is not None else 0.0
+    if rate > 0.0 and keep_threshold(1.0 - rate) == 0:  # 16 bits keep nothing, as jaxlm.nn.dropout.dropout
+        return jnp.zeros_like(query)
     seed = None
     if rate > 0.0:
         seed = jnp.concatenate([_seed_words(dropout_rng), jnp.zeros((2,), jnp.uint32)])
@@ -360,42 +376,45 @@ def flash_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, paddi
     if keys is None and k_padded != k_length:
         keys = jnp.ones((batch, k_length), bool)
     keys = None if keys is None else _pad(keys.astype(jnp.int32), 1, k_padded)
+    segments = None if segment_ids is None else _pad(segment_ids.astype(jnp.int32), 1, k_padded)
     q = _pad(query, 1, q_padded)
     k, v = _pad(key, 1, k_padded), _pad(value, 1, k_padded)
     if bias is not None:
         bias = _pad(_pad(bias, 2, q_padded), 3, k_padded)
     local = functools.partial(_local, scale=float(scale), causal=causal, rate=rate, heads=heads,
                               interpret=interpret)
-    out = _sharded(local, q, k, v, bias, keys, seed)
+    out = _sharded(local, q, k, v, bias, keys, segments, seed)
     return out[:, :q_length]
 
 
-def _local(q, k, v, bias, keys, seed, *, scale, causal, rate, heads, interpret, batch_offset=0, head_offset=0):
+def _local(q, k, v, bias, keys, segments, seed, *, scale, causal, rate, heads, interpret, batch_offset=0,
+           head_offset=0):
     if seed is not None:
         seed = seed + jnp.asarray([0, 0, batch_offset, head_offset], jnp.uint32)
-    return _flash(q, k, v, bias, keys, seed, scale, causal, rate, heads, interpret)
+    return _flash(q, k, v, bias, keys, segments, seed, scale, causal, rate, heads, interpret)
 
 
-def _sharded(local, q, k, v, bias, keys, seed):
+def _sharded(local, q, k, v, bias, keys, segments, seed):
     """`local` on each device's shard of batch and heads, as the active flax rules split them."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or all(axis in mesh.manual_axes for axis in mesh.axis_names):
-        return local(q, k, v, bias, keys, seed)
+        return local(q, k, v, bias, keys, segments, seed)
     placed = nn.logical_to_mesh_axes(("batch", "length", "heads", "kv"))
-    batch_axes = _dividing_axes(mesh, placed[0], q.shape[0])
-    head_axes = _dividing_axes(mesh, placed[2], q.shape[2])
-    b, h = _spec_axis(batch_axes), _spec_axis(head_axes)
+    batch_axes = dividing_axes(mesh, placed[0], q.shape[0])
+    head_axes = dividing_axes(mesh, placed[2], q.shape[2])
+    b, h = spec_axis(batch_axes), spec_axis(head_axes)
 
-    def per_shard(q, k, v, bias, keys, seed):
-        return local(q, k, v, bias, keys, seed, batch_offset=_shard_index(batch_axes) * q.shape[0],
+    def per_shard(q, k, v, bias, keys, segments, seed):
+        return local(q, k, v, bias, keys, segments, seed, batch_offset=_shard_index(batch_axes) * q.shape[0],
                      head_offset=_shard_index(head_axes) * q.shape[2])
 
     qkv = PartitionSpec(b, None, h, None)
     specs = (qkv, qkv, qkv, None if bias is None else PartitionSpec(None, h, None, None),
-             None if keys is None else PartitionSpec(b, None), None if seed is None else PartitionSpec())
+             None if keys is None else PartitionSpec(b, None), None if segments is None else PartitionSpec(b, None),
+             None if seed is None else PartitionSpec())
     sharded = jax.shard_map(per_shard, in_specs=specs, out_specs=qkv, check_vma=False,
                             axis_names={a for a in mesh.axis_names if a not in mesh.manual_axes})
-    return sharded(q, k, v, bias, keys, seed)
+    return sharded(q, k, v, bias, keys, segments, seed)
 
 
 def _shard_index(axes: tuple[str, ...]) -> jax.Array:

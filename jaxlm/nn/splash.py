@@ -93,7 +93,7 @@ def _local(query, key, value, q_segments, kv_segments, *, causal: bool, interpre
         query, key, value, q_segments, kv_segments)
 
 
-def _dividing_axes(mesh, axes, size: int) -> tuple[str, ...]:
+def dividing_axes(mesh, axes, size: int) -> tuple[str, ...]:
     """The leading mesh axes of `axes` (a PartitionSpec entry) whose product divides `size`; manual axes dropped."""
     if axes is None:
         return ()
@@ -108,7 +108,7 @@ def _dividing_axes(mesh, axes, size: int) -> tuple[str, ...]:
     return tuple(chosen)
 
 
-def _spec_axis(axes: tuple[str, ...]):
+def spec_axis(axes: tuple[str, ...]):
     return None if not axes else axes[0] if len(axes) == 1 else axes
 
 
@@ -128,7 +128,7 @@ def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, padd
     if interpret is None:
         platform = target_platform()
         if platform not in ("tpu", "cpu"):
-            raise ValueError(f"attention_kernel='splash' is the TPU kernel; on {platform} use 'cudnn' or 'xla'")
+            raise ValueError(f"attention_kernel='splash' is the TPU kernel; on {platform} use 'flash', 'cudnn' or 'xla'")
         interpret = platform != "tpu"
     seg = segments(batch, q_length, kv_length, padding_mask, segment_ids)
     q_seg, kv_seg = seg if seg is not None else (None, None)
@@ -143,13 +143,13 @@ def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, padd
 
     # Where the active flax rules put the query's batch and heads (no rules: nothing is split).
     placed = nn.logical_to_mesh_axes(("batch", "length", "heads", "kv"))
-    batch_axes = _dividing_axes(mesh, placed[0], batch)
-    head_axes = _dividing_axes(mesh, placed[2], heads)
+    batch_axes = dividing_axes(mesh, placed[0], batch)
+    head_axes = dividing_axes(mesh, placed[2], heads)
     head_shards = math.prod(mesh.shape[a] for a in head_axes)
     if head_shards > 1 and kv_heads % head_shards:
         # Too few kv heads to split like the query heads: give each query head its own copy.
         k, v = jnp.repeat(k, heads // kv_heads, axis=1), jnp.repeat(v, heads // kv_heads, axis=1)
-    b, h = _spec_axis(batch_axes), _spec_axis(head_axes)
+    b, h = spec_axis(batch_axes), spec_axis(head_axes)
     qkv_spec, seg_spec = PartitionSpec(b, h, None, None), PartitionSpec(b, None)
     args, specs = (q, k, v), (qkv_spec,) * 3
     if seg is not None:

@@ -123,3 +123,23 @@ def test_the_initialiser_draws_with_the_threefry_kernel_on_a_gpu():
     # bert-tiny's 18 normal draws and their keys; one xor a draw is left, combining the kernel's two words
     assert kernel.startswith("True") and calls >= 18 and xors <= 18 and fused_xors > 10 * 18
     assert after == "after False"
+
+
+FLASH_STEP = """
+from jaxlm import config as config_lib
+from jaxlm.train import aot
+config = config_lib.load("configs/t5-tiny.yaml", ["model.attention_kernel=flash"])
+text = aot.compile_for_topology(config, "h100")["compiled"].as_text()
+print(config.model.num_layers, config.model.decoder_layers, text.count('custom_call_target="__gpu$xla.gpu.triton"'))
+"""
+
+
+def test_the_flash_kernels_are_triton_kernels_in_the_step_for_an_h100():
+    """T5's train step with attention_kernel=flash compiled for a compile-only H100: each attention (encoder self,
+    decoder self, cross) of each layer calls our three Triton kernels (forward, keys' and values' gradients,
+    queries' and bias's gradients), not Pallas's interpret-mode loops."""
+    proc = subprocess.run([sys.executable, "-c", FLASH_STEP], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu", **PLUGIN))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    encoder_layers, decoder_layers, calls = map(int, proc.stdout.split()[-3:])
+    assert calls == 3 * (encoder_layers + 2 * decoder_layers)

@@ -21,7 +21,7 @@ T5_SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, head_size=16, interme
                 dtype="float32", hidden_dropout=0.0, attention_dropout=0.1)
 
 
-def _inputs(batch, q_length, k_length, heads, kv_heads, bias, padded, dtype=jnp.float32, seed=0):
+def _inputs(batch, q_length, k_length, heads, kv_heads, bias, padded, packed=False, dtype=jnp.float32, seed=0):
     rng = np.random.default_rng(seed)
     q = jnp.asarray(rng.standard_normal((batch, q_length, heads, 16)), dtype)
     k, v = (jnp.asarray(rng.standard_normal((batch, k_length, kv_heads, 16)), dtype) for _ in range(2))
@@ -29,17 +29,19 @@ def _inputs(batch, q_length, k_length, heads, kv_heads, bias, padded, dtype=jnp.
     lengths = rng.integers(k_length // 2, k_length + 1, batch)
     padding = jnp.asarray(np.arange(k_length)[None] < lengths[:, None]) if padded else None
     cotangent = jnp.asarray(rng.standard_normal(q.shape), dtype)
-    return q, k, v, b, padding, cotangent
+    # packed documents: each row's split point differs
+    segments = jnp.asarray(np.arange(k_length)[None] >= rng.integers(1, k_length, batch)[:, None], jnp.int32)
+    return q, k, v, b, padding, segments if packed else None, cotangent
 
 
-def _written_out(q, k, v, bias, padding, causal, rate):
+def _written_out(q, k, v, bias, padding, segments, causal, rate):
     """Attention in float32 jnp, dropping the weights with the kernels' masks (`flash.keep_mask`)."""
     groups = q.shape[2] // k.shape[2]
     k, v = (jnp.repeat(x.astype(jnp.float32), groups, axis=2) for x in (k, v))
     logits = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), k) * 0.5
     if bias is not None:
         logits = logits + bias
-    mask = attention_mask(q.shape[1], padding, causal)
+    mask = attention_mask(q.shape[1], padding, causal, segments)
     if mask is not None:
         logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(logits, axis=-1)
@@ -50,21 +52,22 @@ def _written_out(q, k, v, bias, padding, causal, rate):
     return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
 
 
-def _flash(q, k, v, bias, padding, causal, rate):
-    return dot_product_attention(q, k, v, kernel="flash", padding_mask=padding, causal=causal, bias=bias, scale=0.5,
-                                 dropout_rate=rate, dropout_rng=KEY if rate else None)
+def _flash(q, k, v, bias, padding, segments, causal, rate):
+    return dot_product_attention(q, k, v, kernel="flash", padding_mask=padding, causal=causal, segment_ids=segments,
+                                 bias=bias, scale=0.5, dropout_rate=rate, dropout_rng=KEY if rate else None)
 
 
 def _outputs_and_grads(attention, inputs, causal, rate):
-    q, k, v, bias, padding, cotangent = inputs
-    out, vjp = jax.vjp(lambda q, k, v, bias: attention(q, k, v, bias, padding, causal, rate), q, k, v, bias)
+    q, k, v, bias, padding, segments, cotangent = inputs
+    out, vjp = jax.vjp(lambda q, k, v, bias: attention(q, k, v, bias, padding, segments, causal, rate), q, k, v, bias)
     return (out,) + vjp(cotangent)
 
 
-CASES = {  # (batch, q_length, k_length, heads, kv_heads, bias, padded keys, causal, dropout)
-    "t5 encoder: bias, padded keys": (3, 64, 64, 2, 2, True, True, False, 0.0),
-    "t5 decoder: causal, bias, lengths padded to the block, dropout": (4, 70, 70, 2, 2, True, False, True, 0.3),
-    "cross-attention over padded keys, grouped heads, dropout": (2, 40, 130, 4, 2, False, True, False, 0.2),
+CASES = {  # (batch, q_length, k_length, heads, kv_heads, bias, padded keys, packed, causal, dropout)
+    "t5 encoder: bias, padded keys": (3, 64, 64, 2, 2, True, True, False, False, 0.0),
+    "t5 decoder: causal, bias, lengths padded to the block, dropout": (4, 70, 70, 2, 2, True, False, False, True, 0.3),
+    "cross-attention over padded keys, grouped heads, dropout": (2, 40, 130, 4, 2, False, True, False, False, 0.2),
+    "causal LM: packed documents, padded, grouped heads, dropout": (2, 128, 128, 4, 2, False, True, True, True, 0.1),
 }
 
 
@@ -87,7 +90,8 @@ def test_flash_matches_attention_written_out(case):
 
 def test_flash_in_bfloat16_stays_near_float32():
     inputs = _inputs(2, 64, 64, 2, 2, True, True, dtype=jnp.bfloat16, seed=1)
-    in_float32 = [x if x is None or x.dtype == bool else x.astype(jnp.float32) for x in inputs]
+    in_float32 = [x if x is None or not jnp.issubdtype(x.dtype, jnp.floating) else x.astype(jnp.float32)
+                  for x in inputs]
     expected = _outputs_and_grads(_written_out, in_float32, False, 0.0)
     got = _outputs_and_grads(_flash, inputs, False, 0.0)
     for name, a, b in zip(["out", "dq", "dk", "dv", "dbias"], got, expected):
@@ -99,12 +103,12 @@ def test_flash_in_bfloat16_stays_near_float32():
 def test_flash_under_a_mesh_matches_one_device():
     """shard_map over data x fsdp (batch) and tensor (heads) on the 8 simulated CPU devices: the same outputs,
     gradients (the bias's summed over the batch's shards) and dropout masks (hashed from global indices)."""
-    inputs = _inputs(4, 64, 64, 4, 4, True, True, seed=2)
+    inputs = _inputs(4, 64, 64, 4, 4, True, True, packed=True, seed=2)
     expected = _outputs_and_grads(_flash, inputs, False, 0.3)
     mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules_for("fsdp_tp")):
         got = jax.jit(lambda *inputs: _outputs_and_grads(_flash, inputs, False, 0.3))(*inputs)
-        text = jax.jit(lambda *inputs: _flash(*inputs[:5], False, 0.3)).lower(*inputs).as_text()
+        text = jax.jit(lambda *inputs: _flash(*inputs[:6], False, 0.3)).lower(*inputs).as_text()
     assert "shard_map" in text or "manual" in text
     for name, a, b in zip(["out", "dq", "dk", "dv", "dbias"], got, expected):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=0, err_msg=name)
@@ -126,13 +130,15 @@ def test_dropout_masks_keep_the_fraction_and_are_independent():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(segment_ids=jnp.zeros((2, 64), jnp.int32)), "segment ids"),
+    (dict(mask=jnp.ones((2, 1, 64, 64), bool)), "no extra mask"),
+    (dict(segment_ids=jnp.zeros((2, 64), jnp.int32), causal=True, value_length=32), "equal query and key lengths"),
     (dict(bias=jnp.zeros((2, 2, 64, 64))), "shared by the batch"),
 ])
 def test_flash_refuses_what_it_cannot_do(kwargs, message):
     q = jnp.zeros((2, 64, 2, 16))
+    k = jnp.zeros((2, kwargs.pop("value_length", 64), 2, 16))
     with pytest.raises(ValueError, match=message):
-        dot_product_attention(q, q, q, kernel="flash", **kwargs)
+        dot_product_attention(q, k, k, kernel="flash", **kwargs)
 
 
 def test_t5_with_flash_kernels_equals_t5_with_xla():
