@@ -2,11 +2,12 @@
 by the batch (T5's relative positions) with its gradient, key padding, causal masks and attention dropout, all
 inside the kernels, so that no [batch, heads, q, k] tensor reaches memory.
 
-Three kernels: the forward pass (one program per example, head and block of queries; online softmax over the
-key blocks), the keys' and values' gradients (one per example, head and block of keys) and the queries'
-gradients with the bias's (one per head, block of queries and chunk of the batch: the bias's gradient is summed
+Three kernels: the forward pass (one program per block of queries, example and head; online softmax over the
+key blocks), the keys' and values' gradients (one per block of keys, example and head) and the queries'
+gradients with the bias's (one per block of queries, head and chunk of the batch: the bias's gradient is summed
 over the batch in registers, a chunk at a time, and the chunks' sums are added by XLA; no atomics, so the result
-is the same on every run). Lengths are padded to the block size; padded keys are masked, padded queries dropped.
+is the same on every run). The block index is the grid's first axis, the one GPUs launch fastest, so that the
+programs running together read the same keys and values (or queries) and find them in L2. Lengths are padded to the block size; padded keys are masked, padded queries dropped.
 
 Dropout keeps the attention weight of (example b, head h, query i, key j) when 16 bits of a hash of (the
 dropout key, b, h, i, j) fall below round(keep_prob * 65536), as `jaxlm.nn.dropout` compares its threefry
@@ -107,7 +108,7 @@ def _scores(q, k, bias, key_real, segments, q_positions, k_positions, *, scale: 
 
 def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, segments_ref, o_ref, lse_ref, *, scale,
                     causal, rate, heads, k_length):
-    b, h, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    i, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     block_q = q_ref.shape[0]
     q = q_ref[...]
     q_positions = i * block_q + jnp.arange(block_q)
@@ -160,7 +161,7 @@ def _weights_and_grad(seed, row, q, k, v, do, lse, delta, bias, key_real, segmen
 
 def _key_value_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, segments_ref, do_ref, lse_ref, delta_ref,
                            dk_ref, dv_ref, *, scale, causal, rate, heads, k_length):
-    b, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    j, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     k, v = k_ref[...], v_ref[...]
     k_positions = j * BLOCK + jnp.arange(BLOCK)
     key_real = None if keys_ref is None else keys_ref[...]
@@ -190,7 +191,7 @@ def _key_value_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, se
 def _query_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, segments_ref, do_ref, lse_ref, delta_ref,
                        dq_ref, dbias_ref=None, *, scale, causal, rate, heads, k_length, per_program):
     """dq of `per_program` examples for one head and block of queries; with a bias, its gradient summed over them."""
-    h, i, c = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    i, h, c = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     block_q = DQ_BLOCK if dbias_ref is not None else BLOCK
     queries = pl.ds(i * block_q, block_q)
     q_positions = i * block_q + jnp.arange(block_q)
@@ -252,16 +253,16 @@ def _forward(q, k, v, bias, keys, segments, seed, scale, causal, rate, heads, in
     kernel = functools.partial(_forward_kernel, scale=scale, causal=causal, rate=rate, heads=heads,
                                k_length=k_length)
     out, lse = pl.pallas_call(
-        kernel, grid=(batch, local_heads, q_length // BLOCK),
+        kernel, grid=(q_length // BLOCK, batch, local_heads),
         in_specs=[_whole(seed),
-                  pl.BlockSpec((None, BLOCK, None, head_dim), lambda b, h, i: (b, i, h, 0)),
-                  pl.BlockSpec((None, k_length, None, head_dim), lambda b, h, i: (b, 0, h, 0)),
-                  pl.BlockSpec((None, k_length, None, head_dim), lambda b, h, i: (b, 0, h, 0)),
-                  _spec(bias, (None, None, BLOCK, k_length), lambda b, h, i: (0, h, i, 0)),
-                  _spec(keys, (None, k_length), lambda b, h, i: (b, 0)),
-                  _spec(segments, (None, k_length), lambda b, h, i: (b, 0))],
-        out_specs=[pl.BlockSpec((None, BLOCK, None, head_dim), lambda b, h, i: (b, i, h, 0)),
-                   pl.BlockSpec((None, None, BLOCK), lambda b, h, i: (b, h, i))],
+                  pl.BlockSpec((None, BLOCK, None, head_dim), lambda i, b, h: (b, i, h, 0)),
+                  pl.BlockSpec((None, k_length, None, head_dim), lambda i, b, h: (b, 0, h, 0)),
+                  pl.BlockSpec((None, k_length, None, head_dim), lambda i, b, h: (b, 0, h, 0)),
+                  _spec(bias, (None, None, BLOCK, k_length), lambda i, b, h: (0, h, i, 0)),
+                  _spec(keys, (None, k_length), lambda i, b, h: (b, 0)),
+                  _spec(segments, (None, k_length), lambda i, b, h: (b, 0))],
+        out_specs=[pl.BlockSpec((None, BLOCK, None, head_dim), lambda i, b, h: (b, i, h, 0)),
+                   pl.BlockSpec((None, None, BLOCK), lambda i, b, h: (b, h, i))],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                    jax.ShapeDtypeStruct((batch, local_heads, q_length), jnp.float32)],
         compiler_params=_compiler_params(4, 2), interpret=interpret, name="flash_forward",
@@ -274,15 +275,15 @@ def _backward(q, k, v, bias, keys, segments, seed, out, lse, do, scale, causal, 
     k_length = k.shape[1]
     statics = dict(scale=scale, causal=causal, rate=rate, heads=heads, k_length=k_length)
     delta = jnp.einsum("bqhd,bqhd->bhq", out.astype(jnp.float32), do.astype(jnp.float32))
-    rows = pl.BlockSpec((None, q_length, None, head_dim), lambda b, h, j: (b, 0, h, 0))
-    keys_block = pl.BlockSpec((None, BLOCK, None, head_dim), lambda b, h, j: (b, j, h, 0))
-    per_query = pl.BlockSpec((None, None, q_length), lambda b, h, j: (b, h, 0))
+    rows = pl.BlockSpec((None, q_length, None, head_dim), lambda j, b, h: (b, 0, h, 0))
+    keys_block = pl.BlockSpec((None, BLOCK, None, head_dim), lambda j, b, h: (b, j, h, 0))
+    per_query = pl.BlockSpec((None, None, q_length), lambda j, b, h: (b, h, 0))
     dk, dv = pl.pallas_call(
-        functools.partial(_key_value_grad_kernel, **statics), grid=(batch, local_heads, k_length // BLOCK),
+        functools.partial(_key_value_grad_kernel, **statics), grid=(k_length // BLOCK, batch, local_heads),
         in_specs=[_whole(seed), rows, keys_block, keys_block,
-                  _spec(bias, (None, None, q_length, BLOCK), lambda b, h, j: (0, h, 0, j)),
-                  _spec(keys, (None, BLOCK), lambda b, h, j: (b, j)),
-                  _spec(segments, (None, k_length), lambda b, h, j: (b, 0)), rows, per_query, per_query],
+                  _spec(bias, (None, None, q_length, BLOCK), lambda j, b, h: (0, h, 0, j)),
+                  _spec(keys, (None, BLOCK), lambda j, b, h: (b, j)),
+                  _spec(segments, (None, k_length), lambda j, b, h: (b, 0)), rows, per_query, per_query],
         out_specs=[keys_block, keys_block],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
         compiler_params=_compiler_params(4, 2), interpret=interpret, name="flash_key_value_grad",
@@ -294,12 +295,12 @@ def _backward(q, k, v, bias, keys, segments, seed, out, lse, do, scale, causal, 
     dbias_shape = jax.ShapeDtypeStruct((chunks, local_heads, q_length, k_length), jnp.float32)
     outputs = pl.pallas_call(
         functools.partial(_query_grad_kernel, **statics, per_program=batch // chunks),
-        grid=(local_heads, q_length // block_q, chunks),
+        grid=(q_length // block_q, local_heads, chunks),
         in_specs=[_whole(seed), _whole(q), _whole(k), _whole(v),
-                  _spec(bias, (None, None, block_q, k_length), lambda h, i, c: (0, h, i, 0)),
+                  _spec(bias, (None, None, block_q, k_length), lambda i, h, c: (0, h, i, 0)),
                   _whole(keys), _whole(segments), _whole(do), _whole(lse), _whole(delta)],
         out_specs=[_whole(q)] + ([] if bias is None else
-                                 [pl.BlockSpec((None, None, block_q, k_length), lambda h, i, c: (c, h, i, 0))]),
+                                 [pl.BlockSpec((None, None, block_q, k_length), lambda i, h, c: (c, h, i, 0))]),
         out_shape=[dq_shape] + ([] if bias is None else [dbias_shape]),
         compiler_params=_compiler_params(4, 2), interpret=interpret, name="flash_query_grad",
     )(seed, q, k, v, bias, keys, segments, do, lse, delta)
