@@ -7,7 +7,9 @@ key blocks), the keys' and values' gradients (one per block of keys, example and
 gradients with the bias's (one per block of queries, head and chunk of the batch: the bias's gradient is summed
 over the batch in registers, a chunk at a time, and the chunks' sums are added by XLA; no atomics, so the result
 is the same on every run). The block index is the grid's first axis, the one GPUs launch fastest, so that the
-programs running together read the same keys and values (or queries) and find them in L2. Lengths are padded to the block size; padded keys are masked, padded queries dropped.
+programs running together read the same keys and values (or queries) and find them in L2. Lengths are padded to the block size; padded keys are masked, padded queries dropped. A row that sees no key
+attends uniformly to every key of the real length, as the xla kernel's does, and its logits get no gradient;
+under a causal mask it averages only the keys up to its block (the xla kernel: all of them).
 
 Dropout keeps the attention weight of (example b, head h, query i, key j) when 16 bits of a hash of (the
 dropout key, b, h, i, j) fall below round(keep_prob * 65536), as `jaxlm.nn.dropout` compares its threefry
@@ -41,6 +43,9 @@ DQ_BLOCK = 16  # queries per program of the gradient kernel that sums the bias's
 LOG2E = math.log2(math.e)  # the kernels work in base 2: exp(x) = exp2(x * log2(e))
 MASKED = float(np.finfo(np.float32).min)  # as the xla kernel masks: a row with no real key attends uniformly
 BIAS_CHUNKS = 4  # the batch's chunks whose bias gradients are summed separately (more programs, more partial sums)
+# key blocks whose bias gradients one program keeps in registers (and whose keys and values Triton buffers in
+# shared memory: 12 blocks overflow an H100's); longer keys are split into groups, their dq summed by XLA
+GROUP_BLOCKS = 8
 
 
 def _mix(x: jax.Array) -> jax.Array:
@@ -89,24 +94,30 @@ def _compiler_params(num_warps: int, num_stages: int):
     return params(num_warps=num_warps, num_stages=num_stages)
 
 
-def _scores(q, k, bias, key_real, segments, q_positions, k_positions, *, scale: float, causal: bool) -> jax.Array:
-    """float32 logits [queries, keys] of one tile in base 2, masked entries at MASKED; `segments` is None or the
+def _scores(q, k, bias, key_real, segments, q_positions, k_positions, *, scale: float, causal: bool):
+    """(float32 logits [queries, keys] of one tile in base 2, the mask of those attended or None). Masked entries
+    are MASKED, as the xla kernel masks, and the keys that only pad the length to the block (key_real < 0) -inf,
+    so that a row with no real key attends uniformly to the real length's keys. `segments` is None or the
     (queries', keys') segment ids."""
     s = jnp.dot(q, k.T, preferred_element_type=jnp.float32) * scale
     if bias is not None:
         s = s + bias.astype(jnp.float32)
-    s = s * LOG2E
-    mask = None if key_real is None else (key_real != 0)[None, :]
+    s = jnp.maximum(s * LOG2E, MASKED)  # finite, as the xla kernel's float32 logits stay
+    mask = None if key_real is None else (key_real > 0)[None, :]
     if segments is not None:
         same = segments[0][:, None] == segments[1][None, :]
         mask = same if mask is None else mask & same
     if causal:
         lower = q_positions[:, None] >= k_positions[None, :]
         mask = lower if mask is None else mask & lower
-    return s if mask is None else jnp.where(mask, s, MASKED)
+    if mask is not None:
+        s = jnp.where(mask, s, MASKED)
+    if key_real is not None:
+        s = jnp.where((key_real < 0)[None, :], -jnp.inf, s)
+    return s, mask
 
 
-def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, segments_ref, o_ref, lse_ref, *, scale,
+def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, segments_ref, o_ref, stats_ref, *, scale,
                     causal, rate, heads, k_length):
     i, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     block_q = q_ref.shape[0]
@@ -122,7 +133,7 @@ def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, segments_
         keys = pl.ds(j * BLOCK, BLOCK)
         k_positions = j * BLOCK + jnp.arange(BLOCK)
         segments = None if segments_ref is None else (q_segments, segments_ref[keys])
-        s = _scores(q, k_ref[keys, :], None if bias_ref is None else bias_ref[:, keys],
+        s, _ = _scores(q, k_ref[keys, :], None if bias_ref is None else bias_ref[:, keys],
                     None if keys_ref is None else keys_ref[keys], segments, q_positions, k_positions, scale=scale,
                     causal=causal)
         new_top = jnp.maximum(top, jnp.max(s, axis=-1))
@@ -141,14 +152,18 @@ def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, segments_
     out, top, total = jax.lax.fori_loop(0, blocks, body, start)
     kept = threshold / LEVELS if seed is not None else 1.0
     o_ref[...] = (out / (total * kept)[:, None]).astype(o_ref.dtype)
-    lse_ref[...] = top + jnp.log2(total)
+    # the row's largest logit and its sum's log apart: a row with no real key has top = MASKED, where the sum
+    # MASKED + log2(total) would round back to MASKED
+    stats_ref[0, :] = top
+    stats_ref[1, :] = jnp.log2(total)
 
 
-def _weights_and_grad(seed, row, q, k, v, do, lse, delta, bias, key_real, segments, q_positions, k_positions, *,
+def _weights_and_grad(seed, row, q, k, v, do, stats, delta, bias, key_real, segments, q_positions, k_positions, *,
                       scale, causal, rate, k_length):
-    """(dropped weights, the logits' gradient) [queries, keys] of one tile in the backward kernels."""
-    s = _scores(q, k, bias, key_real, segments, q_positions, k_positions, scale=scale, causal=causal)
-    p = jnp.exp2(s - lse[:, None])
+    """(dropped weights, the logits' gradient) [queries, keys] of one tile in the backward kernels; `stats` is
+    the forward's (top, log2 of the sum), each [queries]."""
+    s, mask = _scores(q, k, bias, key_real, segments, q_positions, k_positions, scale=scale, causal=causal)
+    p = jnp.exp2((s - stats[0][:, None]) - stats[1][:, None])
     dp = jnp.dot(do, v.T, preferred_element_type=jnp.float32)
     dropped = p
     if seed is not None:
@@ -156,10 +171,11 @@ def _weights_and_grad(seed, row, q, k, v, do, lse, delta, bias, key_real, segmen
         keep, inverse = _keep(seed, row, q_positions, k_positions, k_length, threshold), LEVELS / threshold
         dropped = jnp.where(keep, p * inverse, 0.0)
         dp = jnp.where(keep, dp * inverse, 0.0)
-    return dropped, p * (dp - delta[:, None])
+    ds = p * (dp - delta[:, None])
+    return dropped, ds if mask is None else jnp.where(mask, ds, 0.0)
 
 
-def _key_value_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, segments_ref, do_ref, lse_ref, delta_ref,
+def _key_value_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, segments_ref, do_ref, stats_ref, delta_ref,
                            dk_ref, dv_ref, *, scale, causal, rate, heads, k_length):
     j, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     k, v = k_ref[...], v_ref[...]
@@ -175,7 +191,7 @@ def _key_value_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, se
         q, do = q_ref[queries, :], do_ref[queries, :]
         segments = None if segments_ref is None else (segments_ref[queries], k_segments)
         dropped, ds = _weights_and_grad(
-            seed, row, q, k, v, do, lse_ref[queries], delta_ref[queries],
+            seed, row, q, k, v, do, (stats_ref[0, queries], stats_ref[1, queries]), delta_ref[queries],
             None if bias_ref is None else bias_ref[queries, :], key_real, segments, i * BLOCK + jnp.arange(BLOCK),
             k_positions, scale=scale, causal=causal, rate=rate, k_length=k_length)
         dv = dv + jnp.dot(dropped.astype(do.dtype).T, do, preferred_element_type=jnp.float32)
@@ -188,53 +204,62 @@ def _key_value_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, se
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def _query_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, segments_ref, do_ref, lse_ref, delta_ref,
-                       dq_ref, dbias_ref=None, *, scale, causal, rate, heads, k_length, per_program):
-    """dq of `per_program` examples for one head and block of queries; with a bias, its gradient summed over them."""
-    i, h, c = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+def _query_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, segments_ref, do_ref, stats_ref, delta_ref,
+                       dq_ref, dbias_ref=None, *, scale, causal, rate, heads, k_length, per_program, groups):
+    """dq of `per_program` examples for one head and block of queries, over one group of key blocks (all of them
+    without a bias); with a bias, its gradient over that group summed over the examples."""
+    i, h = pl.program_id(0), pl.program_id(1)
+    c, g = pl.program_id(2) // groups, pl.program_id(2) % groups
     block_q = DQ_BLOCK if dbias_ref is not None else BLOCK
+    group_blocks = k_length // BLOCK // groups
     queries = pl.ds(i * block_q, block_q)
     q_positions = i * block_q + jnp.arange(block_q)
     seed = None if seed_ref is None else (seed_ref[0], seed_ref[1])
 
-    def tile(b, j, q, do, lse, delta):  # the logits' gradient of one key block
+    def tile(b, j, q, do, stats, delta):  # the logits' gradient of key block j
         keys = pl.ds(j * BLOCK, BLOCK)
         k, v = k_ref[b, keys, h, :], v_ref[b, keys, h, :]
         _, ds = _weights_and_grad(
-            seed, None if seed_ref is None else _row(seed_ref, b, h, heads), q, k, v, do, lse, delta,
-            None if bias_ref is None else bias_ref[:, keys], None if keys_ref is None else keys_ref[b, keys],
+            seed, None if seed_ref is None else _row(seed_ref, b, h, heads), q, k, v, do, stats, delta,
+            None if bias_ref is None else bias_ref[:, pl.ds((j - g * group_blocks) * BLOCK, BLOCK)],
+            None if keys_ref is None else keys_ref[b, keys],
             None if segments_ref is None else (segments_ref[b, queries], segments_ref[b, keys]), q_positions,
-            j * BLOCK + jnp.arange(BLOCK),
-            scale=scale, causal=causal, rate=rate, k_length=k_length)
+            j * BLOCK + jnp.arange(BLOCK), scale=scale, causal=causal, rate=rate, k_length=k_length)
         return ds, k
 
     def example(step, sums):
         b = c * per_program + step
         q, do = q_ref[b, queries, h, :], do_ref[b, queries, h, :]
-        lse, delta = lse_ref[b, h, queries], delta_ref[b, h, queries]
+        stats, delta = (stats_ref[b, h, 0, queries], stats_ref[b, h, 1, queries]), delta_ref[b, h, queries]
         dq = jnp.zeros((block_q, q.shape[-1]), jnp.float32)
         if sums is None:
             def key_block(j, dq):
-                ds, k = tile(b, j, q, do, lse, delta)
+                ds, k = tile(b, j, q, do, stats, delta)
                 return dq + jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
             blocks = jax.lax.div((i + 1) * block_q + BLOCK - 1, BLOCK) if causal else k_length // BLOCK
             dq = jax.lax.fori_loop(0, blocks, key_block, dq)
         else:
             added = []
-            for j, total in enumerate(sums):  # unrolled, so that each key block's bias gradient stays in registers
-                ds, k = tile(b, j, q, do, lse, delta)
+            for n, total in enumerate(sums):  # unrolled, so that each key block's bias gradient stays in registers
+                ds, k = tile(b, g * group_blocks + n, q, do, stats, delta)
                 dq = dq + jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
                 added.append(total + ds)
             sums = tuple(added)
-        dq_ref[b, queries, h, :] = (dq * scale).astype(dq_ref.dtype)
+        dq_ref[g, b, queries, h, :] = (dq * scale).astype(dq_ref.dtype)
         return sums
 
     if dbias_ref is None:
         jax.lax.fori_loop(0, per_program, example, None)
         return
-    zeros = tuple(jnp.zeros((block_q, BLOCK), jnp.float32) for _ in range(k_length // BLOCK))
-    for j, total in enumerate(jax.lax.fori_loop(0, per_program, example, zeros)):
-        dbias_ref[:, j * BLOCK:(j + 1) * BLOCK] = total
+    zeros = tuple(jnp.zeros((block_q, BLOCK), jnp.float32) for _ in range(group_blocks))
+    for n, total in enumerate(jax.lax.fori_loop(0, per_program, example, zeros)):
+        dbias_ref[:, n * BLOCK:(n + 1) * BLOCK] = total
+
+
+def _key_groups(k_length: int) -> int:
+    """Into how many groups of at most GROUP_BLOCKS key blocks the bias's gradient kernel splits the keys."""
+    blocks = k_length // BLOCK
+    return blocks // max(d for d in range(1, GROUP_BLOCKS + 1) if blocks % d == 0)
 
 
 def _spec(array, block, index):
@@ -252,7 +277,7 @@ def _forward(q, k, v, bias, keys, segments, seed, scale, causal, rate, heads, in
     k_length = k.shape[1]
     kernel = functools.partial(_forward_kernel, scale=scale, causal=causal, rate=rate, heads=heads,
                                k_length=k_length)
-    out, lse = pl.pallas_call(
+    out, stats = pl.pallas_call(
         kernel, grid=(q_length // BLOCK, batch, local_heads),
         in_specs=[_whole(seed),
                   pl.BlockSpec((None, BLOCK, None, head_dim), lambda i, b, h: (b, i, h, 0)),
@@ -262,15 +287,15 @@ def _forward(q, k, v, bias, keys, segments, seed, scale, causal, rate, heads, in
                   _spec(keys, (None, k_length), lambda i, b, h: (b, 0)),
                   _spec(segments, (None, k_length), lambda i, b, h: (b, 0))],
         out_specs=[pl.BlockSpec((None, BLOCK, None, head_dim), lambda i, b, h: (b, i, h, 0)),
-                   pl.BlockSpec((None, None, BLOCK), lambda i, b, h: (b, h, i))],
+                   pl.BlockSpec((None, None, 2, BLOCK), lambda i, b, h: (b, h, 0, i))],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
-                   jax.ShapeDtypeStruct((batch, local_heads, q_length), jnp.float32)],
+                   jax.ShapeDtypeStruct((batch, local_heads, 2, q_length), jnp.float32)],
         compiler_params=_compiler_params(4, 2), interpret=interpret, name="flash_forward",
     )(seed, q, k, v, bias, keys, segments)
-    return out, lse
+    return out, stats
 
 
-def _backward(q, k, v, bias, keys, segments, seed, out, lse, do, scale, causal, rate, heads, interpret):
+def _backward(q, k, v, bias, keys, segments, seed, out, stats, do, scale, causal, rate, heads, interpret):
     batch, q_length, local_heads, head_dim = q.shape
     k_length = k.shape[1]
     statics = dict(scale=scale, causal=causal, rate=rate, heads=heads, k_length=k_length)
@@ -278,33 +303,36 @@ def _backward(q, k, v, bias, keys, segments, seed, out, lse, do, scale, causal, 
     rows = pl.BlockSpec((None, q_length, None, head_dim), lambda j, b, h: (b, 0, h, 0))
     keys_block = pl.BlockSpec((None, BLOCK, None, head_dim), lambda j, b, h: (b, j, h, 0))
     per_query = pl.BlockSpec((None, None, q_length), lambda j, b, h: (b, h, 0))
+    stats_spec = pl.BlockSpec((None, None, 2, q_length), lambda j, b, h: (b, h, 0, 0))
     dk, dv = pl.pallas_call(
         functools.partial(_key_value_grad_kernel, **statics), grid=(k_length // BLOCK, batch, local_heads),
         in_specs=[_whole(seed), rows, keys_block, keys_block,
                   _spec(bias, (None, None, q_length, BLOCK), lambda j, b, h: (0, h, 0, j)),
                   _spec(keys, (None, BLOCK), lambda j, b, h: (b, j)),
-                  _spec(segments, (None, k_length), lambda j, b, h: (b, 0)), rows, per_query, per_query],
+                  _spec(segments, (None, k_length), lambda j, b, h: (b, 0)), rows, stats_spec, per_query],
         out_specs=[keys_block, keys_block],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
         compiler_params=_compiler_params(4, 2), interpret=interpret, name="flash_key_value_grad",
-    )(seed, q, k, v, bias, keys, segments, do, lse, delta)
+    )(seed, q, k, v, bias, keys, segments, do, stats, delta)
 
     chunks = math.gcd(batch, BIAS_CHUNKS) if bias is not None else batch
-    block_q = DQ_BLOCK if bias is not None else BLOCK
-    dq_shape = jax.ShapeDtypeStruct(q.shape, q.dtype)
+    groups = _key_groups(k_length) if bias is not None else 1
+    block_q, group_length = (DQ_BLOCK if bias is not None else BLOCK), k_length // groups
+    # each key group's dq apart, in float32 when XLA adds them
+    dq_shape = jax.ShapeDtypeStruct((groups, *q.shape), jnp.float32 if groups > 1 else q.dtype)
     dbias_shape = jax.ShapeDtypeStruct((chunks, local_heads, q_length, k_length), jnp.float32)
     outputs = pl.pallas_call(
-        functools.partial(_query_grad_kernel, **statics, per_program=batch // chunks),
-        grid=(q_length // block_q, local_heads, chunks),
+        functools.partial(_query_grad_kernel, **statics, per_program=batch // chunks, groups=groups),
+        grid=(q_length // block_q, local_heads, chunks * groups),
         in_specs=[_whole(seed), _whole(q), _whole(k), _whole(v),
-                  _spec(bias, (None, None, block_q, k_length), lambda i, h, c: (0, h, i, 0)),
-                  _whole(keys), _whole(segments), _whole(do), _whole(lse), _whole(delta)],
-        out_specs=[_whole(q)] + ([] if bias is None else
-                                 [pl.BlockSpec((None, None, block_q, k_length), lambda i, h, c: (c, h, i, 0))]),
+                  _spec(bias, (None, None, block_q, group_length), lambda i, h, cg: (0, h, i, cg % groups)),
+                  _whole(keys), _whole(segments), _whole(do), _whole(stats), _whole(delta)],
+        out_specs=[_whole(dq_shape)] + ([] if bias is None else [pl.BlockSpec(
+            (None, None, block_q, group_length), lambda i, h, cg: (cg // groups, h, i, cg % groups))]),
         out_shape=[dq_shape] + ([] if bias is None else [dbias_shape]),
         compiler_params=_compiler_params(4, 2), interpret=interpret, name="flash_query_grad",
-    )(seed, q, k, v, bias, keys, segments, do, lse, delta)
-    dq = outputs[0]
+    )(seed, q, k, v, bias, keys, segments, do, stats, delta)
+    dq = jnp.sum(outputs[0], axis=0).astype(q.dtype)
     dbias = None if bias is None else jnp.sum(outputs[1], axis=0, keepdims=True).astype(bias.dtype)
     return dq, dk, dv, dbias
 
@@ -315,8 +343,8 @@ def _flash(q, k, v, bias, keys, segments, seed, scale, causal, rate, heads, inte
 
 
 def _flash_forward(q, k, v, bias, keys, segments, seed, scale, causal, rate, heads, interpret):
-    out, lse = _forward(q, k, v, bias, keys, segments, seed, scale, causal, rate, heads, interpret)
-    return out, (q, k, v, bias, keys, segments, seed, out, lse)
+    out, stats = _forward(q, k, v, bias, keys, segments, seed, scale, causal, rate, heads, interpret)
+    return out, (q, k, v, bias, keys, segments, seed, out, stats)
 
 
 def _flash_backward(scale, causal, rate, heads, interpret, residuals, do):
@@ -351,6 +379,9 @@ def flash_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, paddi
     k_length, kv_heads = key.shape[1], key.shape[2]
     if heads % kv_heads:
         raise ValueError(f"{heads} query heads cannot share {kv_heads} key/value heads; kv heads must divide heads")
+    if value.shape[-1] != head_dim or key.shape[-1] != head_dim:
+        raise ValueError(f"attention_kernel='flash' needs one head size for queries, keys and values, not "
+                         f"{head_dim}, {key.shape[-1]} and {value.shape[-1]}")
     if (causal or segment_ids is not None) and q_length != k_length:
         raise ValueError(f"causal or segmented flash attention needs equal query and key lengths, got {q_length} and "
                          f"{k_length}")
@@ -373,10 +404,10 @@ def flash_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, paddi
     if rate > 0.0:
         seed = jnp.concatenate([_seed_words(dropout_rng), jnp.zeros((2,), jnp.uint32)])
     q_padded, k_padded = padded(q_length), padded(k_length)
-    keys = padding_mask
-    if keys is None and k_padded != k_length:
-        keys = jnp.ones((batch, k_length), bool)
-    keys = None if keys is None else _pad(keys.astype(jnp.int32), 1, k_padded)
+    keys = None  # 1 at a real key, 0 at a masked one, -1 at those that pad the length to the block
+    if padding_mask is not None or k_padded != k_length:
+        real = jnp.ones((batch, k_length), bool) if padding_mask is None else padding_mask
+        keys = _pad(real.astype(jnp.int32), 1, k_padded, value=-1)
     segments = None if segment_ids is None else _pad(segment_ids.astype(jnp.int32), 1, k_padded)
     q = _pad(query, 1, q_padded)
     k, v = _pad(key, 1, k_padded), _pad(value, 1, k_padded)

@@ -126,20 +126,39 @@ def test_the_initialiser_draws_with_the_threefry_kernel_on_a_gpu():
 
 
 FLASH_STEP = """
+import jax, jax.numpy as jnp
+from jax.sharding import SingleDeviceSharding
 from jaxlm import config as config_lib
+from jaxlm.nn.flash import flash_attention
 from jaxlm.train import aot
-config = config_lib.load("configs/t5-tiny.yaml", ["model.attention_kernel=flash"])
+config = config_lib.load("configs/t5-tiny.yaml", ["model.attention_kernel=flash", "model.attention_dropout=0.1"])
 text = aot.compile_for_topology(config, "h100")["compiled"].as_text()
-print(config.model.num_layers, config.model.decoder_layers, text.count('custom_call_target="__gpu$xla.gpu.triton"'))
+TRITON = 'custom_call_target="__gpu$xla.gpu.triton"'
+print(config.model.num_layers, config.model.decoder_layers, text.count(TRITON))
+# keys of 1024 with a bias: its gradient's kernel takes them in two groups of 8 blocks (12 overflow shared memory)
+device = SingleDeviceSharding(aot.topology_devices("h100")[0])
+def spec(shape, dtype=jnp.bfloat16):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=device)
+def loss(q, k, v, bias, key):
+    out = flash_attention(q, k, v, bias=bias, scale=1.0, dropout_rate=0.1, dropout_rng=key, interpret=False)
+    return jnp.sum(out.astype(jnp.float32) ** 2)
+key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype, sharding=device)
+shape = (2, 1024, 4, 64)
+text = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).lower(
+    spec(shape), spec(shape), spec(shape), spec((1, 4, 1024, 1024), jnp.float32), key).compile().as_text()
+print(text.count(TRITON))
 """
 
 
-def test_the_flash_kernels_are_triton_kernels_in_the_step_for_an_h100():
-    """T5's train step with attention_kernel=flash compiled for a compile-only H100: each attention (encoder self,
-    decoder self, cross) of each layer calls our three Triton kernels (forward, keys' and values' gradients,
-    queries' and bias's gradients), not Pallas's interpret-mode loops."""
+def test_the_flash_kernels_are_triton_kernels_for_an_h100():
+    """T5's train step with attention_kernel=flash and attention dropout compiled for a compile-only H100: each
+    attention (encoder self, decoder self, cross) of each layer calls our three Triton kernels (forward, keys'
+    and values' gradients, queries' and bias's gradients), not Pallas's interpret-mode loops; and keys of 1024
+    with a bias compile too."""
     proc = subprocess.run([sys.executable, "-c", FLASH_STEP], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, JAX_PLATFORMS="cpu", **PLUGIN))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    encoder_layers, decoder_layers, calls = map(int, proc.stdout.split()[-3:])
+    *step, long_keys = proc.stdout.split()[-4:]
+    encoder_layers, decoder_layers, calls = map(int, step)
     assert calls == 3 * (encoder_layers + 2 * decoder_layers)
+    assert int(long_keys) == 3

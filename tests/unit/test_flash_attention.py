@@ -21,12 +21,15 @@ T5_SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, head_size=16, interme
                 dtype="float32", hidden_dropout=0.0, attention_dropout=0.1)
 
 
-def _inputs(batch, q_length, k_length, heads, kv_heads, bias, padded, packed=False, dtype=jnp.float32, seed=0):
+def _inputs(batch, q_length, k_length, heads, kv_heads, bias, padded, packed=False, dtype=jnp.float32, seed=0,
+            empty=True):
     rng = np.random.default_rng(seed)
     q = jnp.asarray(rng.standard_normal((batch, q_length, heads, 16)), dtype)
     k, v = (jnp.asarray(rng.standard_normal((batch, k_length, kv_heads, 16)), dtype) for _ in range(2))
     b = jnp.asarray(rng.standard_normal((1, heads, q_length, k_length)), jnp.float32) if bias else None
     lengths = rng.integers(k_length // 2, k_length + 1, batch)
+    if empty:  # an example with no real key: its rows attend uniformly, their logits get no gradient
+        lengths[-1] = 0
     padding = jnp.asarray(np.arange(k_length)[None] < lengths[:, None]) if padded else None
     cotangent = jnp.asarray(rng.standard_normal(q.shape), dtype)
     # packed documents: each row's split point differs
@@ -68,13 +71,16 @@ CASES = {  # (batch, q_length, k_length, heads, kv_heads, bias, padded keys, pac
     "t5 decoder: causal, bias, lengths padded to the block, dropout": (4, 70, 70, 2, 2, True, False, False, True, 0.3),
     "cross-attention over padded keys, grouped heads, dropout": (2, 40, 130, 4, 2, False, True, False, False, 0.2),
     "causal LM: packed documents, padded, grouped heads, dropout": (2, 128, 128, 4, 2, False, True, True, True, 0.1),
+    # 9 key blocks: the bias's gradient in 3 groups of 3 blocks, their dq added
+    "long keys with a bias, in groups": (2, 64, 576, 2, 2, True, True, False, False, 0.1),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_flash_matches_attention_written_out(case):
     *shape, causal, rate = CASES[case]
-    inputs = _inputs(*shape)
+    # (under a causal mask a row that sees no key averages the values up to its block, xla's all of them)
+    inputs = _inputs(*shape, empty=not causal)
     expected = _outputs_and_grads(_written_out, inputs, causal, rate)
     got = _outputs_and_grads(_flash, inputs, causal, rate)
     for name, a, b in zip(["out", "dq", "dk", "dv", "dbias"], got, expected):
@@ -86,6 +92,17 @@ def test_flash_matches_attention_written_out(case):
     if rate:  # the dropout dropped: the same attention without it is far off
         plain = _outputs_and_grads(_written_out, inputs, causal, 0.0)[0]
         assert float(jnp.abs(plain - expected[0]).max()) > 0.1
+
+
+def test_a_bias_of_the_lowest_float_masks_as_in_xla():
+    """A bias of float32's lowest value on a whole key block (log2(e) times it overflows): finite, as xla's."""
+    q, k, v, bias, padding, segments, cotangent = _inputs(2, 64, 128, 2, 2, True, False, seed=3)
+    bias = bias.at[..., :64].set(jnp.finfo(jnp.float32).min)
+    inputs = (q, k, v, bias, padding, segments, cotangent)
+    expected = _outputs_and_grads(_written_out, inputs, False, 0.0)
+    got = _outputs_and_grads(_flash, inputs, False, 0.0)
+    for name, a, b in zip(["out", "dq", "dk", "dv", "dbias"], got, expected):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=0, err_msg=name)
 
 
 def test_flash_in_bfloat16_stays_near_float32():
