@@ -6,8 +6,11 @@ Three kernels: the forward pass (one program per block of queries, example and h
 key blocks), the keys' and values' gradients (one per block of keys, example and head) and the queries'
 gradients with the bias's (one per block of queries, head and chunk of the batch: the bias's gradient is summed
 over the batch in registers, a chunk at a time, and the chunks' sums are added by XLA; no atomics, so the result
-is the same on every run). The block index is the grid's first axis, the one GPUs launch fastest, so that the
-programs running together read the same keys and values (or queries) and find them in L2. Lengths are padded to the block size; padded keys are masked, padded queries dropped. A row that sees no key
+is the same on every run; keys longer than GROUP_BLOCKS blocks in groups, whose dq XLA adds). The block index is
+the grid's first axis, the one GPUs launch fastest, so that the programs running together read the same keys
+and values (or queries) and find them in L2.
+
+Lengths are padded to the block size; padded keys are masked, padded queries dropped. A row that sees no key
 attends uniformly to every key of the real length, as the xla kernel's does, and its logits get no gradient;
 under a causal mask it averages only the keys up to its block (the xla kernel: all of them).
 
@@ -16,9 +19,8 @@ dropout key, b, h, i, j) fall below round(keep_prob * 65536), as `jaxlm.nn.dropo
 draws, and divides by that kept fraction; `keep_mask` computes the same bits outside the kernels (tests). The
 hash is two rounds of `lowbias32` (Wellons's 32-bit integer hash), about 20 integer operations a weight (as many
 as `jaxlm.nn.dropout` spends: a threefry block of about 80 for four draws), done again by each backward kernel,
-with nothing written to memory. Under a mesh the kernels run per shard
-(`jax.shard_map`, split as the flax rules place batch and heads) and hash global indices, so the masks do not
-depend on the mesh.
+with nothing written to memory. Under a mesh the kernels run per shard (`jax.shard_map`, split as the flax
+rules place batch and heads) and hash global indices, so the masks do not depend on the mesh.
 
 Built for the CPU (the tests) the kernels run in Pallas interpret mode, slow and for checking numbers only.
 """
@@ -39,7 +41,7 @@ from jaxlm.nn.dropout import LEVELS, keep_threshold
 from jaxlm.nn.splash import dividing_axes, spec_axis, target_platform
 
 BLOCK = 64  # queries and keys per tile; lengths are padded to a multiple
-DQ_BLOCK = 16  # queries per program of the gradient kernel that sums the bias's gradient: [16, k_length] floats live
+DQ_BLOCK = 16  # queries per program of the kernel that sums the bias's gradient: [16, 64 * GROUP_BLOCKS] floats live
 LOG2E = math.log2(math.e)  # the kernels work in base 2: exp(x) = exp2(x * log2(e))
 MASKED = float(np.finfo(np.float32).min)  # as the xla kernel masks: a row with no real key attends uniformly
 BIAS_CHUNKS = 4  # the batch's chunks whose bias gradients are summed separately (more programs, more partial sums)
@@ -175,8 +177,8 @@ def _weights_and_grad(seed, row, q, k, v, do, stats, delta, bias, key_real, segm
     return dropped, ds if mask is None else jnp.where(mask, ds, 0.0)
 
 
-def _key_value_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, segments_ref, do_ref, stats_ref, delta_ref,
-                           dk_ref, dv_ref, *, scale, causal, rate, heads, k_length):
+def _key_value_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, segments_ref, do_ref, stats_ref,
+                           delta_ref, dk_ref, dv_ref, *, scale, causal, rate, heads, k_length):
     j, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     k, v = k_ref[...], v_ref[...]
     k_positions = j * BLOCK + jnp.arange(BLOCK)

@@ -128,7 +128,8 @@ def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, padd
     if interpret is None:
         platform = target_platform()
         if platform not in ("tpu", "cpu"):
-            raise ValueError(f"attention_kernel='splash' is the TPU kernel; on {platform} use 'flash', 'cudnn' or 'xla'")
+            raise ValueError(f"attention_kernel='splash' is the TPU kernel; on {platform} use 'flash', 'cudnn' or "
+                             "'xla'")
         interpret = platform != "tpu"
     seg = segments(batch, q_length, kv_length, padding_mask, segment_ids)
     q_seg, kv_seg = seg if seg is not None else (None, None)
