@@ -130,5 +130,8 @@ class TransformerConfig:
         if self.attention_kernel in ("cudnn", "splash") and self.attention_dropout:
             raise ValueError(f"model.attention_kernel={self.attention_kernel!r} has no attention dropout; "
                              "set model.attention_dropout=0")
+        if self.attention_kernel == "flash" and (self.head_dim < 16 or self.head_dim & (self.head_dim - 1)):
+            raise ValueError(f"model.attention_kernel='flash' needs a head_dim that is a power of two from 16, not "
+                             f"{self.head_dim}; use 'cudnn' or 'xla'")
         if self.attention_kernel == "splash" and self.position_embedding == "relative":
             raise ValueError("model.attention_kernel='splash' takes no relative-position bias (T5); use 'xla'")

@@ -36,6 +36,9 @@ CASES = {
         {"mesh": {"rules": "fsdp_tp", "data": 1, "fsdp": 2, "tensor": 4}}, [],
         ["30522 along 'vocab'", "split 4 ways (tensor=4)", "whose tensor divides 30522, or other mesh.rules"]),
     "logits chunks outside a causal LM": ({}, ["model.logits_chunks=4"], ["model.logits_chunks=4", "leave it at 0"]),
+    "flash kernel with a head size Triton cannot tile": (
+        {}, ["model.attention_kernel=flash", "model.head_size=24"],
+        ["model.attention_kernel='flash' needs a head_dim that is a power of two from 16, not 24"]),
 }
 
 
