@@ -29,7 +29,6 @@ from __future__ import annotations
 import functools
 import math
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,7 +37,7 @@ from jax.experimental.pallas import triton as plgpu
 from jax.sharding import PartitionSpec
 
 from jaxlm.nn.dropout import LEVELS, keep_threshold
-from jaxlm.nn.splash import dividing_axes, spec_axis, target_platform
+from jaxlm.nn.splash import batch_and_head_axes, shard_map_automatic, spec_axis, target_platform
 
 BLOCK = 64  # queries and keys per tile; lengths are padded to a multiple
 DQ_BLOCK = 16  # queries per program of the kernel that sums the bias's gradient: [16, 64 * GROUP_BLOCKS] floats live
@@ -48,6 +47,7 @@ BIAS_CHUNKS = 4  # the batch's chunks whose bias gradients are summed separately
 # key blocks whose bias gradients one program keeps in registers (and whose keys and values Triton buffers in
 # shared memory: 12 blocks overflow an H100's); longer keys are split into groups, their dq summed by XLA
 GROUP_BLOCKS = 8
+TRITON = plgpu.CompilerParams(num_warps=4, num_stages=2)  # each kernel's warps and software-pipelining stages
 
 
 def _mix(x: jax.Array) -> jax.Array:
@@ -89,11 +89,6 @@ def keep_mask(rng: jax.Array, keep_prob: float, shape: tuple[int, int, int, int]
 def _row(seed_ref, b, h, heads: int):
     """The global (example, head) index that the dropout hash takes: the shard's offsets are seed words 2 and 3."""
     return ((seed_ref[2] + b.astype(jnp.uint32)) * np.uint32(heads) + seed_ref[3] + h.astype(jnp.uint32))
-
-
-def _compiler_params(num_warps: int, num_stages: int):
-    params = getattr(plgpu, "CompilerParams", None) or getattr(plgpu, "TritonCompilerParams")
-    return params(num_warps=num_warps, num_stages=num_stages)
 
 
 def _scores(q, k, bias, key_real, segments, q_positions, k_positions, *, scale: float, causal: bool):
@@ -218,12 +213,13 @@ def _query_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, segmen
     q_positions = i * block_q + jnp.arange(block_q)
     seed = None if seed_ref is None else (seed_ref[0], seed_ref[1])
 
-    def tile(b, j, q, do, stats, delta):  # the logits' gradient of key block j
+    def tile(b, n, q, do, stats, delta):  # the logits' gradient of the group's key block n
+        j = g * group_blocks + n
         keys = pl.ds(j * BLOCK, BLOCK)
         k, v = k_ref[b, keys, h, :], v_ref[b, keys, h, :]
         _, ds = _weights_and_grad(
             seed, None if seed_ref is None else _row(seed_ref, b, h, heads), q, k, v, do, stats, delta,
-            None if bias_ref is None else bias_ref[:, pl.ds((j - g * group_blocks) * BLOCK, BLOCK)],
+            None if bias_ref is None else bias_ref[:, pl.ds(n * BLOCK, BLOCK)],
             None if keys_ref is None else keys_ref[b, keys],
             None if segments_ref is None else (segments_ref[b, queries], segments_ref[b, keys]), q_positions,
             j * BLOCK + jnp.arange(BLOCK), scale=scale, causal=causal, rate=rate, k_length=k_length)
@@ -243,7 +239,7 @@ def _query_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, segmen
         else:
             added = []
             for n, total in enumerate(sums):  # unrolled, so that each key block's bias gradient stays in registers
-                ds, k = tile(b, g * group_blocks + n, q, do, stats, delta)
+                ds, k = tile(b, n, q, do, stats, delta)
                 dq = dq + jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
                 added.append(total + ds)
             sums = tuple(added)
@@ -292,7 +288,7 @@ def _forward(q, k, v, bias, keys, segments, seed, scale, causal, rate, heads, in
                    pl.BlockSpec((None, None, 2, BLOCK), lambda i, b, h: (b, h, 0, i))],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                    jax.ShapeDtypeStruct((batch, local_heads, 2, q_length), jnp.float32)],
-        compiler_params=_compiler_params(4, 2), interpret=interpret, name="flash_forward",
+        compiler_params=TRITON, interpret=interpret, name="flash_forward",
     )(seed, q, k, v, bias, keys, segments)
     return out, stats
 
@@ -314,7 +310,7 @@ def _backward(q, k, v, bias, keys, segments, seed, out, stats, do, scale, causal
                   _spec(segments, (None, k_length), lambda j, b, h: (b, 0)), rows, stats_spec, per_query],
         out_specs=[keys_block, keys_block],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        compiler_params=_compiler_params(4, 2), interpret=interpret, name="flash_key_value_grad",
+        compiler_params=TRITON, interpret=interpret, name="flash_key_value_grad",
     )(seed, q, k, v, bias, keys, segments, do, stats, delta)
 
     chunks = math.gcd(batch, BIAS_CHUNKS) if bias is not None else batch
@@ -332,7 +328,7 @@ def _backward(q, k, v, bias, keys, segments, seed, out, stats, do, scale, causal
         out_specs=[_whole(dq_shape)] + ([] if bias is None else [pl.BlockSpec(
             (None, None, block_q, group_length), lambda i, h, cg: (cg // groups, h, i, cg % groups))]),
         out_shape=[dq_shape] + ([] if bias is None else [dbias_shape]),
-        compiler_params=_compiler_params(4, 2), interpret=interpret, name="flash_query_grad",
+        compiler_params=TRITON, interpret=interpret, name="flash_query_grad",
     )(seed, q, k, v, bias, keys, segments, do, stats, delta)
     dq = jnp.sum(outputs[0], axis=0).astype(q.dtype)
     dbias = None if bias is None else jnp.sum(outputs[1], axis=0, keepdims=True).astype(bias.dtype)
@@ -430,12 +426,10 @@ def _local(q, k, v, bias, keys, segments, seed, *, scale, causal, rate, heads, i
 
 def _sharded(local, q, k, v, bias, keys, segments, seed):
     """`local` on each device's shard of batch and heads, as the active flax rules split them."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or all(axis in mesh.manual_axes for axis in mesh.axis_names):
+    split = batch_and_head_axes(q.shape[0], q.shape[2])
+    if split is None:
         return local(q, k, v, bias, keys, segments, seed)
-    placed = nn.logical_to_mesh_axes(("batch", "length", "heads", "kv"))
-    batch_axes = dividing_axes(mesh, placed[0], q.shape[0])
-    head_axes = dividing_axes(mesh, placed[2], q.shape[2])
+    mesh, batch_axes, head_axes = split
     b, h = spec_axis(batch_axes), spec_axis(head_axes)
 
     def per_shard(q, k, v, bias, keys, segments, seed):
@@ -446,9 +440,7 @@ def _sharded(local, q, k, v, bias, keys, segments, seed):
     specs = (qkv, qkv, qkv, None if bias is None else PartitionSpec(None, h, None, None),
              None if keys is None else PartitionSpec(b, None), None if segments is None else PartitionSpec(b, None),
              None if seed is None else PartitionSpec())
-    sharded = jax.shard_map(per_shard, in_specs=specs, out_specs=qkv, check_vma=False,
-                            axis_names={a for a in mesh.axis_names if a not in mesh.manual_axes})
-    return sharded(q, k, v, bias, keys, segments, seed)
+    return shard_map_automatic(per_shard, mesh, specs, qkv)(q, k, v, bias, keys, segments, seed)
 
 
 def _shard_index(axes: tuple[str, ...]) -> jax.Array:

@@ -112,6 +112,23 @@ def spec_axis(axes: tuple[str, ...]):
     return None if not axes else axes[0] if len(axes) == 1 else axes
 
 
+def batch_and_head_axes(batch: int, heads: int):
+    """(the mesh in context, the mesh axes that split the batch, those that split the heads) where the active flax
+    rules put them (no rules: nothing is split), or None when the mesh has no automatic axis to split over."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or all(axis in mesh.manual_axes for axis in mesh.axis_names):
+        return None
+    placed = nn.logical_to_mesh_axes(("batch", "length", "heads", "kv"))
+    return mesh, dividing_axes(mesh, placed[0], batch), dividing_axes(mesh, placed[2], heads)
+
+
+def shard_map_automatic(fn, mesh, in_specs, out_specs):
+    """`fn` under jax.shard_map with every automatic mesh axis manual; the ones not named in the specs hold
+    replicas."""
+    return jax.shard_map(fn, in_specs=in_specs, out_specs=out_specs, check_vma=False,
+                         axis_names={a for a in mesh.axis_names if a not in mesh.manual_axes})
+
+
 def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, padding_mask: jax.Array | None = None,
                      causal: bool = False, segment_ids: jax.Array | None = None, scale: float,
                      interpret: bool | None = None) -> jax.Array:
@@ -138,14 +155,10 @@ def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, padd
     k, v = jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)
     local = functools.partial(_local, causal=causal, interpret=interpret)
 
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or all(axis in mesh.manual_axes for axis in mesh.axis_names):
+    split = batch_and_head_axes(batch, heads)
+    if split is None:
         return jnp.swapaxes(local(q, k, v, q_seg, kv_seg), 1, 2)
-
-    # Where the active flax rules put the query's batch and heads (no rules: nothing is split).
-    placed = nn.logical_to_mesh_axes(("batch", "length", "heads", "kv"))
-    batch_axes = dividing_axes(mesh, placed[0], batch)
-    head_axes = dividing_axes(mesh, placed[2], heads)
+    mesh, batch_axes, head_axes = split
     head_shards = math.prod(mesh.shape[a] for a in head_axes)
     if head_shards > 1 and kv_heads % head_shards:
         # Too few kv heads to split like the query heads: give each query head its own copy.
@@ -157,7 +170,4 @@ def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, padd
         args, specs = args + seg, specs + (seg_spec, seg_spec)
     else:
         local = functools.partial(local, q_segments=None, kv_segments=None)
-    # Every automatic mesh axis goes manual; the ones not named in the specs hold replicas.
-    sharded = jax.shard_map(local, in_specs=specs, out_specs=qkv_spec, check_vma=False,
-                            axis_names={a for a in mesh.axis_names if a not in mesh.manual_axes})
-    return jnp.swapaxes(sharded(*args), 1, 2)
+    return jnp.swapaxes(shard_map_automatic(local, mesh, specs, qkv_spec)(*args), 1, 2)
