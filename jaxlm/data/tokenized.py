@@ -4,6 +4,7 @@ demand), and rows spilled to a file in creation order to be read back in any ord
 from __future__ import annotations
 
 import array
+import itertools
 import os
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -110,15 +111,19 @@ class StoredDocument(Sequence):
 
     def __init__(self, corpus: TokenizedCorpus, piece: int, token_start: int, lengths: np.ndarray):
         self._corpus, self._piece, self._start = corpus, piece, token_start
-        self._bounds = np.r_[0, np.cumsum(lengths)].tolist()
+        self.bounds = [0, *itertools.accumulate(lengths.tolist())]
 
     def __len__(self) -> int:
-        return len(self._bounds) - 1
+        return len(self.bounds) - 1
+
+    def tokens(self, first: int, stop: int) -> np.ndarray:
+        """The tokens of sentences first..stop-1, in one int32 array."""
+        start = self.bounds[first]
+        return self._corpus._read(0, self._piece, self._start + start, self.bounds[stop] - start)
 
     def _sentences(self, a: int, b: int) -> list[list[int]]:
-        first, bounds = self._bounds[a], self._bounds[a:b + 1]
-        tokens = self._corpus._read(0, self._piece, self._start + first, bounds[-1] - first).tolist()
-        return [tokens[x - first:y - first] for x, y in zip(bounds[:-1], bounds[1:])]
+        tokens, first = self.tokens(a, b).tolist(), self.bounds[a]
+        return [tokens[x - first:y - first] for x, y in zip(self.bounds[a:b], self.bounds[a + 1:b + 1])]
 
     def __getitem__(self, k: int) -> list[int]:
         if not -len(self) <= k < len(self):

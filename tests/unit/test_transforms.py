@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from jaxlm.data import denoising, packing, spans
+from jaxlm.data import denoising, packing, pairs, spans
 from jaxlm.corpora.models import bert_vocab_path
 from jaxlm.corpora.registry import fetch_austen
 from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer
@@ -184,6 +184,25 @@ def test_sentence_order_labels(documents, tok):
         swapped += label
     print(f"SOP swapped {swapped / len(pairs):.4f} of {len(pairs)}")
     assert abs(swapped / len(pairs) - 0.5) < 0.015
+
+
+def _truncated_one_token_at_a_time(len_a: int, len_b: int, max_tokens: int, rng) -> tuple[list, list]:
+    """BERT's truncate_seq_pair, as written: the longer side (b on a tie) loses a token from a random end."""
+    a, b = list(range(len_a)), list(range(len_a, len_a + len_b))
+    for from_front in (rng.random(max(0, len_a + len_b - max_tokens)) < 0.5).tolist():
+        longer = a if len(a) > len(b) else b
+        del longer[0 if from_front else -1]
+    return a, b
+
+
+def test_pair_truncation_is_berts_token_at_a_time_rule():
+    draws = np.random.default_rng(0)
+    for case in range(5_000):
+        len_a, len_b, max_tokens = (int(x) for x in draws.integers([0, 0, 2], [60, 60, 100]))
+        seed = int(draws.integers(2**31))
+        a_front, a_back, b_front, b_back = pairs.truncation(len_a, len_b, max_tokens, rng(seed, case))
+        cut = list(range(len_a))[a_front:len_a - a_back], list(range(len_a, len_a + len_b))[b_front:len_b - b_back]
+        assert cut == _truncated_one_token_at_a_time(len_a, len_b, max_tokens, rng(seed, case)), (len_a, len_b)
 
 
 @pytest.mark.parametrize("packed", [True, False])
