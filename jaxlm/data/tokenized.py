@@ -107,7 +107,8 @@ class TokenizedCorpus:
 
 
 class StoredDocument(Sequence):
-    """A document's non-empty sentences (token lists), read from its piece when indexed or iterated."""
+    """A document's non-empty sentences (token lists), read from its piece when indexed or iterated; `tokens`
+    reads a range of sentences as one array, `bounds` says where each sentence starts."""
 
     def __init__(self, corpus: TokenizedCorpus, piece: int, token_start: int, lengths: np.ndarray):
         self._corpus, self._piece, self._start = corpus, piece, token_start
