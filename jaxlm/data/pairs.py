@@ -53,10 +53,10 @@ def _random_segments(documents: Sequence[Document], exclude: int, target: int,
     other = int(rng.integers(n - 1)) if n > 1 else 0
     if n > 1 and other >= exclude:
         other += 1
-    bounds, tokens = sentence_ranges(documents[other])
+    bounds, read = sentence_ranges(documents[other])
     first = int(rng.integers(len(bounds) - 1))
     stop = min(bisect.bisect_left(bounds, bounds[first] + target, lo=first + 1), len(bounds) - 1)
-    return tokens(first, stop)
+    return read(first, stop)
 
 
 def instances_from_document(documents: Sequence[Document], index: int, max_seq_length: int,
@@ -102,7 +102,7 @@ def instances_from_document(documents: Sequence[Document], index: int, max_seq_l
                 b = tokens[bounds[first + a_end]:bounds[last + 1]]
             a_front, a_back, b_front, b_back = truncation(len(a), len(b), max_num_tokens, rng)
             a, b = a[a_front:len(a) - a_back], b[b_front:len(b) - b_back]
-            instances.append(Instance(np.concatenate([[cls_id], a, [sep_id], b, [sep_id]]).astype(np.int32),
+            instances.append(Instance(np.concatenate([[cls_id], a, [sep_id], b, [sep_id]], dtype=np.int32),
                                       len(a) + 2, int(is_random)))
             first = i + 1
         i += 1
