@@ -3,14 +3,25 @@ packed documents) and T5's encoder (relative bias shared by the batch, its gradi
 gradient difference from xla and forward+backward time of each, without dropout (cuDNN has none), then flash
 and xla with dropout 0.1 (their masks differ: times only).
 
-    PYTHONPATH=. python3 bench/attention_kernels.py
+`--sweep` times the flash kernels' forward and backward passes, with attention dropout 0.1, under other tile
+settings (`jaxlm/nn/flash.py`'s module constants: tile sizes, Triton warps and stages, the bias gradient's query
+rows, key groups and batch chunks) on T5's encoder, BERT's and GPT-2's shapes, and checks each setting's T5
+gradients against xla's without dropout. Without a GPU it compiles each setting for a compile-only H100 instead
+(JAX's CUDA plugin on the path), which finds the settings whose kernels do not fit the chip.
+
+    PYTHONPATH=. python3 bench/attention_kernels.py [--sweep]
+    PYTHONPATH=.venv/cuda-plugin:. JAX_PLATFORMS=cpu python3 bench/attention_kernels.py --sweep
 """
+import argparse
+import contextlib
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental.pallas import triton as plgpu
 
+from jaxlm.nn import flash
 from jaxlm.nn.attention import dot_product_attention
 
 
@@ -21,6 +32,12 @@ def timed(fn, *args, repeats=20):
         out = fn(*args)
     jax.block_until_ready(out)
     return (time.perf_counter() - start) / repeats * 1e3
+
+
+def relative_difference(expected, got) -> float:
+    """max |expected - got| / max |expected|."""
+    expected, got = np.asarray(expected, np.float32), np.asarray(got, np.float32)
+    return float(np.max(np.abs(expected - got)) / np.max(np.abs(expected)))
 
 
 # (kernel, attention dropout); cuDNN's kernel only where there is a GPU (the CPU can check the script, small)
@@ -53,14 +70,116 @@ def case(name, batch, length, heads, kv_heads, causal, packed, padded, bias=Fals
     for kernel in dict.fromkeys(k for k, rate in RUNS if k != "xla" and not rate):
         out_diff = float(np.max(np.abs(np.asarray(results["xla", 0.0][0], np.float32)
                                        - np.asarray(results[kernel, 0.0][0], np.float32)) * real))
-        grad_diff = max(float(np.max(np.abs(np.asarray(a, np.float32) - np.asarray(c, np.float32)))
-                              / np.max(np.abs(np.asarray(a, np.float32))))
-                        for a, c in zip(results["xla", 0.0][1], results[kernel, 0.0][1]))
+        grad_diff = max(relative_difference(a, c) for a, c in zip(results["xla", 0.0][1], results[kernel, 0.0][1]))
         line += f"  {kernel}: out max|diff| {out_diff:.4f}, grads' max|diff| / max|grad| {grad_diff:.4f}"
     print(line, flush=True)
 
 
+def triton(num_warps=4, num_stages=2):
+    return plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+# name: flash's module constants it changes (the first is the kernels' own)
+SETTINGS = {
+    "as built": {},
+    "dq rows 32, groups of 4": dict(DQ_BLOCK=32, GROUP_BLOCKS=4),
+    "dq rows 64, groups of 2": dict(DQ_BLOCK=64, GROUP_BLOCKS=2),
+    "dq rows 64, groups of 1": dict(DQ_BLOCK=64, GROUP_BLOCKS=1),
+    "dq rows 64, groups of 2, 8 warps": dict(DQ_BLOCK=64, GROUP_BLOCKS=2, TRITON=triton(num_warps=8)),
+    "dq rows 64, groups of 2, 8 chunks": dict(DQ_BLOCK=64, GROUP_BLOCKS=2, BIAS_CHUNKS=8),
+    "8 warps": dict(TRITON=triton(num_warps=8)),
+    "3 stages": dict(TRITON=triton(num_stages=3)),
+    "tiles of 128, 8 warps, dq rows 32, groups of 2": dict(BLOCK=128, DQ_BLOCK=32, GROUP_BLOCKS=2,
+                                                           TRITON=triton(num_warps=8)),
+}
+TRITON_CALL = 'custom_call_target="__gpu$xla.gpu.triton"'
+# (name, batch, length, heads, causal, padded, bias): T5-base's encoder, BERT-base at 128, GPT-2 at 1024
+SWEEP_SHAPES = [("t5 encoder", 64, 512, 12, False, True, True), ("bert 128", 256, 128, 12, False, True, False),
+                ("gpt2 1024", 16, 1024, 12, True, False, False)]
+
+
+@contextlib.contextmanager
+def flash_settings(values):
+    """The flash kernels traced with other values of `jaxlm.nn.flash`'s module constants (read when a kernel is
+    traced), and traced afresh."""
+    before = {name: getattr(flash, name) for name in values}
+    for name, value in values.items():
+        setattr(flash, name, value)
+    jax.clear_caches()
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            setattr(flash, name, value)
+        jax.clear_caches()
+
+
+def sweep_inputs(batch, length, heads, padded, bias, device=None):
+    """(q, k, v, bias, padding mask, dropout key) of a shape; with `device` (compile-only) their shapes alone."""
+    key_type = jax.eval_shape(lambda: jax.random.key(0)).dtype
+    shapes = [((batch, length, heads, 64), jnp.bfloat16)] * 3 + [
+        ((1, heads, length, length), jnp.float32) if bias else None, ((batch, length), jnp.bool_) if padded else None,
+        ((), key_type)]
+    if device is not None:
+        return [None if s is None else jax.ShapeDtypeStruct(*s, sharding=device) for s in shapes]
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(length // 2, length + 1, batch)
+    return [jnp.asarray(rng.standard_normal(s[0]), s[1]) for s in shapes[:3]] + [
+        None if shapes[3] is None else jnp.asarray(rng.standard_normal(shapes[3][0]), jnp.float32),
+        None if shapes[4] is None else jnp.asarray(np.arange(length)[None, :] < lengths[:, None]),
+        jax.random.key(1)]
+
+
+def sweep_grad(kernel, causal, rate, bias):
+    """jit of the gradient of sum(attention ** 2) in q, k, v (and the bias, with one)."""
+    def loss(q, k, v, b, padding, key):
+        out = dot_product_attention(q, k, v, kernel=kernel, bias=b, padding_mask=padding, causal=causal,
+                                    dropout_rate=rate, dropout_rng=key if rate else None)
+        return jnp.sum(out.astype(jnp.float32) ** 2)
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3) if bias else (0, 1, 2)))
+
+
+def sweep():
+    """Each setting's fwd+bwd ms per shape (or, without a GPU, whether it compiles for an H100)."""
+    on_gpu = jax.default_backend() == "gpu"
+    device, target = None, contextlib.nullcontext
+    if not on_gpu:
+        from jaxlm.train import aot  # needs JAX's CUDA plugin: only without a GPU
+        h100 = aot.topology_devices("h100")[0]
+        # the mesh in context is how the kernels know they are built for a GPU (not Pallas's interpret mode)
+        mesh = jax.sharding.Mesh([h100], ("data",))
+        device, target = jax.sharding.SingleDeviceSharding(h100), lambda: jax.set_mesh(mesh)
+    inputs = {shape[0]: sweep_inputs(*shape[1:3], shape[3], *shape[5:], device=device) for shape in SWEEP_SHAPES}
+    reference = None
+    if on_gpu:
+        reference = sweep_grad("xla", False, 0.0, True)(*inputs["t5 encoder"])
+    print("| setting | " + " | ".join(f"{s[0]} ms" for s in SWEEP_SHAPES) + " | t5 grads' max|diff| / max|grad| |")
+    print("|---" * (len(SWEEP_SHAPES) + 2) + "|")
+    for name, values in SETTINGS.items():
+        cells = []
+        with target(), flash_settings(values):
+            for shape_name, _, _, _, causal, _, bias in SWEEP_SHAPES:
+                grad = sweep_grad("flash", causal, 0.1, bias)
+                try:
+                    if on_gpu:
+                        cells.append(f"{timed(grad, *inputs[shape_name]):.2f}")
+                    else:
+                        text = grad.lower(*inputs[shape_name]).compile().as_text()
+                        cells.append("compiles" if TRITON_CALL in text else "compiles, but not as Triton kernels")
+                except Exception as error:  # a setting the chip cannot take: its reason, and on to the next
+                    cells.append(str(error).strip().splitlines()[-1][:80])
+            check = "n/a"
+            if on_gpu:
+                ours = sweep_grad("flash", False, 0.0, True)(*inputs["t5 encoder"])
+                check = f"{max(relative_difference(a, c) for a, c in zip(reference, ours)):.4f}"
+        print(f"| {name} | " + " | ".join(cells) + f" | {check} |", flush=True)
+
+
 if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sweep", action="store_true", help="time the flash kernels under other tile settings")
+    if parser.parse_args().sweep:
+        raise SystemExit(sweep())
     print(jax.devices()[0].device_kind)
     case("bert padding, 128", 256, 128, 12, 12, causal=False, packed=False, padded=True)
     case("bert padding, 512", 32, 512, 12, 12, causal=False, packed=False, padded=True)

@@ -94,6 +94,22 @@ def test_flash_matches_attention_written_out(case):
         assert float(jnp.abs(plain - expected[0]).max()) > 0.1
 
 
+@pytest.mark.parametrize("settings", [dict(DQ_BLOCK=32, GROUP_BLOCKS=4), dict(DQ_BLOCK=64, GROUP_BLOCKS=1),
+                                      dict(BLOCK=32, DQ_BLOCK=32, GROUP_BLOCKS=2, BIAS_CHUNKS=1)])
+def test_other_tilings_give_the_same_gradients(settings, monkeypatch):
+    """The tile settings that `bench/attention_kernels.py --sweep` times on a GPU: each computes the same
+    gradients (the bias's gradient in other query rows, key groups and batch chunks; smaller tiles)."""
+    inputs = _inputs(*CASES["long keys with a bias, in groups"][:-2])
+    expected = _outputs_and_grads(_written_out, inputs, False, 0.1)
+    for name, value in settings.items():
+        monkeypatch.setattr(flash, name, value)
+    jax.clear_caches()
+    got = _outputs_and_grads(_flash, inputs, False, 0.1)
+    jax.clear_caches()
+    for name, a, b in zip(["out", "dq", "dk", "dv", "dbias"], got, expected):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=0, err_msg=name)
+
+
 def test_a_bias_of_the_lowest_float_masks_as_in_xla():
     """A bias of float32's lowest value on a whole key block (log2(e) times it overflows): finite, as xla's."""
     q, k, v, bias, padding, segments, cotangent = _inputs(2, 64, 128, 2, 2, True, False, seed=3)
