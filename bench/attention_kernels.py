@@ -3,11 +3,11 @@ packed documents) and T5's encoder (relative bias shared by the batch, its gradi
 gradient difference from xla and forward+backward time of each, without dropout (cuDNN has none), then flash
 and xla with dropout 0.1 (their masks differ: times only).
 
-`--sweep` times the flash kernels' forward and backward passes, with attention dropout 0.1, under other tile
+`--sweep` times the flash kernels' forward and backward passes, with attention dropout 0.1, under other
 settings (`jaxlm/nn/flash.py`'s module constants: tile sizes, Triton warps and stages, the bias gradient's query
-rows, key groups and batch chunks) on T5's encoder, BERT's and GPT-2's shapes, and checks each setting's T5
-gradients against xla's without dropout. Without a GPU it compiles each setting for a compile-only H100 instead
-(JAX's CUDA plugin on the path), which finds the settings whose kernels do not fit the chip.
+rows, key groups and batch chunks, or its kernel of its own) on T5's encoder, BERT's and GPT-2's shapes, and
+checks each setting's T5 gradients against xla's without dropout. Without a GPU it compiles each setting for a
+compile-only H100 instead (JAX's CUDA plugin on the path), which finds the settings the chip cannot take.
 
     PYTHONPATH=. python3 bench/attention_kernels.py [--sweep]
     PYTHONPATH=.venv/cuda-plugin:. JAX_PLATFORMS=cpu python3 bench/attention_kernels.py --sweep
@@ -87,6 +87,8 @@ SETTINGS = {
     "dq rows 64, groups of 1": dict(DQ_BLOCK=64, GROUP_BLOCKS=1),
     "dq rows 64, groups of 2, 8 warps": dict(DQ_BLOCK=64, GROUP_BLOCKS=2, TRITON=triton(num_warps=8)),
     "dq rows 64, groups of 2, 8 chunks": dict(DQ_BLOCK=64, GROUP_BLOCKS=2, BIAS_CHUNKS=8),
+    "the bias's gradient in a kernel of its own": dict(BIAS_GRADIENT="separate"),
+    "the bias's gradient in a kernel of its own, 8 warps": dict(BIAS_GRADIENT="separate", TRITON=triton(num_warps=8)),
     "8 warps": dict(TRITON=triton(num_warps=8)),
     "3 stages": dict(TRITON=triton(num_stages=3)),
     "tiles of 128, 8 warps, dq rows 32, groups of 2": dict(BLOCK=128, DQ_BLOCK=32, GROUP_BLOCKS=2,

@@ -6,9 +6,10 @@ Three kernels: the forward pass (one program per block of queries, example and h
 key blocks), the keys' and values' gradients (one per block of keys, example and head) and the queries'
 gradients with the bias's (one per block of queries, head and chunk of the batch: the bias's gradient is summed
 over the batch in registers, a chunk at a time, and the chunks' sums are added by XLA; no atomics, so the result
-is the same on every run; keys longer than GROUP_BLOCKS blocks in groups, whose dq XLA adds). The block index is
-the grid's first axis, the one GPUs launch fastest, so that the programs running together read the same keys
-and values (or queries) and find them in L2.
+is the same on every run; keys longer than GROUP_BLOCKS blocks in groups, whose dq XLA adds), or, with
+BIAS_GRADIENT = "separate", a fourth kernel for the bias's gradient (which of the two is faster a GPU has yet to
+say: `bench/attention_kernels.py --sweep`). The block index is the grid's first axis, the one GPUs launch
+fastest, so that the programs running together read the same keys and values (or queries) and find them in L2.
 
 Lengths are padded to the block size; padded keys are masked, padded queries dropped. A row that sees no key
 attends uniformly to every key of the real length, as the xla kernel's does, and its logits get no gradient;
@@ -48,6 +49,10 @@ BIAS_CHUNKS = 4  # the batch's chunks whose bias gradients are summed separately
 # shared memory: 12 blocks overflow an H100's); longer keys are split into groups, their dq summed by XLA
 GROUP_BLOCKS = 8
 TRITON = plgpu.CompilerParams(num_warps=4, num_stages=2)  # each kernel's warps and software-pipelining stages
+# "fused": the queries' gradient kernel sums the bias's too (DQ_BLOCK rows, GROUP_BLOCKS, BIAS_CHUNKS); "separate":
+# a kernel of its own, one program per (query block, key block, head) summing the whole batch in one tile, the
+# queries' gradient in full tiles (no batch chunks or key groups), at the cost of a fourth pass over the tiles
+BIAS_GRADIENT = "fused"
 
 
 def _mix(x: jax.Array) -> jax.Array:
@@ -254,6 +259,27 @@ def _query_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, segmen
         dbias_ref[:, n * BLOCK:(n + 1) * BLOCK] = total
 
 
+def _bias_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, segments_ref, do_ref, stats_ref, delta_ref,
+                      dbias_ref, *, scale, causal, rate, heads, k_length):
+    """The bias's gradient of one (query block, key block, head) tile, summed over the batch in registers."""
+    i, j, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    queries, keys = pl.ds(i * BLOCK, BLOCK), pl.ds(j * BLOCK, BLOCK)
+    seed = None if seed_ref is None else (seed_ref[0], seed_ref[1])
+
+    def example(b, total):
+        _, ds = _weights_and_grad(
+            seed, None if seed_ref is None else _row(seed_ref, b, h, heads), q_ref[b, queries, h, :],
+            k_ref[b, keys, h, :], v_ref[b, keys, h, :], do_ref[b, queries, h, :],
+            (stats_ref[b, h, 0, queries], stats_ref[b, h, 1, queries]), delta_ref[b, h, queries], bias_ref[...],
+            None if keys_ref is None else keys_ref[b, keys],
+            None if segments_ref is None else (segments_ref[b, queries], segments_ref[b, keys]),
+            i * BLOCK + jnp.arange(BLOCK), j * BLOCK + jnp.arange(BLOCK), scale=scale, causal=causal, rate=rate,
+            k_length=k_length)
+        return total + ds
+
+    dbias_ref[...] = jax.lax.fori_loop(0, q_ref.shape[0], example, jnp.zeros(dbias_ref.shape, jnp.float32))
+
+
 def _key_groups(k_length: int) -> int:
     """Into how many groups of at most GROUP_BLOCKS key blocks the bias's gradient kernel splits the keys."""
     blocks = k_length // BLOCK
@@ -313,26 +339,38 @@ def _backward(q, k, v, bias, keys, segments, seed, out, stats, do, scale, causal
         compiler_params=TRITON, interpret=interpret, name="flash_key_value_grad",
     )(seed, q, k, v, bias, keys, segments, do, stats, delta)
 
-    chunks = math.gcd(batch, BIAS_CHUNKS) if bias is not None else batch
-    groups = _key_groups(k_length) if bias is not None else 1
-    block_q, group_length = (DQ_BLOCK if bias is not None else BLOCK), k_length // groups
+    fused = bias is not None and BIAS_GRADIENT == "fused"
+    chunks = math.gcd(batch, BIAS_CHUNKS) if fused else batch
+    groups = _key_groups(k_length) if fused else 1
+    block_q, group_length = (DQ_BLOCK if fused else BLOCK), k_length // groups
     # each key group's dq apart, in float32 when XLA adds them
     dq_shape = jax.ShapeDtypeStruct((groups, *q.shape), jnp.float32 if groups > 1 else q.dtype)
     dbias_shape = jax.ShapeDtypeStruct((chunks, local_heads, q_length, k_length), jnp.float32)
+    whole = [_whole(q), _whole(k), _whole(v)]
+    rest = [_whole(keys), _whole(segments), _whole(do), _whole(stats), _whole(delta)]
     outputs = pl.pallas_call(
         functools.partial(_query_grad_kernel, **statics, per_program=batch // chunks, groups=groups),
         grid=(q_length // block_q, local_heads, chunks * groups),
-        in_specs=[_whole(seed), _whole(q), _whole(k), _whole(v),
-                  _spec(bias, (None, None, block_q, group_length), lambda i, h, cg: (0, h, i, cg % groups)),
-                  _whole(keys), _whole(segments), _whole(do), _whole(stats), _whole(delta)],
-        out_specs=[_whole(dq_shape)] + ([] if bias is None else [pl.BlockSpec(
+        in_specs=[_whole(seed), *whole,
+                  _spec(bias, (None, None, block_q, group_length), lambda i, h, cg: (0, h, i, cg % groups)), *rest],
+        out_specs=[_whole(dq_shape)] + ([] if not fused else [pl.BlockSpec(
             (None, None, block_q, group_length), lambda i, h, cg: (cg // groups, h, i, cg % groups))]),
-        out_shape=[dq_shape] + ([] if bias is None else [dbias_shape]),
+        out_shape=[dq_shape] + ([] if not fused else [dbias_shape]),
         compiler_params=TRITON, interpret=interpret, name="flash_query_grad",
     )(seed, q, k, v, bias, keys, segments, do, stats, delta)
     dq = jnp.sum(outputs[0], axis=0).astype(q.dtype)
-    dbias = None if bias is None else jnp.sum(outputs[1], axis=0, keepdims=True).astype(bias.dtype)
-    return dq, dk, dv, dbias
+    if bias is None:
+        return dq, dk, dv, None
+    if fused:
+        return dq, dk, dv, jnp.sum(outputs[1], axis=0, keepdims=True).astype(bias.dtype)
+    tile = pl.BlockSpec((None, None, BLOCK, BLOCK), lambda i, j, h: (0, h, i, j))
+    dbias = pl.pallas_call(
+        functools.partial(_bias_grad_kernel, **statics), grid=(q_length // BLOCK, k_length // BLOCK, local_heads),
+        in_specs=[_whole(seed), *whole, tile, *rest], out_specs=tile,
+        out_shape=jax.ShapeDtypeStruct((1, local_heads, q_length, k_length), jnp.float32),
+        compiler_params=TRITON, interpret=interpret, name="flash_bias_grad",
+    )(seed, q, k, v, bias, keys, segments, do, stats, delta)
+    return dq, dk, dv, dbias.astype(bias.dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10, 11))

@@ -94,17 +94,25 @@ def test_flash_matches_attention_written_out(case):
         assert float(jnp.abs(plain - expected[0]).max()) > 0.1
 
 
-@pytest.mark.parametrize("settings", [dict(DQ_BLOCK=32, GROUP_BLOCKS=4), dict(DQ_BLOCK=64, GROUP_BLOCKS=1),
-                                      dict(BLOCK=32, DQ_BLOCK=32, GROUP_BLOCKS=2, BIAS_CHUNKS=1)])
-def test_other_tilings_give_the_same_gradients(settings, monkeypatch):
-    """The tile settings that `bench/attention_kernels.py --sweep` times on a GPU: each computes the same
-    gradients (the bias's gradient in other query rows, key groups and batch chunks; smaller tiles)."""
-    inputs = _inputs(*CASES["long keys with a bias, in groups"][:-2])
-    expected = _outputs_and_grads(_written_out, inputs, False, 0.1)
+LONG_KEYS = "long keys with a bias, in groups"
+DECODER = "t5 decoder: causal, bias, lengths padded to the block, dropout"
+
+
+@pytest.mark.parametrize("case, settings", [
+    (LONG_KEYS, dict(DQ_BLOCK=32, GROUP_BLOCKS=4)), (LONG_KEYS, dict(DQ_BLOCK=64, GROUP_BLOCKS=1)),
+    (LONG_KEYS, dict(BLOCK=32, DQ_BLOCK=32, GROUP_BLOCKS=2, BIAS_CHUNKS=1)),
+    (LONG_KEYS, dict(BIAS_GRADIENT="separate")), (DECODER, dict(BIAS_GRADIENT="separate"))])
+def test_other_tilings_give_the_same_gradients(case, settings, monkeypatch):
+    """The settings that `bench/attention_kernels.py --sweep` times on a GPU: each computes the same gradients
+    (the bias's gradient in other query rows, key groups and batch chunks, or in a kernel of its own; smaller
+    tiles)."""
+    *shape, causal, rate = CASES[case]
+    inputs = _inputs(*shape, empty=not causal)
+    expected = _outputs_and_grads(_written_out, inputs, causal, rate)
     for name, value in settings.items():
         monkeypatch.setattr(flash, name, value)
     jax.clear_caches()
-    got = _outputs_and_grads(_flash, inputs, False, 0.1)
+    got = _outputs_and_grads(_flash, inputs, causal, rate)
     jax.clear_caches()
     for name, a, b in zip(["out", "dq", "dk", "dv", "dbias"], got, expected):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=0, err_msg=name)
