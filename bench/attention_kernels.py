@@ -46,16 +46,27 @@ if jax.default_backend() != "gpu":
     RUNS.remove(("cudnn", 0.0))
 
 
-def case(name, batch, length, heads, kv_heads, causal, packed, padded, bias=False):
+def attention_inputs(batch, length, heads, padded, bias, kv_heads=None, device=None):
+    """(q, k, v, bias, padding mask, dropout key) of a shape, random, the absent ones None; with `device`
+    (compile-only) their shapes alone."""
+    key_type = jax.eval_shape(lambda: jax.random.key(0)).dtype
+    shapes = [((batch, length, heads, 64), jnp.bfloat16)] + [((batch, length, kv_heads or heads, 64), jnp.bfloat16)] * 2
+    shapes += [((1, heads, length, length), jnp.float32) if bias else None,
+               ((batch, length), jnp.bool_) if padded else None, ((), key_type)]
+    if device is not None:
+        return [None if s is None else jax.ShapeDtypeStruct(*s, sharding=device) for s in shapes]
     rng = np.random.default_rng(0)
-    q = jnp.asarray(rng.standard_normal((batch, length, heads, 64)), jnp.bfloat16)
-    k = jnp.asarray(rng.standard_normal((batch, length, kv_heads, 64)), jnp.bfloat16)
-    v = jnp.asarray(rng.standard_normal((batch, length, kv_heads, 64)), jnp.bfloat16)
-    b = jnp.asarray(rng.standard_normal((1, heads, length, length)), jnp.float32) if bias else None
-    lengths = rng.integers(length // 2, length + 1, batch) if padded else np.full(batch, length)
-    padding = jnp.asarray(np.arange(length)[None, :] < lengths[:, None])
+    lengths = rng.integers(length // 2, length + 1, batch)
+    return [jnp.asarray(rng.standard_normal(s[0]), s[1]) for s in shapes[:3]] + [
+        None if shapes[3] is None else jnp.asarray(rng.standard_normal(shapes[3][0]), jnp.float32),
+        None if shapes[4] is None else jnp.asarray(np.arange(length)[None, :] < lengths[:, None]),
+        jax.random.key(1)]
+
+
+def case(name, batch, length, heads, kv_heads, causal, packed, padded, bias=False):
+    q, k, v, b, padding, _ = attention_inputs(batch, length, heads, padded, bias, kv_heads)
     segments = jnp.asarray(np.arange(length)[None, :].repeat(batch, 0) // (length // 4)) if packed else None
-    kwargs = dict(padding_mask=padding if padded else None, causal=causal, segment_ids=segments)
+    kwargs = dict(padding_mask=padding, causal=causal, segment_ids=segments)
     results, line = {}, f"{name:34s}"
     for kernel, rate in RUNS:
         def attention(q, k, v, b):
@@ -66,7 +77,7 @@ def case(name, batch, length, heads, kv_heads, causal, packed, padded, bias=Fals
                                 argnums=(0, 1, 2) if b is None else (0, 1, 2, 3)))
         results[kernel, rate] = (forward(q, k, v, b), loss(q, k, v, b))
         line += f"  {kernel}{' drop' if rate else ''} {timed(loss, q, k, v, b):.2f} ms"
-    real = np.asarray(padding)[:, :, None, None]
+    real = np.ones((batch, length, 1, 1), bool) if padding is None else np.asarray(padding)[:, :, None, None]
     for kernel in dict.fromkeys(k for k, rate in RUNS if k != "xla" and not rate):
         out_diff = float(np.max(np.abs(np.asarray(results["xla", 0.0][0], np.float32)
                                        - np.asarray(results[kernel, 0.0][0], np.float32)) * real))
@@ -116,22 +127,6 @@ def flash_settings(values):
         jax.clear_caches()
 
 
-def sweep_inputs(batch, length, heads, padded, bias, device=None):
-    """(q, k, v, bias, padding mask, dropout key) of a shape; with `device` (compile-only) their shapes alone."""
-    key_type = jax.eval_shape(lambda: jax.random.key(0)).dtype
-    shapes = [((batch, length, heads, 64), jnp.bfloat16)] * 3 + [
-        ((1, heads, length, length), jnp.float32) if bias else None, ((batch, length), jnp.bool_) if padded else None,
-        ((), key_type)]
-    if device is not None:
-        return [None if s is None else jax.ShapeDtypeStruct(*s, sharding=device) for s in shapes]
-    rng = np.random.default_rng(0)
-    lengths = rng.integers(length // 2, length + 1, batch)
-    return [jnp.asarray(rng.standard_normal(s[0]), s[1]) for s in shapes[:3]] + [
-        None if shapes[3] is None else jnp.asarray(rng.standard_normal(shapes[3][0]), jnp.float32),
-        None if shapes[4] is None else jnp.asarray(np.arange(length)[None, :] < lengths[:, None]),
-        jax.random.key(1)]
-
-
 def sweep_grad(kernel, causal, rate, bias):
     """jit of the gradient of sum(attention ** 2) in q, k, v (and the bias, with one)."""
     def loss(q, k, v, b, padding, key):
@@ -151,7 +146,7 @@ def sweep():
         # the mesh in context is how the kernels know they are built for a GPU (not Pallas's interpret mode)
         mesh = jax.sharding.Mesh([h100], ("data",))
         device, target = jax.sharding.SingleDeviceSharding(h100), lambda: jax.set_mesh(mesh)
-    inputs = {shape[0]: sweep_inputs(*shape[1:3], shape[3], *shape[5:], device=device) for shape in SWEEP_SHAPES}
+    inputs = {shape[0]: attention_inputs(*shape[1:4], *shape[5:], device=device) for shape in SWEEP_SHAPES}
     reference = None
     if on_gpu:
         reference = sweep_grad("xla", False, 0.0, True)(*inputs["t5 encoder"])

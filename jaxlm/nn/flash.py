@@ -206,6 +206,29 @@ def _key_value_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, se
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
+def _query_rows(q_ref, do_ref, stats_ref, delta_ref, b, h, queries):
+    """(q, do, (top, log2 of the sum), delta) of example b and head h at `queries`, from whole-array refs."""
+    stats = (stats_ref[b, h, 0, queries], stats_ref[b, h, 1, queries])
+    return q_ref[b, queries, h, :], do_ref[b, queries, h, :], stats, delta_ref[b, h, queries]
+
+
+def _example_tile(seed_ref, k_ref, v_ref, keys_ref, segments_ref, b, h, q_start, j, rows, bias, *, scale, causal,
+                  rate, heads, k_length):
+    """(the logits' gradient, the keys) of example b and head h, for the queries from q_start (`rows`:
+    `_query_rows`) and key block j, from whole-array refs: the tile of the queries' and the bias's gradients."""
+    q, do, stats, delta = rows
+    queries, keys = pl.ds(q_start, q.shape[0]), pl.ds(j * BLOCK, BLOCK)
+    k, v = k_ref[b, keys, h, :], v_ref[b, keys, h, :]
+    _, ds = _weights_and_grad(
+        None if seed_ref is None else (seed_ref[0], seed_ref[1]),
+        None if seed_ref is None else _row(seed_ref, b, h, heads), q, k, v, do, stats, delta, bias,
+        None if keys_ref is None else keys_ref[b, keys],
+        None if segments_ref is None else (segments_ref[b, queries], segments_ref[b, keys]),
+        q_start + jnp.arange(q.shape[0]), j * BLOCK + jnp.arange(BLOCK), scale=scale, causal=causal, rate=rate,
+        k_length=k_length)
+    return ds, k
+
+
 def _query_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, segments_ref, do_ref, stats_ref, delta_ref,
                        dq_ref, dbias_ref=None, *, scale, causal, rate, heads, k_length, per_program, groups):
     """dq of `per_program` examples for one head and block of queries, over one group of key blocks (all of them
@@ -215,36 +238,26 @@ def _query_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, segmen
     block_q = DQ_BLOCK if dbias_ref is not None else BLOCK
     group_blocks = k_length // BLOCK // groups
     queries = pl.ds(i * block_q, block_q)
-    q_positions = i * block_q + jnp.arange(block_q)
-    seed = None if seed_ref is None else (seed_ref[0], seed_ref[1])
+    statics = dict(scale=scale, causal=causal, rate=rate, heads=heads, k_length=k_length)
 
-    def tile(b, n, q, do, stats, delta):  # the logits' gradient of the group's key block n
-        j = g * group_blocks + n
-        keys = pl.ds(j * BLOCK, BLOCK)
-        k, v = k_ref[b, keys, h, :], v_ref[b, keys, h, :]
-        _, ds = _weights_and_grad(
-            seed, None if seed_ref is None else _row(seed_ref, b, h, heads), q, k, v, do, stats, delta,
-            None if bias_ref is None else bias_ref[:, pl.ds(n * BLOCK, BLOCK)],
-            None if keys_ref is None else keys_ref[b, keys],
-            None if segments_ref is None else (segments_ref[b, queries], segments_ref[b, keys]), q_positions,
-            j * BLOCK + jnp.arange(BLOCK), scale=scale, causal=causal, rate=rate, k_length=k_length)
-        return ds, k
+    def tile(b, n, rows):  # the logits' gradient of the group's key block n
+        return _example_tile(seed_ref, k_ref, v_ref, keys_ref, segments_ref, b, h, i * block_q, g * group_blocks + n,
+                             rows, None if bias_ref is None else bias_ref[:, pl.ds(n * BLOCK, BLOCK)], **statics)
 
     def example(step, sums):
         b = c * per_program + step
-        q, do = q_ref[b, queries, h, :], do_ref[b, queries, h, :]
-        stats, delta = (stats_ref[b, h, 0, queries], stats_ref[b, h, 1, queries]), delta_ref[b, h, queries]
-        dq = jnp.zeros((block_q, q.shape[-1]), jnp.float32)
+        rows = _query_rows(q_ref, do_ref, stats_ref, delta_ref, b, h, queries)
+        dq = jnp.zeros((block_q, q_ref.shape[-1]), jnp.float32)
         if sums is None:
             def key_block(j, dq):
-                ds, k = tile(b, j, q, do, stats, delta)
+                ds, k = tile(b, j, rows)
                 return dq + jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
             blocks = jax.lax.div((i + 1) * block_q + BLOCK - 1, BLOCK) if causal else k_length // BLOCK
             dq = jax.lax.fori_loop(0, blocks, key_block, dq)
         else:
             added = []
             for n, total in enumerate(sums):  # unrolled, so that each key block's bias gradient stays in registers
-                ds, k = tile(b, n, q, do, stats, delta)
+                ds, k = tile(b, n, rows)
                 dq = dq + jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
                 added.append(total + ds)
             sums = tuple(added)
@@ -260,21 +273,14 @@ def _query_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, segmen
 
 
 def _bias_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, segments_ref, do_ref, stats_ref, delta_ref,
-                      dbias_ref, *, scale, causal, rate, heads, k_length):
+                      dbias_ref, **statics):
     """The bias's gradient of one (query block, key block, head) tile, summed over the batch in registers."""
     i, j, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    queries, keys = pl.ds(i * BLOCK, BLOCK), pl.ds(j * BLOCK, BLOCK)
-    seed = None if seed_ref is None else (seed_ref[0], seed_ref[1])
 
     def example(b, total):
-        _, ds = _weights_and_grad(
-            seed, None if seed_ref is None else _row(seed_ref, b, h, heads), q_ref[b, queries, h, :],
-            k_ref[b, keys, h, :], v_ref[b, keys, h, :], do_ref[b, queries, h, :],
-            (stats_ref[b, h, 0, queries], stats_ref[b, h, 1, queries]), delta_ref[b, h, queries], bias_ref[...],
-            None if keys_ref is None else keys_ref[b, keys],
-            None if segments_ref is None else (segments_ref[b, queries], segments_ref[b, keys]),
-            i * BLOCK + jnp.arange(BLOCK), j * BLOCK + jnp.arange(BLOCK), scale=scale, causal=causal, rate=rate,
-            k_length=k_length)
+        rows = _query_rows(q_ref, do_ref, stats_ref, delta_ref, b, h, pl.ds(i * BLOCK, BLOCK))
+        ds, _ = _example_tile(seed_ref, k_ref, v_ref, keys_ref, segments_ref, b, h, i * BLOCK, j, rows,
+                              bias_ref[...], **statics)
         return total + ds
 
     dbias_ref[...] = jax.lax.fori_loop(0, q_ref.shape[0], example, jnp.zeros(dbias_ref.shape, jnp.float32))
