@@ -3,7 +3,10 @@ run's train and held-out splits opened from its config."""
 from __future__ import annotations
 
 import json
+import os
 import signal
+import threading
+import time
 from collections import Counter
 from functools import lru_cache, partial
 from pathlib import Path
@@ -16,9 +19,10 @@ from array_record.python.array_record_data_source import ArrayRecordDataSource
 
 from jaxlm import families
 from jaxlm.config import ConfigError, RunConfig
+from jaxlm.data import transfer
 from jaxlm.data.layouts import Row, decode_row
 from jaxlm.data.prepare import FORMAT, MANIFEST, WORD_STARTS
-from jaxlm.data.seeds import row_generators
+from jaxlm.data.seeds import RowGenerators
 from jaxlm.data.settings import PREPARATION_FIELDS, DataConfig, data_settings
 from jaxlm.data.sources import model_tokenizer
 
@@ -37,34 +41,44 @@ def load_manifest(data_dir: str | Path) -> dict:
 
 ID_FIELDS = ("input_ids", "masked_labels", "targets", "decoder_input_ids")
 LAST_STEP = 2**62  # iterate() runs until its consumer stops
-PICKLE_EVERY_ARRAY = 2**62  # grain's min_shm_size: no array is large enough for a shared memory block
+TRAINER_WATCH_S = 1.0  # how often a worker checks that its trainer is alive
+PICKLE_EVERY_ARRAY = 2**62  # grain's min_shm_size: no array gets a shared memory block of grain's own
 
 
-def _leave_signals_to_the_trainer(worker_index: int, worker_count: int) -> None:
+def _start_worker(worker_index: int, worker_count: int) -> None:
     """In a grain worker: Ctrl-C and SIGTERM reach the whole process group, but only the trainer acts on
-    them (it saves, then closes the workers); a worker that died of them would end the run first."""
+    them (it saves, then closes the workers); a worker that died of them would end the run first. The
+    worker's index picks its row of the trainer's slots."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    transfer.set_worker_index(worker_index)
+    threading.Thread(target=_exit_with_the_trainer, args=(os.getppid(),), name="jaxlm-trainer-watch",
+                     daemon=True).start()
 
 
-def narrowed(batch: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, str]]:
-    """A batch for the trip from a worker process: each integer field in the smallest integer dtype that
-    holds its values (ids in uint16, masks in uint8), with its own dtype beside it; widened on arrival it is
-    the same batch. A BERT batch at 512 crosses the pipe in 0.57 MB instead of 1.64, and the trainer's CPU
-    per batch fell from 1.2 to 0.8 ms (the worker's own, ~15 ms, did not change measurably)."""
-    return {k: (v.astype(_smallest_dtype(v), copy=False), v.dtype.str) for k, v in batch.items()}
+def _exit_with_the_trainer(trainer_pid: int) -> None:
+    """In a grain worker: ends the process once the trainer's is gone (killed, say), where grain's worker
+    would go on waiting to hand over its next batch."""
+    while os.getppid() == trainer_pid:
+        time.sleep(TRAINER_WATCH_S)
+    os._exit(1)
 
 
-def _smallest_dtype(array: np.ndarray) -> np.dtype:
-    """The smallest integer dtype that holds an integer array's values; any other array's own dtype."""
-    if array.dtype.kind not in "iu" or array.size == 0:
-        return array.dtype
-    return np.result_type(np.min_scalar_type(array.min()), np.min_scalar_type(array.max()))
-
-
-def widened(batch: dict[str, tuple[np.ndarray, str]]) -> dict[str, np.ndarray]:
-    """`narrowed`'s batch in its own dtypes again."""
-    return {k: v.astype(dtype, copy=False) for k, (v, dtype) in batch.items()}
+def _in_worker_processes(stream: grain.IterDataset, workers: int, prefetch: int,
+                         ring: transfer.SlotRing | None) -> grain.IterDataset:
+    """`stream`'s elements built by `workers` grain processes that take them in turn, `prefetch` ahead each,
+    and sent back through `ring`'s slots (pickled through grain's pipe where there is no ring)."""
+    if not absl_flags.FLAGS.is_parsed():  # grain 0.2.18 reads its absl flags (google/grain#1355)
+        absl_flags.FLAGS.mark_as_parsed()
+    if ring is not None:
+        stream = stream.map(ring.send)
+    # what is not in a slot is pickled, not put in shared memory blocks of grain's (which 0.2.18 leaks)
+    stream = grain.experimental.WithOptionsIterDataset(
+        stream, grain.experimental.DatasetOptions(min_shm_size=PICKLE_EVERY_ARRAY))
+    stream = stream.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers,
+                                                             per_worker_buffer_size=max(1, prefetch)),
+                                worker_init_fn=_start_worker)
+    return stream if ring is None else stream.map(ring.receive)
 
 
 def _check_processes(global_batch: int, process_index: int, process_count: int) -> None:
@@ -133,7 +147,7 @@ class PretrainingData:
 
     def _make(self, records: list[bytes], indices, epoch: int) -> dict[str, np.ndarray]:
         """The examples of `records` (stacked); each one's randomness comes from (seed, epoch, its index) alone."""
-        return self._transform([decode_row(r) for r in records], row_generators(self.seed, epoch, indices))
+        return self._transform([decode_row(r) for r in records], RowGenerators(self.seed, epoch, indices))
 
     def raw(self, index: int) -> Row:
         """The stored row of example `index`, before this epoch's masking or corruption."""
@@ -169,7 +183,8 @@ class PretrainingData:
                 prefetch: int = 2, workers: int = 0) -> Iterator[dict[str, np.ndarray]]:
         """This process's batches of steps start_step, start_step + 1, ... through grain: a MapDataset
         of steps whose element is `local_batch(step)`, built `prefetch` ahead by a thread, or by
-        `workers` processes (each opens its own copy of this split) that take the steps in turn.
+        `workers` processes (each opens its own copy of this split) that take the steps in turn and hand
+        each batch over in shared memory (`transfer.SlotRing`).
 
         An element is a whole batch, not an example, because the transforms are vectorised over the batch
         (each row still drawn from its own (seed, epoch, index) generator); the batches are the same
@@ -180,20 +195,25 @@ class PretrainingData:
                         process_count=process_count)
         steps = grain.MapDataset.range(start_step, start_step + LAST_STEP).map(build)
         stream = steps.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=max(1, prefetch)))
-        if workers:
-            if not absl_flags.FLAGS.is_parsed():  # grain 0.2.18 reads its absl flags (google/grain#1355)
-                absl_flags.FLAGS.mark_as_parsed()
-            # batches come back pickled, not in shared memory blocks (which grain 0.2.18 leaks when closed)
-            stream = grain.experimental.WithOptionsIterDataset(
-                stream.map(narrowed), grain.experimental.DatasetOptions(min_shm_size=PICKLE_EVERY_ARRAY))
-            stream = stream.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers,
-                                                                     per_worker_buffer_size=max(1, prefetch)),
-                                        worker_init_fn=_leave_signals_to_the_trainer).map(widened)
-        iterator = iter(stream)
+        ring = transfer.SlotRing.for_batches(workers, self.slot_bytes(global_batch // process_count)) \
+            if workers else None
         try:
-            yield from iterator
+            iterator = iter(_in_worker_processes(stream, workers, prefetch, ring) if workers else stream)
+            try:
+                for batch in iterator:  # not `yield from`, which would close the iterator before the ring
+                    yield batch
+            finally:
+                if ring is not None:
+                    ring.close()  # a worker waiting for a slot stops waiting
+                iterator.close()
         finally:
-            iterator.close()
+            if ring is not None:
+                ring.unlink()
+
+    def slot_bytes(self, rows: int) -> int:
+        """The bytes a batch of `rows` examples takes in a slot (`transfer.layout`), from one example's fields."""
+        example = self.example(0, 0)
+        return transfer.layout({k: np.broadcast_to(v, (rows, *v.shape)) for k, v in example.items()})[1]
 
     def show(self, n: int, tokenizer) -> list[dict]:
         """The first n examples of epoch 0 in visiting order, JSON-friendly, as the model sees them;

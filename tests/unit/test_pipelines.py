@@ -4,15 +4,21 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import pathlib
 import shutil
+import subprocess
+import sys
+import time
 
 import numpy as np
+import psutil
 import pytest
 
 from jaxlm import config as jaxlm_config
 from jaxlm.corpora.registry import fetch_austen
 from jaxlm.corpora.text import text_documents
+from jaxlm.data import transfer
 from jaxlm.data.denoising import t5_lengths
 from jaxlm.data.layouts import encode_row
 from jaxlm.data.pipeline import PretrainingData
@@ -169,18 +175,84 @@ def test_process_slices_make_the_global_batch(prepared):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_the_loader_resumes_at_any_step_with_any_number_of_workers(prepared, workers):
     """grain's loader, in a thread or in 2 worker processes: each process's slice of the batches from any
-    step on, across an epoch's end, exactly as built in place."""
+    step on, across an epoch's end, exactly as built in place; the workers' batches come through their
+    shared-memory slots (each slot reused: more batches than slots, all kept until the end)."""
     data = prepared.open()
     start = data.steps_per_epoch(BATCH) - 2  # crosses into epoch 1
+    steps = 2 * transfer.SLOTS_PER_WORKER + 2 if workers else 4
     for process in (0, 1):
         stream = data.iterate(start, BATCH, process, 2, workers=workers)
         try:
-            for k in range(4):
-                got = next(stream)
-                expected = data.local_batch(start + k, BATCH, process, 2)
-                assert _equal(got, expected), (process, k)
+            got = [next(stream) for _ in range(steps)]
         finally:
             stream.close()
+        for k, batch in enumerate(got):
+            assert _equal(batch, data.local_batch(start + k, BATCH, process, 2)), (process, k)
+            assert transfer.layout(batch)[1] <= data.slot_bytes(BATCH // 2)  # it fit in a slot
+    assert not _slots_left()
+
+
+def _slots_left() -> list[str]:
+    """The shared-memory blocks of this process's loaders still on the shared-memory filesystem."""
+    return [p.name for p in pathlib.Path("/dev/shm").glob(f"jaxlm-{os.getpid()}-*")]
+
+
+def test_a_worker_waits_for_its_slot_and_a_closed_loader_frees_it(build, monkeypatch):
+    """One slot per worker: the worker waits until the trainer has copied each batch out before sending the
+    next, and the batches are still the right ones; a loader closed while its worker waits closes at once
+    (not after grain's 25 s kill timeout) and leaves no shared memory behind."""
+    monkeypatch.setattr(transfer, "SLOTS_PER_WORKER", 1)
+    data = build("bert").open()
+    stream = data.iterate(0, BATCH, workers=1)
+    got = [next(stream) for _ in range(4)]
+    time.sleep(1.0)  # the worker fills its slot and waits for it
+    started = time.perf_counter()
+    stream.close()
+    assert time.perf_counter() - started < 10
+    for k, batch in enumerate(got):
+        assert _equal(batch, data.local_batch(k, BATCH))
+    assert not _slots_left()
+
+
+TRAINER = """
+import sys, psutil
+from jaxlm.data.pipeline import PretrainingData
+stream = PretrainingData(sys.argv[1], "train", seed=0).iterate(0, 4, workers=2)
+next(stream)
+print(*[p.pid for p in psutil.Process().children() if "spawn_main" in " ".join(p.cmdline())], flush=True)
+input()
+"""
+
+
+def test_the_workers_exit_when_their_trainer_is_killed(build):
+    """SIGKILL to the trainer: its workers, which grain would leave waiting to hand over a batch, exit
+    within seconds, and the resource tracker removes their shared memory."""
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(build("bert").path)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    workers = [psutil.Process(int(pid)) for pid in trainer.stdout.readline().split()]
+    assert len(workers) == 2
+    trainer.kill()
+    trainer.wait()
+    gone, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive
+    deadline = time.time() + 10
+    while [p for p in pathlib.Path("/dev/shm").glob(f"jaxlm-{trainer.pid}-*")] and time.time() < deadline:
+        time.sleep(0.2)
+    assert not list(pathlib.Path("/dev/shm").glob(f"jaxlm-{trainer.pid}-*"))
+
+
+def test_without_room_for_slots_the_batches_are_pickled(build, monkeypatch):
+    """A shared-memory filesystem too small for the slots: the workers' batches come through grain's pipe,
+    the same batches."""
+    monkeypatch.setattr(transfer, "_shm_free_bytes", lambda: 1 << 20)
+    data = build("gpt2").open()
+    assert transfer.SlotRing.for_batches(2, data.slot_bytes(BATCH)) is None
+    stream = data.iterate(0, BATCH, workers=2)
+    try:
+        for k in range(3):
+            assert _equal(next(stream), data.local_batch(k, BATCH))
+    finally:
+        stream.close()
 
 
 def test_a_worker_that_cannot_build_its_batch_fails_the_loader_with_its_error(build, tmp_path):
