@@ -56,7 +56,8 @@ def _shm_free_bytes() -> int | None:
 
 class SlotRing:
     """`workers` rows of `SLOTS_PER_WORKER` shared-memory slots of `size` bytes each. The trainer's process
-    creates and unlinks them (`close`); pickled into a worker it is the worker's handle on the same blocks.
+    creates them and removes them (`unlink`); pickled into a worker it is the worker's handle on the same
+    blocks.
 
     A slot is the worker's to fill while its STATE byte is FREE and the trainer's to copy out of while it is
     FULL; the worker fills its row's slots in turn, and waits for the next one to come back FREE (the trainer
@@ -68,7 +69,15 @@ class SlotRing:
         if names is None:
             prefix = f"jaxlm-{os.getpid()}-{secrets.token_hex(4)}"
             self.names = [[f"{prefix}-{w}-{s}" for s in range(SLOTS_PER_WORKER)] for w in range(workers)]
-            self._blocks = [[SharedMemory(name, create=True, size=size) for name in row] for row in self.names]
+            self._blocks = []
+            try:
+                for row in self.names:
+                    self._blocks.append([])
+                    for name in row:
+                        self._blocks[-1].append(SharedMemory(name, create=True, size=size))
+            except OSError:
+                self.unlink()
+                raise
         else:  # in a worker: attached on first use
             self.names, self._blocks = names, None
         self._sent = 0
@@ -80,7 +89,10 @@ class SlotRing:
         free = _shm_free_bytes()
         if free is not None and workers * SLOTS_PER_WORKER * size > MAX_SHARE_OF_FREE_SHM * free:
             return None
-        return cls(workers, size)
+        try:
+            return cls(workers, size)
+        except OSError:  # no shared memory to be had here
+            return None
 
     def __reduce__(self):
         return SlotRing, (len(self.names), self.size, self.names)
