@@ -45,14 +45,15 @@ TRAINER_WATCH_S = 1.0  # how often a worker checks that its trainer is alive
 PICKLE_EVERY_ARRAY = 2**62  # grain's min_shm_size: no array gets a shared memory block of grain's own
 
 
-def _start_worker(worker_index: int, worker_count: int) -> None:
+def _start_worker(worker_index: int, worker_count: int, trainer_pid: int) -> None:
     """In a grain worker: Ctrl-C and SIGTERM reach the whole process group, but only the trainer acts on
     them (it saves, then closes the workers); a worker that died of them would end the run first. The
-    worker's index picks its row of the trainer's slots."""
+    worker's index picks its row of the trainer's slots. `trainer_pid` comes from the trainer, not from
+    `os.getppid()` here: a trainer killed while this worker was still starting is already gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     transfer.set_worker_index(worker_index)
-    threading.Thread(target=_exit_with_the_trainer, args=(os.getppid(),), name="jaxlm-trainer-watch",
+    threading.Thread(target=_exit_with_the_trainer, args=(trainer_pid,), name="jaxlm-trainer-watch",
                      daemon=True).start()
 
 
@@ -77,7 +78,7 @@ def _in_worker_processes(stream: grain.IterDataset, workers: int, prefetch: int,
         stream, grain.experimental.DatasetOptions(min_shm_size=PICKLE_EVERY_ARRAY))
     stream = stream.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers,
                                                              per_worker_buffer_size=max(1, prefetch)),
-                                worker_init_fn=_start_worker)
+                                worker_init_fn=partial(_start_worker, trainer_pid=os.getpid()))
     return stream if ring is None else stream.map(ring.receive)
 
 

@@ -86,9 +86,22 @@ def unsharded():
     return get
 
 
-def assert_close(actual, expected):
+# FP8 keeps 3 mantissa bits (2 in the gradients): where a quantiser's input differs by a float32 ulp between
+# the sharded and the unsharded network (another reduction order, on another CPU), it may round to the next FP8
+# step, moving a position's logits or a gradient's elements by a little of the array's scale (seen: one
+# position's logits by 0.5% of their largest, 5.8e-5 in 4.5% of a kernel's gradient). Few elements move: scales
+# wrong across the shards would move nearly all. The loss stays at 1e-5.
+FP8_ATOL = 0.01  # times each array's largest magnitude
+FP8_MOVED_SHARE = 0.1  # of each array's elements, at most, beyond 1e-5
+
+
+def assert_close(actual, expected, fp8=False):
     for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=1e-5, atol=1e-5)
+        a, e = np.asarray(a), np.asarray(e)
+        if fp8:
+            assert np.mean(~np.isclose(a, e, rtol=1e-5, atol=1e-5)) <= FP8_MOVED_SHARE
+        atol = FP8_ATOL * float(np.abs(e).max(initial=0.0)) if fp8 else 0.0
+        np.testing.assert_allclose(a, e, rtol=1e-5, atol=max(1e-5, atol))
 
 
 @pytest.mark.parametrize(("kind", "rules"), MESHES)
@@ -102,7 +115,9 @@ def test_forward_and_gradient_match_unsharded(family, kind, rules, unsharded):
         placed = {k: jax.device_put(v, logical_sharding(mesh, table, objective.batch_axes[k]))
                   for k, v in batch.items()}
         (loss, outputs), grads = loss_and_grad(objective)(jax.device_put(params, shardings), placed)
-    assert_close((loss, outputs, grads), expected)
+    (expected_loss, expected_outputs), expected_grads = expected
+    assert_close(loss, expected_loss)
+    assert_close((outputs, grads), (expected_outputs, expected_grads), fp8=FAMILIES[family][1].get("fp8", False))
     first = jax.tree.leaves(outputs)[0]
     assert first.sharding.spec[0] == ("data", "fsdp"), "the batch stays split over the data axes"
     if rules == "fsdp_tp" and first.shape[-1] % 2 == 0:

@@ -225,17 +225,17 @@ input()
 
 
 def test_the_workers_exit_when_their_trainer_is_killed(build):
-    """SIGKILL to the trainer: its workers, which grain would leave waiting to hand over a batch, exit
-    within seconds, and the resource tracker removes their shared memory."""
+    """SIGKILL to the trainer: its workers, which grain would leave waiting to hand over a batch, exit (one
+    may still be starting: it exits once started), and the resource tracker removes their shared memory."""
     trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(build("bert").path)], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, text=True, cwd=ROOT)
     workers = [psutil.Process(int(pid)) for pid in trainer.stdout.readline().split()]
     assert len(workers) == 2
     trainer.kill()
     trainer.wait()
-    gone, alive = psutil.wait_procs(workers, timeout=10)
+    gone, alive = psutil.wait_procs(workers, timeout=60)
     assert not alive
-    deadline = time.time() + 10
+    deadline = time.time() + 60
     while [p for p in pathlib.Path("/dev/shm").glob(f"jaxlm-{trainer.pid}-*")] and time.time() < deadline:
         time.sleep(0.2)
     assert not list(pathlib.Path("/dev/shm").glob(f"jaxlm-{trainer.pid}-*"))
