@@ -192,15 +192,16 @@ def test_the_loader_resumes_at_any_step_with_any_number_of_workers(prepared, wor
     assert not _slots_left()
 
 
-def _slots_left() -> list[str]:
-    """The shared-memory blocks of this process's loaders still on the shared-memory filesystem."""
-    return [p.name for p in pathlib.Path("/dev/shm").glob(f"jaxlm-{os.getpid()}-*")]
+def _slots_left(trainer_pid: int | None = None) -> list[str]:
+    """The shared-memory blocks of a trainer's loaders (this process's by default) still on the shared-memory
+    filesystem."""
+    return [p.name for p in pathlib.Path("/dev/shm").glob(f"jaxlm-{trainer_pid or os.getpid()}-*")]
 
 
 def test_a_worker_waits_for_its_slot_and_a_closed_loader_frees_it(build, monkeypatch):
     """One slot per worker: the worker waits until the trainer has copied each batch out before sending the
     next, and the batches are still the right ones; a loader closed while its worker waits closes at once
-    (not after grain's 25 s kill timeout) and leaves no shared memory behind."""
+    (grain would wait 25 s before it killed the worker) and leaves no shared memory behind."""
     monkeypatch.setattr(transfer, "SLOTS_PER_WORKER", 1)
     data = build("bert").open()
     stream = data.iterate(0, BATCH, workers=1)
@@ -208,7 +209,7 @@ def test_a_worker_waits_for_its_slot_and_a_closed_loader_frees_it(build, monkeyp
     time.sleep(1.0)  # the worker fills its slot and waits for it
     started = time.perf_counter()
     stream.close()
-    assert time.perf_counter() - started < 10
+    assert time.perf_counter() - started < 20
     for k, batch in enumerate(got):
         assert _equal(batch, data.local_batch(k, BATCH))
     assert not _slots_left()
@@ -236,9 +237,9 @@ def test_the_workers_exit_when_their_trainer_is_killed(build):
     gone, alive = psutil.wait_procs(workers, timeout=60)
     assert not alive
     deadline = time.time() + 60
-    while [p for p in pathlib.Path("/dev/shm").glob(f"jaxlm-{trainer.pid}-*")] and time.time() < deadline:
+    while _slots_left(trainer.pid) and time.time() < deadline:
         time.sleep(0.2)
-    assert not list(pathlib.Path("/dev/shm").glob(f"jaxlm-{trainer.pid}-*"))
+    assert not _slots_left(trainer.pid)
 
 
 def test_without_room_for_slots_the_batches_are_pickled(build, monkeypatch):
