@@ -15,13 +15,13 @@ from typing import Iterator
 import grain
 import numpy as np
 from absl import flags as absl_flags
-from array_record.python.array_record_data_source import ArrayRecordDataSource
 
 from jaxlm import families
 from jaxlm.config import ConfigError, RunConfig
 from jaxlm.data import transfer
 from jaxlm.data.layouts import Row, decode_row
 from jaxlm.data.prepare import FORMAT, MANIFEST, WORD_STARTS
+from jaxlm.data.records import ShardedRecords
 from jaxlm.data.seeds import RowGenerators
 from jaxlm.data.settings import PREPARATION_FIELDS, DataConfig, data_settings
 from jaxlm.data.sources import model_tokenizer
@@ -130,9 +130,9 @@ class PretrainingData:
         self.settings = data_settings(data, **settings | {k: self.manifest[k] for k in PREPARATION_FIELDS})
         table = np.load(self.data_dir / WORD_STARTS)
         self._transform = self.family.transform(self.manifest, table, self.settings)
-        self._source = ArrayRecordDataSource(
-            [str(self.data_dir / name) for name in splits[split]["shards"]])
-        self._len = len(self._source)
+        self._records = ShardedRecords([self.data_dir / name for name in splits[split]["shards"]],
+                                       self.manifest["shard_size"], splits[split]["examples"])
+        self._len = len(self._records)
         self.permutation = lru_cache(maxsize=2)(self._permutation)
 
     def __len__(self) -> int:
@@ -152,11 +152,11 @@ class PretrainingData:
 
     def raw(self, index: int) -> Row:
         """The stored row of example `index`, before this epoch's masking or corruption."""
-        return decode_row(self._source[int(index)])
+        return decode_row(self._records[int(index)])
 
     def example(self, index: int, epoch: int) -> dict[str, np.ndarray]:
         """Example `index` as transformed in `epoch` (for BERT, nsp_label 1 means B is a random sentence)."""
-        return {k: v[0] for k, v in self._make([self._source[int(index)]], [index], epoch).items()}
+        return {k: v[0] for k, v in self._make([self._records[int(index)]], [index], epoch).items()}
 
     def steps_per_epoch(self, global_batch: int) -> int:
         if global_batch > self._len:
@@ -177,7 +177,7 @@ class PretrainingData:
         epoch, indices = self.batch_indices(step, global_batch)
         per = global_batch // process_count
         indices = indices[process_index * per:(process_index + 1) * per]
-        records = self._source.__getitems__(indices.tolist())
+        records = self._records.read(indices)
         return self._make(records, indices, epoch)
 
     def iterate(self, start_step: int, global_batch: int, process_index: int = 0, process_count: int = 1,

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-from array_record.python.array_record_module import ArrayRecordWriter
 from tqdm.auto import tqdm
 
 from jaxlm import families
 from jaxlm.data.layouts import build_rows, check_roles
 from jaxlm.data.pieces import UNDECODABLE, Piece, is_tfds, piece_documents, plan_pieces, source_documents, source_info
+from jaxlm.data.records import write_shards
 from jaxlm.data.settings import PREPARATION_FIELDS, DataConfig, data_settings
 from jaxlm.data.sources import tfds_dir
 from jaxlm.data.tokenized import Documents, RowSpill, TokenizedCorpus, piece_done, piece_path, tokenize_piece
@@ -60,21 +60,6 @@ def deferred_interrupts():
     finally:
         signal.signal(signal.SIGINT, previous)
     check()
-
-
-def write_shards(records: Sequence[bytes], directory: Path, split: str, shard_size: int,
-                 progress: bool = True) -> list[str]:
-    """`records` in order into ArrayRecord shards of `shard_size`; their names."""
-    n_shards = max(1, -(-len(records) // shard_size))
-    names = [f"{split}-{i:05d}-of-{n_shards:05d}.array_record" for i in range(n_shards)]
-    with tqdm(total=len(records), desc=f"write {split}", unit="ex", disable=not progress) as bar:
-        for i, name in enumerate(names):
-            writer = ArrayRecordWriter(str(directory / name), "group_size:1")
-            for k in range(i * shard_size, min((i + 1) * shard_size, len(records))):
-                writer.write(records[k])
-            writer.close()
-            bar.update(min(shard_size, len(records) - i * shard_size))
-    return names
 
 
 class _Shuffled(Sequence):

@@ -1,9 +1,11 @@
 """jaxlm prepare for BERT pairs: shards, manifest, held-out split, errors, resuming, and per-process batches."""
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 from array_record.python.array_record_data_source import ArrayRecordDataSource
+from array_record.python.array_record_module import ArrayRecordReader
 
 import jaxlm.data.prepare as prep
 from jaxlm.data import pieces, tokenized
@@ -12,6 +14,7 @@ from jaxlm.corpora.registry import fetch_demo_corpus
 from jaxlm.data.pipeline import PretrainingData
 from jaxlm.data.layouts import decode_row
 from jaxlm.data.prepare import partial_dir, prepare
+from jaxlm.data.records import ShardedRecords
 from jaxlm.corpora.text import text_documents as read_documents
 from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer
 
@@ -274,3 +277,24 @@ def test_ctrl_c_stops_prepare_between_batches(tmp_path, austen, monkeypatch):
     kept = len(list(partial_dir(out).glob("piece-*.documents")))
     assert not out.exists() and 0 < kept < len(pieces.plan_pieces(0, austen[0], piece_mb=0.04))
     assert prepare(austen, out, WordPieceTokenizer(bert_vocab_path()), piece_mb=0.04, progress=False)["splits"]["train"]["examples"] > 0
+
+
+def test_sharded_records_read_what_grain_reads(prepared):
+    """ShardedRecords (the loader's reader) against grain's ArrayRecordDataSource, across shards, with repeats,
+    from threads at once; shards are written uncompressed."""
+    out, manifest = prepared
+    names, count = manifest["splits"]["train"]["shards"], manifest["splits"]["train"]["examples"]
+    records = ShardedRecords([out / n for n in names], manifest["shard_size"], count)
+    grains = ArrayRecordDataSource([str(out / n) for n in names])
+    indices = np.random.default_rng(0).integers(0, count, 500)
+    expected = [grains[int(i)] for i in indices]
+    assert len(records) == count and records.read(indices) == expected and records[count - 1] == grains[count - 1]
+    with ThreadPoolExecutor(4) as pool:
+        assert sum(pool.map(records.read, np.array_split(indices, 20)), []) == expected
+    assert "uncompressed" in ArrayRecordReader(str(out / names[0])).writer_options_string()
+    with pytest.raises(IndexError, match=rf"\[0, {count}\)"):
+        records.read([count])
+    with pytest.raises(ValueError, match="listed.*re-run `jaxlm prepare"):
+        ShardedRecords([out / n for n in names[:-1]], manifest["shard_size"], count)
+    with pytest.raises(ValueError, match=f"{names[0]} holds 3000 records where its manifest needs 2999"):
+        ShardedRecords([out / n for n in names], 2999, count - len(names) + 1).read([0])

@@ -1,0 +1,80 @@
+"""A split's ArrayRecord shards: its records written in order, `shard_size` to a shard, and read back as one
+sequence (each shard's reader opened on first use)."""
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
+from tqdm.auto import tqdm
+
+# how `jaxlm prepare` writes rows: one record per chunk for random access; uncompressed, since decompressing a
+# row cost as much CPU as the rest of its reading (zstd: 2.7 ms of CPU for 256 GPT-2 rows at 512, 1.1 uncompressed)
+WRITER_OPTIONS = "group_size:1,uncompressed"
+READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"  # random access: read one chunk, in this thread
+READ_BUFFER_BYTES = 1 << 13  # a row or two; larger buffers read (and cost) more per random record
+
+
+def write_shards(records: Sequence[bytes], directory: Path, split: str, shard_size: int,
+                 progress: bool = True) -> list[str]:
+    """`records` in order into ArrayRecord shards of `shard_size`; their names."""
+    n_shards = max(1, -(-len(records) // shard_size))
+    names = [f"{split}-{i:05d}-of-{n_shards:05d}.array_record" for i in range(n_shards)]
+    with tqdm(total=len(records), desc=f"write {split}", unit="ex", disable=not progress) as bar:
+        for i, name in enumerate(names):
+            writer = ArrayRecordWriter(str(directory / name), WRITER_OPTIONS)
+            for k in range(i * shard_size, min((i + 1) * shard_size, len(records))):
+                writer.write(records[k])
+            writer.close()
+            bar.update(min(shard_size, len(records) - i * shard_size))
+    return names
+
+
+class ShardedRecords(Sequence):
+    """Records 0 .. `count` - 1 of `paths`, every shard holding `shard_size` of them but the last (as
+    `write_shards` writes them); a shard that holds another number raises ValueError when first read.
+
+    A batch's records are read one by one in the calling thread (seek, read), with the options ArrayRecord
+    documents for random access. Not grain's `ArrayRecordDataSource`, whose `__getitems__` starts a Python thread
+    per shard it touches and hands each shard's records to the reader's C++ thread pool: 256 records of 2 KB from
+    one uncompressed shard cost 1.16 ms of CPU there (0.64 ms of wall time), 0.51 ms here (wall time the same),
+    and from 282 shards 15.9 ms there."""
+
+    def __init__(self, paths: Sequence[str | Path], shard_size: int, count: int):
+        expected = max(1, -(-count // shard_size))
+        if len(paths) != expected:
+            raise ValueError(f"{count} records in shards of {shard_size} take {expected} shards, but {len(paths)} "
+                             "are listed; the prepared data is damaged: re-run `jaxlm prepare CONFIG --overwrite`")
+        self._paths, self._shard_size, self._count = [str(p) for p in paths], shard_size, count
+        self._readers: list[ArrayRecordReader | None] = [None] * len(paths)
+        self._lock = threading.Lock()  # a reader's seek and read go together
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, index: int) -> bytes:
+        return self.read([index])[0]
+
+    def read(self, indices: Sequence[int]) -> list[bytes]:
+        """The records at `indices`, in their order."""
+        indices = np.asarray(indices, np.int64)
+        if indices.size and (indices.min() < 0 or indices.max() >= self._count):
+            raise IndexError(f"record indices must lie in [0, {self._count}), got {indices.min()}..{indices.max()}")
+        shards, positions = np.divmod(indices, self._shard_size)
+        records = []
+        with self._lock:
+            for shard, position in zip(shards.tolist(), positions.tolist()):
+                reader = self._readers[shard] or self._open(shard)
+                reader.seek(position)
+                records.append(reader.read())
+        return records
+
+    def _open(self, shard: int) -> ArrayRecordReader:
+        path = self._paths[shard]
+        reader = ArrayRecordReader(path, READER_OPTIONS, file_reader_buffer_size=READ_BUFFER_BYTES)
+        held, expected = reader.num_records(), min(self._shard_size, self._count - shard * self._shard_size)
+        if held != expected:
+            raise ValueError(f"{path} holds {held} records where its manifest needs {expected}; the prepared "
+                             "data is damaged: re-run `jaxlm prepare CONFIG --overwrite`")
+        self._readers[shard] = reader
+        return reader
