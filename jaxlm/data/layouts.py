@@ -23,14 +23,20 @@ class Row(NamedTuple):
     sentence_starts: np.ndarray = np.zeros(0, np.int32)  # where each stored sentence starts
 
 
-def encode_row(row: Row) -> bytes:
-    """Little-endian int32 [label, len_a, len(tokens), *tokens, *sentence_starts]."""
-    header = np.array([row.label, row.len_a, len(row.tokens)], "<i4")
-    return b"".join(np.asarray(x, "<i4").tobytes() for x in (header, row.tokens, row.sentence_starts))
+def record_dtype(vocab_size: int, max_seq_length: int) -> str:
+    """The dtype a row's numbers are stored in: uint16 where every token id and position fits (half the bytes
+    of int32 to store and read), int32 otherwise."""
+    return "<u2" if max(vocab_size, max_seq_length + 1) <= 2**16 else "<i4"
 
 
-def decode_row(record: bytes) -> Row:
-    values = np.frombuffer(record, "<i4").astype(np.int32)
+def encode_row(row: Row, dtype: str = "<i4") -> bytes:
+    """[label, len_a, len(tokens), *tokens, *sentence_starts] in `dtype` (`record_dtype`)."""
+    header = np.array([row.label, row.len_a, len(row.tokens)], dtype)
+    return b"".join(np.asarray(x, dtype).tobytes() for x in (header, row.tokens, row.sentence_starts))
+
+
+def decode_row(record: bytes, dtype: str = "<i4") -> Row:
+    values = np.frombuffer(record, dtype).astype(np.int32)
     n = int(values[2])
     return Row(values[3:3 + n], int(values[1]), int(values[0]), values[3 + n:])
 

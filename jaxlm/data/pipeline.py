@@ -20,7 +20,7 @@ from jaxlm import families
 from jaxlm.config import ConfigError, RunConfig
 from jaxlm.data import transfer
 from jaxlm.data.layouts import Row, decode_row
-from jaxlm.data.prepare import FORMAT, MANIFEST, WORD_STARTS
+from jaxlm.data.prepare import FORMAT, FORMAT_V1, MANIFEST, WORD_STARTS
 from jaxlm.data.records import ShardedRecords
 from jaxlm.data.seeds import RowGenerators
 from jaxlm.data.settings import PREPARATION_FIELDS, DataConfig, data_settings
@@ -33,10 +33,10 @@ def load_manifest(data_dir: str | Path) -> dict:
         raise FileNotFoundError(f"no prepared dataset at {data_dir} ({MANIFEST} missing): "
                                 "run `jaxlm prepare CONFIG` first")
     manifest = json.loads(path.read_text())
-    if manifest.get("format") != FORMAT:
+    if manifest.get("format") not in (FORMAT, FORMAT_V1):
         raise ValueError(f"{path} has format {manifest.get('format')!r}, expected {FORMAT!r}: "
                          "re-run `jaxlm prepare CONFIG`")
-    return manifest
+    return {"record_dtype": "<i4"} | manifest
 
 
 ID_FIELDS = ("input_ids", "masked_labels", "targets", "decoder_input_ids")
@@ -148,11 +148,12 @@ class PretrainingData:
 
     def _make(self, records: list[bytes], indices, epoch: int) -> dict[str, np.ndarray]:
         """The examples of `records` (stacked); each one's randomness comes from (seed, epoch, its index) alone."""
-        return self._transform([decode_row(r) for r in records], RowGenerators(self.seed, epoch, indices))
+        dtype = self.manifest["record_dtype"]
+        return self._transform([decode_row(r, dtype) for r in records], RowGenerators(self.seed, epoch, indices))
 
     def raw(self, index: int) -> Row:
         """The stored row of example `index`, before this epoch's masking or corruption."""
-        return decode_row(self._records[int(index)])
+        return decode_row(self._records[int(index)], self.manifest["record_dtype"])
 
     def example(self, index: int, epoch: int) -> dict[str, np.ndarray]:
         """Example `index` as transformed in `epoch` (for BERT, nsp_label 1 means B is a random sentence)."""

@@ -18,7 +18,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jaxlm import families
-from jaxlm.data.layouts import build_rows, check_roles
+from jaxlm.data.layouts import build_rows, check_roles, record_dtype
 from jaxlm.data.pieces import UNDECODABLE, Piece, is_tfds, piece_documents, plan_pieces, source_documents, source_info
 from jaxlm.data.records import write_shards
 from jaxlm.data.settings import PREPARATION_FIELDS, DataConfig, data_settings
@@ -26,8 +26,9 @@ from jaxlm.data.sources import tfds_dir
 from jaxlm.data.tokenized import Documents, RowSpill, TokenizedCorpus, piece_done, piece_path, tokenize_piece
 from jaxlm.data.tokenizers.roles import special_ids, word_start_table
 
-FORMAT = "jaxlm.rows.v1"
-RECORD = "little-endian int32 [label, len_a, n, *tokens (n), *sentence_starts]"
+FORMAT = "jaxlm.rows.v2"
+FORMAT_V1 = "jaxlm.rows.v1"  # the same record always in int32, no record_dtype; still read
+RECORD = "little-endian record_dtype [label, len_a, n, *tokens (n), *sentence_starts]"
 MANIFEST = "manifest.json"
 DOCUMENTS = "documents.json"
 WORD_STARTS = "word_starts.npy"
@@ -244,17 +245,19 @@ def prepare(input_files: Sequence[str | os.PathLike], output_dir: str | os.PathL
         per_source = np.bincount(source_of, minlength=len(input_files))
         index_in_source = np.arange(len(corpus)) - np.r_[0, np.cumsum(per_source)][source_of]
         split_ids = dict(zip(SPLITS, split_documents(len(corpus), data.valid_fraction, seed)))
+        dtype = record_dtype(tokenizer.vocab_size, data.max_seq_length)
         manifest = {"format": FORMAT, "record": RECORD, **recorded_settings,
                     "sources": [source_info(p, tfds_dir(data.tfds_data_dir)) | {"documents": int(n)}
                                 for p, n in zip(input_files, per_source)],
-                    "vocab_size": int(tokenizer.vocab_size), "special_ids": special, "splits": {}}
+                    "vocab_size": int(tokenizer.vocab_size), "special_ids": special, "record_dtype": dtype,
+                    "splits": {}}
         tmp = work / "out"
         tmp.mkdir()
         tmp.chmod(0o755)
         for k, (split, ids) in enumerate(split_ids.items()):
             if len(ids) == 0:
                 continue
-            with RowSpill(work / f"rows-{split}.bin") as spill, \
+            with RowSpill(work / f"rows-{split}.bin", dtype) as spill, \
                     tqdm(desc=f"rows {split}", unit="row", disable=not progress) as bar:
                 for row in build_rows(registered.layout, Documents(corpus, ids), np.random.default_rng([seed, 1, k]),
                                       data, special):

@@ -151,16 +151,17 @@ class Documents(Sequence):
 
 
 class RowSpill:
-    """Rows appended to a file in creation order, read back (encoded) in any order."""
+    """Rows appended to a file in creation order, read back (encoded in `dtype`) in any order."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, dtype: str):
         self._file = open(path, "w+b")
+        self._dtype = dtype
         self._offsets = array.array("q", [0])
         self.tokens = 0
         self.labels = 0
 
     def append(self, row: Row) -> None:
-        record = encode_row(row)
+        record = encode_row(row, self._dtype)
         self._file.write(record)
         self._offsets.append(self._offsets[-1] + len(record))
         self.tokens += len(row.tokens)

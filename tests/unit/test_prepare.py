@@ -1,18 +1,19 @@
 """jaxlm prepare for BERT pairs: shards, manifest, held-out split, errors, resuming, and per-process batches."""
 import json
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 from array_record.python.array_record_data_source import ArrayRecordDataSource
-from array_record.python.array_record_module import ArrayRecordReader
+from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 
 import jaxlm.data.prepare as prep
 from jaxlm.data import pieces, tokenized
 from jaxlm.corpora.models import bert_vocab_path
 from jaxlm.corpora.registry import fetch_demo_corpus
 from jaxlm.data.pipeline import PretrainingData
-from jaxlm.data.layouts import decode_row
+from jaxlm.data.layouts import decode_row, encode_row, record_dtype
 from jaxlm.data.prepare import partial_dir, prepare
 from jaxlm.data.records import ShardedRecords
 from jaxlm.corpora.text import text_documents as read_documents
@@ -41,7 +42,8 @@ def prepared(tmp_path_factory, tokenizer, austen):
 
 def _records(directory, names):
     source = ArrayRecordDataSource([str(directory / n) for n in names])
-    return [decode_row(source[i])[:3] for i in range(len(source))]
+    dtype = json.loads((directory / "manifest.json").read_text())["record_dtype"]
+    return [decode_row(source[i], dtype)[:3] for i in range(len(source))]
 
 
 def test_manifest_counts_match_shards(prepared, austen):
@@ -298,3 +300,28 @@ def test_sharded_records_read_what_grain_reads(prepared):
         ShardedRecords([out / n for n in names[:-1]], manifest["shard_size"], count)
     with pytest.raises(ValueError, match=f"{names[0]} holds 3000 records where its manifest needs 2999"):
         ShardedRecords([out / n for n in names], 2999, count - len(names) + 1).read([0])
+
+
+def test_rows_are_stored_in_uint16_where_they_fit_and_int32_data_still_loads(prepared, train, tmp_path):
+    """BERT's 30,522 ids fit uint16; data of the earlier format (jaxlm.rows.v1: int32 rows, zstd shards, no
+    record_dtype) gives the same batches."""
+    out, manifest = prepared
+    assert manifest["format"] == "jaxlm.rows.v2" and manifest["record_dtype"] == "<u2"
+    assert [record_dtype(v, s) for v, s in ((30522, 512), (65536, 65535), (65537, 128), (32000, 65536))] == [
+        "<u2", "<u2", "<i4", "<i4"]
+    old = tmp_path / "v1"
+    shutil.copytree(out, old)
+    v1 = {k: v for k, v in manifest.items() if k != "record_dtype"} | {"format": "jaxlm.rows.v1"}
+    (old / "manifest.json").write_text(json.dumps(v1))
+    for split in manifest["splits"].values():
+        for name in split["shards"]:
+            rows = [decode_row(r, "<u2") for r in ArrayRecordReader(str(out / name)).read_all()]
+            writer = ArrayRecordWriter(str(old / name), "group_size:1")
+            for row in rows:
+                writer.write(encode_row(row))
+            writer.close()
+    assert "zstd" in ArrayRecordReader(str(old / name)).writer_options_string()
+    again = PretrainingData(old, "train", seed=9, max_predictions=20)
+    for step in (0, 5):
+        got, want = again.local_batch(step, 16), train.local_batch(step, 16)
+        assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)
