@@ -1,5 +1,6 @@
 """jaxlm prepare for BERT pairs: shards, manifest, held-out split, errors, resuming, and per-process batches."""
 import json
+import resource
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,9 +14,9 @@ from jaxlm.data import pieces, tokenized
 from jaxlm.corpora.models import bert_vocab_path
 from jaxlm.corpora.registry import fetch_demo_corpus
 from jaxlm.data.pipeline import PretrainingData
-from jaxlm.data.layouts import decode_row, encode_row, record_dtype
+from jaxlm.data.layouts import Row, decode_row, encode_row, record_dtype
 from jaxlm.data.prepare import partial_dir, prepare
-from jaxlm.data.records import ShardedRecords
+from jaxlm.data.records import ShardedRecords, write_shards
 from jaxlm.corpora.text import text_documents as read_documents
 from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer
 
@@ -325,3 +326,18 @@ def test_rows_are_stored_in_uint16_where_they_fit_and_int32_data_still_loads(pre
     for step in (0, 5):
         got, want = again.local_batch(step, 16), train.local_batch(step, 16)
         assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)
+
+
+def test_sharded_records_open_more_shards_than_the_soft_limit_on_files(tmp_path):
+    """Every shard read stays open: a split of more shards than the soft limit on open files (often 1,024) is
+    read whole, the limit raised as far as the hard one allows."""
+    records = [encode_row(Row(np.array([i, i + 1], np.int32)), "<u2") for i in range(300)]
+    names = write_shards(records, tmp_path, "train", shard_size=1, progress=False)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
+    try:
+        shards = ShardedRecords([tmp_path / n for n in names], 1, len(records))
+        assert shards.read(range(300)) == records
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] > 300
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
