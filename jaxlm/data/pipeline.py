@@ -148,12 +148,15 @@ class PretrainingData:
 
     def _make(self, records: list[bytes], indices, epoch: int) -> dict[str, np.ndarray]:
         """The examples of `records` (stacked); each one's randomness comes from (seed, epoch, its index) alone."""
+        return self._transform(self._rows(records), RowGenerators(self.seed, epoch, indices))
+
+    def _rows(self, records: list[bytes]) -> list[Row]:
         dtype = self.manifest["record_dtype"]
-        return self._transform([decode_row(r, dtype) for r in records], RowGenerators(self.seed, epoch, indices))
+        return [decode_row(r, dtype) for r in records]
 
     def raw(self, index: int) -> Row:
         """The stored row of example `index`, before this epoch's masking or corruption."""
-        return decode_row(self._records[int(index)], self.manifest["record_dtype"])
+        return self._rows([self._records[int(index)]])[0]
 
     def example(self, index: int, epoch: int) -> dict[str, np.ndarray]:
         """Example `index` as transformed in `epoch` (for BERT, nsp_label 1 means B is a random sentence)."""

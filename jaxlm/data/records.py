@@ -21,16 +21,27 @@ SPARE_FILES = 256  # open files left for everything else in the process
 def write_shards(records: Sequence[bytes], directory: Path, split: str, shard_size: int,
                  progress: bool = True) -> list[str]:
     """`records` in order into ArrayRecord shards of `shard_size`; their names."""
-    n_shards = max(1, -(-len(records) // shard_size))
+    n_shards = _shard_count(len(records), shard_size)
     names = [f"{split}-{i:05d}-of-{n_shards:05d}.array_record" for i in range(n_shards)]
     with tqdm(total=len(records), desc=f"write {split}", unit="ex", disable=not progress) as bar:
         for i, name in enumerate(names):
             writer = ArrayRecordWriter(str(directory / name), WRITER_OPTIONS)
-            for k in range(i * shard_size, min((i + 1) * shard_size, len(records))):
+            span = _shard_span(len(records), shard_size, i)
+            for k in span:
                 writer.write(records[k])
             writer.close()
-            bar.update(min(shard_size, len(records) - i * shard_size))
+            bar.update(len(span))
     return names
+
+
+def _shard_count(records: int, shard_size: int) -> int:
+    """How many shards hold `records` (one, empty, for none)."""
+    return max(1, -(-records // shard_size))
+
+
+def _shard_span(records: int, shard_size: int, shard: int) -> range:
+    """The indices of the records that shard `shard` holds."""
+    return range(shard * shard_size, min((shard + 1) * shard_size, records))
 
 
 class ShardedRecords(Sequence):
@@ -43,7 +54,7 @@ class ShardedRecords(Sequence):
     from one shard cost 1.73 ms of CPU there (1.29 ms of wall time) and 0.47 ms here (the same in wall time)."""
 
     def __init__(self, paths: Sequence[str | Path], shard_size: int, count: int):
-        expected = max(1, -(-count // shard_size))
+        expected = _shard_count(count, shard_size)
         if len(paths) != expected:
             raise ValueError(f"{count} records in shards of {shard_size} take {expected} shards, but {len(paths)} "
                              "are listed; the prepared data is damaged: re-run `jaxlm prepare CONFIG --overwrite`")
@@ -77,7 +88,7 @@ class ShardedRecords(Sequence):
         reader = ArrayRecordReader(path, READER_OPTIONS, file_reader_buffer_size=READ_BUFFER_BYTES)
         if not reader.ok():
             reader.seek(0)  # a reader that failed to open raises its reason here (e.g. too many open files)
-        held, expected = reader.num_records(), min(self._shard_size, self._count - shard * self._shard_size)
+        held, expected = reader.num_records(), len(_shard_span(self._count, self._shard_size, shard))
         if held != expected:
             raise ValueError(f"{path} holds {held} records where its manifest needs {expected}; the prepared "
                              "data is damaged: re-run `jaxlm prepare CONFIG --overwrite`")
