@@ -2,6 +2,7 @@
 run's train and held-out splits opened from its config."""
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -43,6 +44,9 @@ ID_FIELDS = ("input_ids", "masked_labels", "targets", "decoder_input_ids")
 LAST_STEP = 2**62  # iterate() runs until its consumer stops
 TRAINER_WATCH_S = 1.0  # how often a worker checks that its trainer is alive
 PICKLE_EVERY_ARRAY = 2**62  # grain's min_shm_size: no array gets a shared memory block of grain's own
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+HEAP_MMAP_THRESHOLD = 32 << 20  # glibc's largest: a batch's arrays come from the heap, not mappings of their own
+HEAP_TRIM_THRESHOLD = 1 << 30  # the free heap a worker keeps for its next batches rather than handing back
 
 
 def _start_worker(worker_index: int, worker_count: int, trainer_pid: int) -> None:
@@ -53,8 +57,19 @@ def _start_worker(worker_index: int, worker_count: int, trainer_pid: int) -> Non
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     transfer.set_worker_index(worker_index)
+    _reuse_freed_memory()
     threading.Thread(target=_exit_with_the_trainer, args=(trainer_pid,), name="jaxlm-trainer-watch",
                      daemon=True).start()
+
+
+def _reuse_freed_memory() -> None:
+    """In a grain worker on glibc: the memory a batch freed serves the next batch. By default glibc hands
+    the heap's freed top back to the OS after each batch and the next one faults it in again, page by page:
+    150-730 page faults per GPT-2 batch at 512, and 2 workers 1.6x one worker, 1.9x without them."""
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    if mallopt is not None:  # glibc or musl (which ignores it); not macOS
+        mallopt(M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD)
+        mallopt(M_TRIM_THRESHOLD, HEAP_TRIM_THRESHOLD)
 
 
 def _exit_with_the_trainer(trainer_pid: int) -> None:
