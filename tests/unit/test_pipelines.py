@@ -1,6 +1,7 @@
 """Every objective's pipeline end to end on real text (Jane Austen): `prepare` -> `PretrainingData`
 -> batches, checked against the objective's declared batch and each corruption's definition."""
 import dataclasses
+import gc
 import hashlib
 import json
 import math
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import psutil
 import pytest
@@ -213,6 +215,47 @@ def test_a_worker_waits_for_its_slot_and_a_closed_loader_frees_it(build, monkeyp
     for k, batch in enumerate(got):
         assert _equal(batch, data.local_batch(k, BATCH))
     assert not _slots_left()
+
+
+def test_the_trainer_reads_a_batch_in_its_slot_while_the_batch_lives(monkeypatch):
+    """A received batch is a view of its slot, not a copy: the slot stays the trainer's while any of the batch's
+    arrays lives and goes back to the worker after. Past LEASES_PER_WORKER held batches the next are copied out,
+    so a consumer that keeps every batch never leaves its worker without a slot. A batch kept past the loader's
+    end stays readable, and the slots' names are gone."""
+    monkeypatch.setattr(transfer, "worker_index", 0)  # this process is the worker too
+    sent = [{"ids": np.arange(12, dtype=np.int32).reshape(3, 4) + k, "weights": np.full(5, k, np.float32)}
+            for k in range(2 * transfer.SLOTS_PER_WORKER)]
+    ring = transfer.SlotRing(1, transfer.layout(sent[0])[1])
+    slots = [np.frombuffer(block.buf, np.uint8) for block in ring._blocks[0]]
+
+    def slot_of(batch: dict) -> list[int]:
+        return [s for s, memory in enumerate(slots) if np.shares_memory(batch["ids"], memory)]
+
+    got = [ring.receive(ring.send(batch)) for batch in sent]
+    assert all(_equal(a, b) for a, b in zip(sent, got))
+    leases = transfer.LEASES_PER_WORKER
+    assert [slot_of(batch) for batch in got[:leases + 1]] == [[0], [1], []]  # two leased, the next copied
+    full = [s for s, block in enumerate(ring._blocks[0]) if block.buf[transfer.STATE] == transfer.FULL]
+    assert full == [0, 1]
+    weights = got[0]["weights"]
+    del got[0]
+    assert ring._blocks[0][0].buf[transfer.STATE] == transfer.FULL  # one of its arrays lives on
+    del weights
+    assert ring._blocks[0][0].buf[transfer.STATE] == transfer.FREE
+    assert len(slot_of(ring.receive(ring.send(sent[0])))) == 1  # a lease was freed: leased again
+    on_device = jax.device_put(got[0]["ids"])  # jax on the CPU reads the slot in place: it holds the lease
+    del got[0]
+    assert ring._blocks[0][1].buf[transfer.STATE] == transfer.FULL and np.array_equal(on_device, sent[1]["ids"])
+    del on_device
+    gc.collect()  # jax lets go of the host memory it read in place through a reference cycle
+    assert ring._blocks[0][1].buf[transfer.STATE] == transfer.FREE
+    kept = ring.receive(ring.send(sent[3]))
+    assert len(slot_of(kept)) == 1
+    slots.clear()  # their views of the blocks would keep the blocks from closing
+    ring.close()
+    ring.unlink()
+    assert not _slots_left()
+    assert _equal(kept, sent[3]) and _equal(got[0], sent[2])  # leased, and copied: both readable
 
 
 TRAINER = """
