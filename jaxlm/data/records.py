@@ -1,8 +1,9 @@
 """A split's ArrayRecord shards: its records written in order, `shard_size` to a shard, and read back as one
-sequence (each shard's reader opened on first use)."""
+sequence (each shard's reader opened on first use, and kept open while the limit on open files allows)."""
 import os
 import resource
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from tqdm.auto import tqdm
 WRITER_OPTIONS = "group_size:1,uncompressed"
 READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"  # random access: read one chunk, in this thread
 READ_BUFFER_BYTES = 1 << 13  # a row or two; larger buffers read (and cost) more per random record
-SPARE_FILES = 256  # open files left for everything else in the process
+SPARE_FILES = 256  # open files left for everything else in the process (half the room, where it is small)
 
 
 def write_shards(records: Sequence[bytes], directory: Path, split: str, shard_size: int,
@@ -51,7 +52,10 @@ class ShardedRecords(Sequence):
     A batch's records are read one by one in the calling thread (seek, read), with the options ArrayRecord
     documents for random access. Not grain's `ArrayRecordDataSource`, whose `__getitems__` starts a Python thread
     per shard it touches and hands each shard's records to the reader's C++ thread pool: 256 GPT-2 rows at 512
-    from one shard cost 1.73 ms of CPU there (1.29 ms of wall time) and 0.47 ms here (the same in wall time)."""
+    from one shard cost 1.73 ms of CPU there (1.29 ms of wall time) and 0.47 ms here (the same in wall time).
+
+    Every shard read stays open, as many as the limit on open files lets this process hold; past that, the least
+    recently read is closed."""
 
     def __init__(self, paths: Sequence[str | Path], shard_size: int, count: int):
         expected = _shard_count(count, shard_size)
@@ -59,8 +63,9 @@ class ShardedRecords(Sequence):
             raise ValueError(f"{count} records in shards of {shard_size} take {expected} shards, but {len(paths)} "
                              "are listed; the prepared data is damaged: re-run `jaxlm prepare CONFIG --overwrite`")
         self._paths, self._shard_size, self._count = [str(p) for p in paths], shard_size, count
-        self._readers: list[ArrayRecordReader | None] = [None] * len(paths)
-        _allow_open_files(len(paths))
+        self._readers: OrderedDict[int, ArrayRecordReader] = OrderedDict()  # the open ones, least recently read first
+        self._max_open = _allow_open_files(len(paths))
+        self._evicts = self._max_open < len(paths)
         self._lock = threading.Lock()  # a reader's seek and read go together
 
     def __len__(self) -> int:
@@ -78,10 +83,23 @@ class ShardedRecords(Sequence):
         records = []
         with self._lock:
             for shard, position in zip(shards.tolist(), positions.tolist()):
-                reader = self._readers[shard] or self._open(shard)
+                reader = self._readers.get(shard)
+                if reader is None or self._evicts:
+                    reader = self._reader(shard)
                 reader.seek(position)
                 records.append(reader.read())
         return records
+
+    def _reader(self, shard: int) -> ArrayRecordReader:
+        """`shard`'s reader, opened if need be, closing the least recently read one where this many are open."""
+        reader = self._readers.get(shard)
+        if reader is not None:
+            self._readers.move_to_end(shard)
+            return reader
+        if len(self._readers) >= self._max_open:
+            self._readers.popitem(last=False)[1].close()
+        self._readers[shard] = reader = self._open(shard)
+        return reader
 
     def _open(self, shard: int) -> ArrayRecordReader:
         path = self._paths[shard]
@@ -92,16 +110,18 @@ class ShardedRecords(Sequence):
         if held != expected:
             raise ValueError(f"{path} holds {held} records where its manifest needs {expected}; the prepared "
                              "data is damaged: re-run `jaxlm prepare CONFIG --overwrite`")
-        self._readers[shard] = reader
         return reader
 
 
-def _allow_open_files(readers: int) -> None:
+def _allow_open_files(readers: int) -> int:
     """Raises this process's soft limit on open files (often 1,024) to hold `readers` more open shards, as far as
-    its hard limit allows: a corpus of 23M rows is 1,150 shards of 20,000, and every shard read stays open."""
+    its hard limit allows (a corpus of 23M rows is 1,150 shards of 20,000); how many of them it can hold."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     open_now = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
     wanted = open_now + readers + SPARE_FILES
     if soft != resource.RLIM_INFINITY and soft < wanted:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard),
-                                                    hard))
+        soft = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    if soft == resource.RLIM_INFINITY:
+        return readers
+    return max(1, min(readers, soft - open_now - min(SPARE_FILES, (soft - open_now) // 2)))

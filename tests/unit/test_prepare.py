@@ -2,6 +2,8 @@
 import json
 import resource
 import shutil
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -341,3 +343,30 @@ def test_sharded_records_open_more_shards_than_the_soft_limit_on_files(tmp_path)
         assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] > 300
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+UNDER_A_HARD_LIMIT = """
+import pathlib, resource, sys
+import numpy as np
+from jaxlm.data.records import ShardedRecords
+resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+directory, names, count = pathlib.Path(sys.argv[1]), sys.argv[2].split(","), int(sys.argv[3])
+shards = ShardedRecords([directory / n for n in names], 1, count)
+order = np.random.default_rng(0).integers(0, count, 2 * count)
+in_order, at_random = b"".join(shards.read(range(count))).hex(), b"".join(shards.read(order)).hex()
+print(len(shards._readers), shards._max_open, in_order, at_random)
+"""
+
+
+def test_sharded_records_read_more_shards_than_the_hard_limit_on_files(tmp_path):
+    """A split of more shards than the hard limit on open files lets a process hold: the least recently read
+    are closed, and every record still reads right, in order and at random."""
+    records = [encode_row(Row(np.array([i, i + 1], np.int32)), "<u2") for i in range(300)]
+    names = write_shards(records, tmp_path, "train", shard_size=1, progress=False)
+    child = subprocess.run([sys.executable, "-c", UNDER_A_HARD_LIMIT, str(tmp_path), ",".join(names), "300"],
+                           capture_output=True, text=True)
+    assert child.returncode == 0, child.stderr[-2000:]
+    held, max_open, in_order, at_random = child.stdout.split()
+    order = np.random.default_rng(0).integers(0, 300, 600)
+    assert 32 < int(held) == int(max_open) < 128
+    assert in_order == b"".join(records).hex() and at_random == b"".join(records[k] for k in order).hex()
