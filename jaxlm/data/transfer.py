@@ -69,11 +69,11 @@ class SlotRing:
 
     def __init__(self, workers: int, size: int, names: list[list[str]] | None = None):
         self.size = size
-        self._leased: list[list[bool]] = []  # in the trainer: which slots its batches lease
         self._unlinked = False
         if names is None:
             prefix = f"jaxlm-{os.getpid()}-{secrets.token_hex(4)}"
             self.names = [[f"{prefix}-{w}-{s}" for s in range(SLOTS_PER_WORKER)] for w in range(workers)]
+            self._leased = [[False] * len(row) for row in self.names]  # which slots the trainer's batches lease
             self._blocks = []
             try:
                 for row in self.names:
@@ -84,7 +84,6 @@ class SlotRing:
                 self.unlink()
                 raise
             self._addresses = [[_address(block) for block in row] for row in self._blocks]
-            self._leased = [[False] * len(row) for row in self.names]
         else:  # in a worker: attached on first use
             self.names, self._blocks = names, None
         self._next_slot = 0
@@ -155,7 +154,7 @@ class SlotRing:
         self._unlinked = True
         for w, row in enumerate(self._blocks):
             for s, block in enumerate(row):
-                if not (self._leased and self._leased[w][s]):
+                if not self._leased[w][s]:
                     block.close()
                 block.unlink()
 
