@@ -1,5 +1,5 @@
 """The optimiser: AdamW or LAMB, warm-up then linear decay, decay mask, global-norm clipping; the
-rejection of loss spikes."""
+rejection of loss spikes; reductions over a whole tree of parameters or gradients."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
@@ -33,6 +33,39 @@ def decay_mask(params):
         lambda path, _: not any(n in NO_DECAY_NAMES for n in _path_names(path)), params)
 
 
+def stacked_by_shape(tree) -> list[jax.Array]:
+    """The tree's leaves, those of one shape and dtype stacked into one array (a transformer's layers give
+    each group one leaf per layer). A reduction over every leaf then takes one GPU kernel per group
+    instead of one or two per leaf: BERT-base's gradient norm and finiteness test took 566 reductions of
+    its 596 optimizer kernels, most of a few kilobytes, where a kernel's launch outweighs its bytes."""
+    groups: dict[tuple, list[jax.Array]] = {}
+    for leaf in jax.tree.leaves(tree):
+        groups.setdefault((leaf.shape, jnp.dtype(leaf.dtype)), []).append(leaf)
+    return [jnp.stack(group) if len(group) > 1 else group[0] for group in groups.values()]
+
+
+def global_norm(tree) -> jax.Array:
+    """The L2 norm of all the tree's elements, in float32 (optax.tree.norm's value, summed by group)."""
+    return jnp.sqrt(sum(jnp.sum(jnp.square(group.astype(jnp.float32))) for group in stacked_by_shape(tree)))
+
+
+def all_finite(tree) -> jax.Array:
+    """True when no element of the tree is NaN or infinite."""
+    return jnp.all(jnp.stack([jnp.isfinite(group).all() for group in stacked_by_shape(tree)]))
+
+
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+    """optax.clip_by_global_norm (the same scaling of the same norm), its norm from `global_norm`."""
+
+    def update(updates, state, params=None):
+        del params
+        norm = global_norm(updates)
+        return jax.tree.map(lambda t: jax.lax.select(norm < max_norm, t, (t / norm.astype(t.dtype)) * max_norm),
+                            updates), state
+
+    return optax.GradientTransformation(optax.init_empty_state, update)
+
+
 def make_optimizer(config: OptimConfig, total_steps: int,
                    learning_rate: optax.Schedule | None = None) -> optax.GradientTransformation:
     """Clipping, then AdamW or LAMB on `learning_rate` (default: the config's warm-up and linear decay)."""
@@ -41,7 +74,7 @@ def make_optimizer(config: OptimConfig, total_steps: int,
     learning_rate = learning_rate or schedule(config, total_steps)
     base = OPTIMIZERS[config.name](learning_rate, b1=config.b1, b2=config.b2, eps=config.eps,
                                    weight_decay=config.weight_decay, mask=decay_mask)
-    clip = optax.clip_by_global_norm(config.clip_norm) if config.clip_norm > 0 else optax.identity()
+    clip = clip_by_global_norm(config.clip_norm) if config.clip_norm > 0 else optax.identity()
     return optax.chain(clip, base)
 
 

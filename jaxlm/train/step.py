@@ -7,6 +7,7 @@ import optax
 
 from jaxlm.config import DROPOUT_RNGS, TrainConfig
 from jaxlm.parallel.logical import constrain
+from jaxlm.train.optim import all_finite, global_norm
 from jaxlm.train.state import TrainState
 
 COUNT_SUFFIX = "_count"
@@ -89,7 +90,7 @@ def make_train_step(objective, optimizer: optax.GradientTransformation, schedule
         metrics = dict(objective.summarize(stats))
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params, loss=metrics["loss"])
         params = optax.apply_updates(state.params, updates)
-        metrics["grad_norm"] = optax.tree.norm(grads)
+        metrics["grad_norm"] = global_norm(grads)
         metrics["lr"] = schedule(state.step)
         skipping = optax.tree.get(opt_state, "notfinite_count")  # train.nonfinite=skip: such an update was dropped
         if skipping is not None:
@@ -99,8 +100,9 @@ def make_train_step(objective, optimizer: optax.GradientTransformation, schedule
                 metrics["loss_spikes"] = optax.tree.get(opt_state, "loss_spikes")
                 metrics["last_step_spiked"] = optax.tree.get(opt_state, "last_step_spiked")
         else:
-            finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"]) & jnp.all(
-                jnp.array([jnp.isfinite(u).all() for u in jax.tree.leaves(updates)]))
+            # the new parameters rather than the updates: the same test where the old ones were finite,
+            # and the updates' own reductions would stop XLA fusing the optimiser's updates
+            finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"]) & all_finite(params)
             metrics["nonfinite_in_a_row"] = jnp.logical_not(finite).astype(jnp.int32)
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 

@@ -10,7 +10,8 @@ from jaxlm.config import OptimConfig
 import flax.linen as nn
 
 from jaxlm.train.loop import build, compile_steps, global_batch
-from jaxlm.train.optim import decay_mask, reject_loss_spikes, schedule
+from jaxlm.train.optim import (all_finite, clip_by_global_norm, decay_mask, global_norm, reject_loss_spikes, schedule,
+                               stacked_by_shape)
 from jaxlm.train.state import create_state
 from jaxlm.train.step import make_gradients
 
@@ -123,11 +124,51 @@ def test_adamw_and_lamb_fit_a_batch():
 
 def test_clipping_bounds_the_update():
     config = _config(optim={"clip_norm": 1e-3})
-    clipped = optax.clip_by_global_norm(1e-3)
+    clipped = clip_by_global_norm(1e-3)
     grads = {"w": np.full((4,), 10.0, np.float32)}
     updates, _ = clipped.update(grads, clipped.init(grads))
     assert np.isclose(float(optax.tree.norm(updates)), 1e-3, rtol=1e-4)
     assert config.optim.clip_norm == 1e-3
+
+
+def test_norm_clipping_and_finiteness_reduce_same_shaped_leaves_stacked():
+    """global_norm reduces each group of same-shaped leaves stacked (one GPU kernel a group, not one a
+    leaf) to optax.tree.norm's value in float32 (optax squares a bfloat16 leaf in bfloat16); our clipping
+    gives optax's updates; all_finite finds a NaN or an infinity in any leaf of a group and in a leaf alone."""
+    rng = np.random.default_rng(0)
+    tree = {"layers": [{"w": rng.normal(size=(8, 4)).astype(np.float32) * 10,
+                        "b": rng.normal(size=(4,)).astype(np.float32)} for _ in range(3)],
+            "scale": np.ones(4, np.float32), "embed": jnp.asarray(rng.normal(size=(16, 8)), jnp.bfloat16)}
+    assert sorted(g.shape for g in stacked_by_shape(tree)) == [(3, 8, 4), (4, 4), (16, 8)]
+    in_float32 = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)
+    np.testing.assert_allclose(float(global_norm(tree)), float(optax.tree.norm(in_float32)), rtol=1e-6)
+    for max_norm in (1.0, 1e6):  # clipped, and left as it is
+        ours, _ = clip_by_global_norm(max_norm).update(tree, optax.EmptyState())
+        assert [a.dtype for a in jax.tree.leaves(ours)] == [a.dtype for a in jax.tree.leaves(tree)]
+        theirs, _ = optax.clip_by_global_norm(max_norm).update(in_float32, optax.EmptyState())
+        for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
+            resolution = 1e-5 if a.dtype == np.float32 else 8e-3
+            np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=resolution)
+    assert bool(all_finite(tree))
+    nan_in_a_group = jax.tree.map(np.copy, tree)
+    nan_in_a_group["layers"][1]["w"][2, 3] = np.nan
+    alone = dict(tree, embed=tree["embed"].at[5, 1].set(jnp.inf))
+    assert not bool(all_finite(nan_in_a_group)) and not bool(all_finite(alone))
+    assert not np.isfinite(float(global_norm(nan_in_a_group)))
+
+
+def test_the_step_reports_parameters_an_update_made_non_finite():
+    """A finite loss and finite gradients, but an update that overflows: the step's non-finite flag is set
+    (train.nonfinite=stop stops there, before a checkpoint could save the parameters)."""
+    config = _config()
+    overflowing = build(config, optimizer_for=lambda params: (optax.scale(np.float32(np.inf)), lambda step: 0.0))
+    state = create_state(overflowing.objective.init, overflowing.optimizer, overflowing.shardings, overflowing.mesh,
+                         overflowing.rules, jax.random.key(0))
+    train_step, _ = compile_steps(overflowing, with_eval=False)
+    batch = global_batch(overflowing, overflowing.objective.synthetic_batch(config.train.global_batch))
+    _, metrics = train_step(state, batch, jax.random.key(1))
+    assert np.isfinite(float(metrics["loss"])) and np.isfinite(float(metrics["grad_norm"]))
+    assert int(metrics["nonfinite_in_a_row"]) == 1
 
 
 def test_a_loss_spike_is_rejected_as_a_non_finite_step_and_kept_out_of_the_window():
