@@ -32,6 +32,8 @@ import time
 
 import sentencepiece
 
+from jaxlm.train.profile import op_line
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TARGET_RATIO = 1.5
 
@@ -301,10 +303,16 @@ def profile_table(cases: list[str], our_rows: dict) -> str:
     lines = ["| case | " + " | ".join(classes) + " | traced ms/step |", "|---" * (len(classes) + 2) + "|"]
     for case, summary in rows.items():
         bounds = summary.get("bound_ms_per_step", {})
-        cells = [f"{summary['ms_per_step'][c]:.2f}" + (f" ({bounds[c]:.2f})" if c in bounds else "") for c in classes]
+        kernels = summary.get("kernels_per_step", {})
+        cells = [f"{summary['ms_per_step'][c]:.2f}" + (f" ({bounds[c]:.2f})" if c in bounds else "")
+                 + (f" [{kernels[c]:.0f}]" if c in kernels else "") for c in classes]
         lines.append(f"| {case} | " + " | ".join(cells + [f"{summary['traced_ms_per_step']:.2f}"]) + " |")
+    costliest = [f"{case}: " + "; ".join(map(op_line, summary["top_ops"][:5]))
+                 for case, summary in rows.items() if summary.get("top_ops")]
     return "\n".join(["", "jaxlm, milliseconds per step by op class (jax.profiler trace of 5 steps; in brackets the "
-                       "roofline bound of the same compiled step, jaxlm/train/hlo_cost.py):", ""] + lines + failed)
+                       "roofline bound of the same compiled step, jaxlm/train/hlo_cost.py, and the kernels launched "
+                       "per step):", ""] + lines + ["", "costliest ops, ms per step in launches per step:"]
+                      + costliest + failed)
 
 
 def _failed(text: str, log: pathlib.Path) -> dict:

@@ -65,9 +65,12 @@ def bench(config: RunConfig, profile_dir: str | None = None) -> dict:
         hlo_text = compiled_train.as_text()
         try:
             profiled = {"profile": profile_steps(step, PROFILED_STEPS, profile_dir, hlo_text)}
-            bounds = hlo_cost.class_bounds(hlo_text, jax.devices()[0].device_kind, config.bench.peak_flops_per_device)
+            bounds = hlo_cost.step_bounds(hlo_text, jax.devices()[0].device_kind, config.bench.peak_flops_per_device)
             if bounds:
-                profiled["profile"]["bound_ms_per_step"] = bounds
+                profiled["profile"]["bound_ms_per_step"] = bounds["classes"]
+                for op in profiled["profile"]["top_ops"]:
+                    if op["op"] in bounds["kernels"]:
+                        op["bound_ms"] = bounds["kernels"][op["op"]]
         except (OSError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as error:
             profiled = {"profile_error": f"{type(error).__name__}: {error}"}
         phases["profile"] = time.perf_counter()

@@ -167,12 +167,8 @@ def _kernel(name: str, module: Module, launches: int) -> dict:
             "link_factor": LINK_FACTOR.get(own.opcode, 1.0)}
 
 
-def plan(hlo_text: str, peak_flops: float, bandwidth: float, link_bandwidth: float | None = None,
-         top: int = 8) -> dict:
-    """Per class: kernel launches, GFLOP, GB moved and roofline milliseconds (per kernel the larger of its
-    FLOPs at `peak_flops` and its bytes at `bandwidth`; a collective's bytes at `link_bandwidth`, untimed
-    without it), with the totals and the `top` costliest kernels."""
-    per_class = {c: defaultdict(float) for c in PLAN_CLASSES}
+def timed_kernels(hlo_text: str, peak_flops: float, bandwidth: float, link_bandwidth: float | None) -> list[dict]:
+    """`kernels` with each one's roofline milliseconds ("compute_ms", "memory_ms" and the larger, "ms")."""
     found = kernels(hlo_text)
     for k in found:
         if k["class"] == "collectives":
@@ -182,6 +178,17 @@ def plan(hlo_text: str, peak_flops: float, bandwidth: float, link_bandwidth: flo
             k["compute_ms"] = k["bf16_equivalent_flops"] / peak_flops * 1e3
             k["memory_ms"] = k["bytes"] / bandwidth * 1e3
         k["ms"] = max(k["compute_ms"], k["memory_ms"])
+    return found
+
+
+def plan(hlo_text: str, peak_flops: float, bandwidth: float, link_bandwidth: float | None = None,
+         top: int = 8) -> dict:
+    """Per class: kernel launches, GFLOP, GB moved and roofline milliseconds (per kernel the larger of its
+    FLOPs at `peak_flops` and its bytes at `bandwidth`; a collective's bytes at `link_bandwidth`, untimed
+    without it), with the totals and the `top` costliest kernels."""
+    per_class = {c: defaultdict(float) for c in PLAN_CLASSES}
+    found = timed_kernels(hlo_text, peak_flops, bandwidth, link_bandwidth)
+    for k in found:
         row = per_class[k["class"]]
         row["launches"] += k["launches"]
         row["gflop"] += k["flops"] / 1e9
@@ -198,13 +205,16 @@ def plan(hlo_text: str, peak_flops: float, bandwidth: float, link_bandwidth: flo
                     for k in costliest]}
 
 
-def class_bounds(hlo_text: str, device_kind: str, peak_override: float = 0.0) -> dict[str, float] | None:
-    """Roofline milliseconds per op class of a step compiled for a GPU of `device_kind` (what `jaxlm bench
-    --profile` prints beside the measured ones), or None where its peak or bandwidth is not known (CPUs)."""
+def step_bounds(hlo_text: str, device_kind: str, peak_override: float = 0.0) -> dict | None:
+    """Roofline milliseconds of a step compiled for a GPU of `device_kind`, per op class ("classes") and per
+    kernel ("kernels", by name): what `jaxlm bench --profile` prints beside the measured ones. None where the
+    GPU's peak or bandwidth is not known (CPUs)."""
     figures = flops.roofline(device_kind, peak_override)
     if figures is None:
         return None
-    return {name: row["ms"] for name, row in plan(hlo_text, *figures)["classes"].items()}
+    found = timed_kernels(hlo_text, *figures)
+    return {"classes": {c: sum(k["ms"] for k in found if k["class"] == c) for c in PLAN_CLASSES},
+            "kernels": {k["name"]: k["ms"] for k in found}}
 
 
 def format_plan(result: dict, model_gflop: float | None = None) -> str:

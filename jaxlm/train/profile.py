@@ -176,8 +176,8 @@ def _busy(intervals: list[tuple[float, float]]) -> float:
 
 def summarize(trace_path: str | Path, hlo_text: str, steps: int) -> dict:
     """Milliseconds per step of each class in CLASSES (per device: the mean over the devices traced), the
-    traced time per step (first op to last; a CPU runs independent ops at once, so the classes may sum to
-    more), and the ten costliest ops with their class."""
+    kernels each class launches per step, the traced time per step (first op to last; a CPU runs independent
+    ops at once, so the classes may sum to more), and the ten costliest ops with their class and launches."""
     module = re.search(r"^HloModule ([\w.\-]+)", hlo_text, re.M).group(1)
     instructions, computations = parse_hlo(hlo_text)
     kernels = {kernel_name(name): name for name in instructions}
@@ -188,20 +188,25 @@ def summarize(trace_path: str | Path, hlo_text: str, steps: int) -> dict:
     for e in events:
         by_device[(e["pid"], e["args"].get("device_ordinal", ""))].append(e)
     per_step = 1e-3 / (steps * len(by_device))  # trace microseconds -> milliseconds per step and device
-    classes, ops, traced = dict.fromkeys(CLASSES, 0.0), defaultdict(float), 0.0
+    classes, ops, launches, traced = dict.fromkeys(CLASSES, 0.0), defaultdict(float), defaultdict(float), 0.0
     for device_events in by_device.values():
         for e in device_events:
-            ops[event_op(e, instructions, kernels)] += e["dur"] * per_step
+            op = event_op(e, instructions, kernels)
+            ops[op] += e["dur"] * per_step
+            launches[op] += per_step * 1e3
         spans = [(e["ts"], e["ts"] + e["dur"]) for e in device_events]
         window = max(end for _, end in spans) - min(start for start, _ in spans)
         classes["host gaps"] += (window - _busy(spans)) * per_step
         traced += window * per_step
     kinds = {op: op_class(op, instructions, computations) if op in instructions else kernel_class(op)
              for op in ops}
+    kernels_per_step = dict.fromkeys(CLASSES, 0.0)
     for op, ms in ops.items():
         classes[kinds[op]] += ms
+        kernels_per_step[kinds[op]] += launches[op]
     top = sorted(ops.items(), key=lambda item: -item[1])[:10]
-    return {"ms_per_step": classes, "traced_ms_per_step": traced, "top_ops": [{"op": op, "class": kinds[op], "ms": ms} for op, ms in top]}
+    return {"ms_per_step": classes, "kernels_per_step": kernels_per_step, "traced_ms_per_step": traced,
+            "top_ops": [{"op": op, "class": kinds[op], "ms": ms, "launches": launches[op]} for op, ms in top]}
 
 
 def profile_steps(run_step, steps: int, out_dir: str | Path, hlo_text: str) -> dict:
@@ -222,9 +227,16 @@ def profile_steps(run_step, steps: int, out_dir: str | Path, hlo_text: str) -> d
 def format_profile(summary: dict) -> str:
     total = sum(summary["ms_per_step"].values())
     bounds = summary.get("bound_ms_per_step", {})
-    lines = [f"{'op class':<24} {'ms/step':>9} {'share':>7}" + (f" {'roofline bound ms':>18}" if bounds else "")]
-    lines += [f"{name:<24} {ms:>9.3f} {ms / max(total, 1e-12):>7.1%}"
+    lines = [f"{'op class':<24} {'ms/step':>9} {'share':>7} {'kernels':>8}"
+             + (f" {'roofline bound ms':>18}" if bounds else "")]
+    lines += [f"{name:<24} {ms:>9.3f} {ms / max(total, 1e-12):>7.1%} {summary['kernels_per_step'][name]:>8.0f}"
               + (f" {bounds[name]:>18.3f}" if name in bounds else "") for name, ms in summary["ms_per_step"].items()]
     lines.append(f"{'traced, first op to last':<24} {summary['traced_ms_per_step']:>9.3f}")
-    lines.append("costliest ops: " + ", ".join(f"{o['op']} ({o['class']}) {o['ms']:.3f} ms" for o in summary["top_ops"]))
+    lines.append("costliest ops: " + ", ".join(map(op_line, summary["top_ops"])))
     return "\n".join(lines)
+
+
+def op_line(op: dict) -> str:
+    """One costliest op: its class, ms per step, launches per step and, where known, its roofline bound."""
+    bound = f", bound {op['bound_ms']:.3f}" if "bound_ms" in op else ""
+    return f"{op['op']} ({op['class']}) {op['ms']:.3f} ms in {op['launches']:.0f}{bound}"

@@ -24,13 +24,19 @@ def test_case_config_loads(case):
 def test_profile_table_puts_each_bound_beside_its_measurement():
     """bench/gpu.py's profile table runs only on a GPU; its shape is checked here, with and without bounds."""
     measured = dict.fromkeys(("matmuls", "attention", "host gaps"), 2.0)
+    top = [{"op": "loop_convert_multiply_fusion.11", "class": "norms and elementwise", "ms": 3.9, "launches": 12,
+            "bound_ms": 1.5}, {"op": "nvjet_sm90", "class": "matmuls", "ms": 1.0, "launches": 24}]
     rows = {"bert128": {"profile": {"ms_per_step": measured, "traced_ms_per_step": 6.5,
-                                    "bound_ms_per_step": {"matmuls": 1.25, "attention": 0.5}}},
+                                    "bound_ms_per_step": {"matmuls": 1.25, "attention": 0.5},
+                                    "kernels_per_step": {"matmuls": 230, "attention": 24, "host gaps": 0},
+                                    "top_ops": top}},
             "gpt2": {"profile": {"ms_per_step": measured, "traced_ms_per_step": 6.0}},
             "t5": {"profile_error": "ValueError: no trace"}}
     text = bench_gpu.profile_table(["bert128", "gpt2", "t5"], rows)
-    assert "| bert128 | 2.00 (1.25) | 2.00 (0.50) | 2.00 | 6.50 |" in text
+    assert "| bert128 | 2.00 (1.25) [230] | 2.00 (0.50) [24] | 2.00 [0] | 6.50 |" in text
     assert "| gpt2 | 2.00 | 2.00 | 2.00 | 6.00 |" in text
+    assert ("bert128: loop_convert_multiply_fusion.11 (norms and elementwise) 3.900 ms in 12, bound 1.500; "
+            "nvjet_sm90 (matmuls) 1.000 ms in 24") in text
     assert "jaxlm t5 profile: ValueError: no trace" in text
 
 

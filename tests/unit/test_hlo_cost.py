@@ -72,10 +72,12 @@ def test_element_type_sets_the_rate():
 
 def test_bounds_beside_a_profile():
     text = _compiled_text(lambda x, y: jnp.tanh(x @ y), jnp.ones((64, 64)), jnp.ones((64, 64)))
-    bounds = hlo_cost.class_bounds(text, "NVIDIA H100 80GB HBM3")
-    assert bounds == pytest.approx({c: row["ms"] for c, row in hlo_cost.plan(text, 989e12, 3.35e12)["classes"].items()})
-    assert hlo_cost.class_bounds(text, "cpu") is None  # no bandwidth known: the profile prints no bound
-    assert hlo_cost.class_bounds(text, "cpu", peak_override=1e12) is None
+    bounds = hlo_cost.step_bounds(text, "NVIDIA H100 80GB HBM3")
+    planned = hlo_cost.plan(text, 989e12, 3.35e12, top=100)
+    assert bounds["classes"] == pytest.approx({c: row["ms"] for c, row in planned["classes"].items()})
+    assert bounds["kernels"] == pytest.approx({k["name"]: k["ms"] for k in planned["top"]})
+    assert hlo_cost.step_bounds(text, "cpu") is None  # no bandwidth known: the profile prints no bound
+    assert hlo_cost.step_bounds(text, "cpu", peak_override=1e12) is None
 
 
 def test_contraction_over_two_dimensions():

@@ -78,10 +78,17 @@ def test_a_traced_step_is_summarised_by_class(step, tmp_path):
         assert ms[kind] > 0, (kind, summary)
     assert ms["collectives"] == 0 and ms["host gaps"] >= 0
     assert summary["traced_ms_per_step"] > 0 and len(summary["top_ops"]) == 10
+    kernels = summary["kernels_per_step"]  # each op of the HLO runs once a step here
+    assert list(kernels) == list(CLASSES) and all(k == int(k) for k in kernels.values())
+    assert kernels["matmuls"] >= 3 and kernels["optimizer and metrics"] >= 1 and kernels["collectives"] == 0
+    assert all(op["launches"] == 1 for op in summary["top_ops"])
     assert list(tmp_path.rglob("*.xplane.pb"))
     assert "matmuls" in format_profile(summary) and "roofline bound" not in format_profile(summary)
-    bounded = format_profile(summary | {"bound_ms_per_step": dict.fromkeys(CLASSES[:-1], 0.125)})
+    first = dict(summary["top_ops"][0], bound_ms=0.0625)
+    bounded = format_profile(summary | {"bound_ms_per_step": dict.fromkeys(CLASSES[:-1], 0.125),
+                                        "top_ops": [first, *summary["top_ops"][1:]]})
     assert "roofline bound ms" in bounded.splitlines()[0] and bounded.count("0.125") == len(CLASSES) - 1
+    assert f"{first['op']} ({first['class']}) {first['ms']:.3f} ms in 1, bound 0.062" in bounded
 
 
 def test_kernels_inside_command_buffers_are_classed_by_their_names(step, tmp_path):
