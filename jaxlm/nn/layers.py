@@ -105,6 +105,60 @@ class Dense(nn.Module):
 LayerDense = functools.partial(Dense, fp8_eligible=True)
 
 
+# Differentiated, both norms keep their input and each row's mean and reciprocal deviation for the backward pass,
+# which then sums the scale's and bias's gradients in one pass over the incoming gradient and the input. As
+# written, XLA recomputes the row statistics there and writes (gradient x normalised input) in float32 to sum it:
+# on a compile-only H100 BERT-base's norms moved 0.5 GB a layer more (plan: 15.4 -> 13.8 ms of elementwise bound).
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def normalize(x: jax.Array, scale: jax.Array, bias: jax.Array | None, eps: float, centre: bool,
+              dtype: jnp.dtype) -> jax.Array:
+    """LayerNorm (`centre`: subtract the row's mean; add `bias`) or RMSNorm (neither) of x over its last axis,
+    computed in float32 and returned in `dtype`."""
+    return _normalized(x, *_statistics(x, eps, centre), scale, bias, dtype)
+
+
+def _statistics(x: jax.Array, eps: float, centre: bool) -> tuple[jax.Array | None, jax.Array]:
+    """Each row's float32 mean (None without centring) and reciprocal root mean square about it."""
+    x = x.astype(jnp.float32)
+    mean = jnp.mean(x, axis=-1, keepdims=True) if centre else None
+    return mean, jax.lax.rsqrt(jnp.mean(jnp.square(x if mean is None else x - mean), axis=-1, keepdims=True) + eps)
+
+
+def _normalized(x, mean, rstd, scale, bias=None, dtype=jnp.float32):
+    y = (x.astype(jnp.float32) if mean is None else x.astype(jnp.float32) - mean) * rstd * scale
+    return (y if bias is None else y + bias).astype(dtype)
+
+
+def _normalize_forward(x, scale, bias, eps, centre, dtype):
+    # the barrier keeps the statistics for the backward pass, where XLA would otherwise recompute them
+    mean, rstd = jax.lax.optimization_barrier(_statistics(x, eps, centre))
+    return _normalized(x, mean, rstd, scale, bias, dtype), (x, mean, rstd, scale, bias)
+
+
+def _normalize_backward(eps, centre, dtype, residuals, grad):
+    del eps, centre, dtype
+    x, mean, rstd, scale, bias = residuals
+    normalised = _normalized(x, mean, rstd, 1.0)
+    grad = grad.astype(jnp.float32)
+    rows = tuple(range(x.ndim - 1))
+    scale_grad = _typed_as(jnp.sum(grad * normalised, axis=rows), scale)
+    bias_grad = None if bias is None else _typed_as(jnp.sum(grad, axis=rows), bias)
+    scaled = grad * scale
+    along = scaled if mean is None else scaled - jnp.mean(scaled, axis=-1, keepdims=True)
+    x_grad = rstd * (along - normalised * jnp.mean(scaled * normalised, axis=-1, keepdims=True))
+    return _typed_as(x_grad, x), scale_grad, bias_grad
+
+
+def _typed_as(gradient: jax.Array, primal: jax.Array) -> jax.Array:
+    """A backward rule's gradient in its primal's dtype and, under explicit axes, its layout (which the type
+    carries there: the sum over rows keeps the activations' split of the feature axis)."""
+    gradient = gradient.astype(primal.dtype)
+    return jax.sharding.reshard(gradient, P(*spec_of(primal))) if explicit_axes() else gradient
+
+
+normalize.defvjp(_normalize_forward, _normalize_backward)
+
+
 class LayerNorm(nn.Module):
     """LayerNorm over the last axis (logical name `axis`), computed in float32."""
 
@@ -118,11 +172,7 @@ class LayerNorm(nn.Module):
         scale = self.param("scale", ones_init(names), (x.shape[-1],), jnp.dtype(cfg.param_dtype))
         bias = self.param("bias", zeros_init(names), (x.shape[-1],), jnp.dtype(cfg.param_dtype))
         scale, bias = gathered(scale, names), gathered(bias, names)
-        x = x.astype(jnp.float32)
-        mean = jnp.mean(x, axis=-1, keepdims=True)
-        variance = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
-        y = (x - mean) * jax.lax.rsqrt(variance + cfg.layer_norm_eps) * scale + bias
-        return y.astype(jnp.dtype(cfg.dtype))
+        return normalize(x, scale, bias, cfg.layer_norm_eps, True, jnp.dtype(cfg.dtype))
 
 
 class RMSNorm(nn.Module):
@@ -134,10 +184,7 @@ class RMSNorm(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         cfg = self.config
         scale = self.param("scale", ones_init(("embed",)), (x.shape[-1],), jnp.dtype(cfg.param_dtype))
-        scale = gathered(scale, ("embed",))
-        x = x.astype(jnp.float32)
-        y = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + cfg.layer_norm_eps) * scale
-        return y.astype(jnp.dtype(cfg.dtype))
+        return normalize(x, gathered(scale, ("embed",)), None, cfg.layer_norm_eps, False, jnp.dtype(cfg.dtype))
 
 
 def norm_layer(config: TransformerConfig, name: str) -> nn.Module:
