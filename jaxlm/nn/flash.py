@@ -21,7 +21,9 @@ draws, and divides by that kept fraction; `keep_mask` computes the same bits out
 hash is two rounds of `lowbias32` (Wellons's 32-bit integer hash), about 20 integer operations a weight (as many
 as `jaxlm.nn.dropout` spends: a threefry block of about 80 for four draws), done again by each backward kernel,
 with nothing written to memory. Under a mesh the kernels run per shard (`jax.shard_map`, split as the flax
-rules place batch and heads) and hash global indices, so the masks do not depend on the mesh.
+rules place batch and heads) and hash global indices, so the masks do not depend on the mesh. Called inside a
+`shard_map` of the caller's, the manual mesh axes that the active rules give the batch and the heads count as
+splitting them, so the masks still hash global indices; the other manual axes hold replicas, with the same masks.
 
 Built for the CPU (the tests) the kernels run in Pallas interpret mode, slow and for checking numbers only.
 """
@@ -30,6 +32,7 @@ from __future__ import annotations
 import functools
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -39,6 +42,7 @@ from jax.sharding import PartitionSpec
 
 from jaxlm.nn.dropout import LEVELS, keep_threshold
 from jaxlm.nn.splash import batch_and_head_axes, shard_map_automatic, spec_axis, target_platform
+from jaxlm.parallel.logical import axis_tuple
 
 BLOCK = 64  # queries and keys per tile; lengths are padded to a multiple
 DQ_BLOCK = 16  # queries per program of the kernel that sums the bias's gradient: [16, 64 * GROUP_BLOCKS] floats live
@@ -443,8 +447,11 @@ def flash_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, paddi
     if rate > 0.0 and keep_threshold(1.0 - rate) == 0:  # 16 bits keep nothing, as jaxlm.nn.dropout.dropout
         return jnp.zeros_like(query)
     seed = None
-    if rate > 0.0:
-        seed = jnp.concatenate([_seed_words(dropout_rng), jnp.zeros((2,), jnp.uint32)])
+    outer_batch, outer_heads = _caller_split_axes()
+    if rate > 0.0:  # words 2 and 3: the offsets of this shard's examples and heads (_row)
+        seed = jnp.concatenate([_seed_words(dropout_rng), jnp.stack([_shard_index(outer_batch) * np.uint32(batch),
+                                                                     _shard_index(outer_heads) * np.uint32(heads)])])
+    heads *= math.prod(jax.sharding.get_abstract_mesh().shape[axis] for axis in outer_heads)
     q_padded, k_padded = padded(q_length), padded(k_length)
     keys = None  # 1 at a real key, 0 at a masked one, -1 at those that pad the length to the block
     if padding_mask is not None or k_padded != k_length:
@@ -466,6 +473,16 @@ def _local(q, k, v, bias, keys, segments, seed, *, scale, causal, rate, heads, i
     if seed is not None:
         seed = seed + jnp.asarray([0, 0, batch_offset, head_offset], jnp.uint32)
     return _flash(q, k, v, bias, keys, segments, seed, scale, causal, rate, heads, interpret)
+
+
+def _caller_split_axes() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The manual mesh axes (a caller's own shard_map) that the active flax rules give the batch and the heads:
+    the caller split those already, so the masks' global indices count their shards."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not mesh.manual_axes or not nn.get_logical_axis_rules():
+        return (), ()
+    placed = nn.logical_to_mesh_axes(("batch", "length", "heads", "kv"))
+    return tuple(tuple(a for a in axis_tuple(placed[i]) if a in mesh.manual_axes) for i in (0, 2))
 
 
 def _sharded(local, q, k, v, bias, keys, segments, seed):

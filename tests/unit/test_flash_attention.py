@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec
 
 from jaxlm import config as config_lib
 from jaxlm.config import MeshConfig
@@ -153,6 +154,26 @@ def test_flash_under_a_mesh_matches_one_device():
     assert "shard_map" in text or "manual" in text
     for name, a, b in zip(["out", "dq", "dk", "dv", "dbias"], got, expected):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=0, err_msg=name)
+
+
+def test_flash_inside_a_callers_shard_map_hashes_global_indices():
+    """A shard_map of the caller's own over the batch's (data, fsdp) and the heads' (tensor) mesh axes, or over
+    data alone (the kernels split the rest): the same outputs, gradients and dropout masks as one device."""
+    q, k, v, _, padding, segments, cotangent = _inputs(4, 64, 64, 4, 4, False, True, packed=True, seed=3)
+    expected = _outputs_and_grads(_flash, (q, k, v, None, padding, segments, cotangent), False, 0.3)
+
+    def attend(q, k, v, padding, segments, cotangent):
+        return _outputs_and_grads(_flash, (q, k, v, None, padding, segments, cotangent), False, 0.3)[:4]
+
+    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
+    for batch, heads in ((("data", "fsdp"), "tensor"), ("data", None)):
+        qkv, rows = PartitionSpec(batch, None, heads, None), PartitionSpec(batch, None)
+        manual = {*((batch,) if isinstance(batch, str) else batch), *((heads,) if heads else ())}
+        with jax.set_mesh(mesh), nn.logical_axis_rules(rules_for("fsdp_tp")):
+            got = jax.jit(jax.shard_map(attend, in_specs=(qkv, qkv, qkv, rows, rows, qkv), out_specs=qkv,
+                                        axis_names=manual, check_vma=False))(q, k, v, padding, segments, cotangent)
+        for name, a, b in zip(["out", "dq", "dk", "dv"], got, expected):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=0, err_msg=f"{name} {manual}")
 
 
 def test_dropout_masks_keep_the_fraction_and_are_independent():
