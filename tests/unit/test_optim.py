@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import PartitionSpec as P
 
 from jaxlm import config as config_lib
 from jaxlm.config import OptimConfig
@@ -155,6 +156,19 @@ def test_norm_clipping_and_finiteness_reduce_same_shaped_leaves_stacked():
     alone = dict(tree, embed=tree["embed"].at[5, 1].set(jnp.inf))
     assert not bool(all_finite(nan_in_a_group)) and not bool(all_finite(alone))
     assert not np.isfinite(float(global_norm(nan_in_a_group)))
+
+
+def test_same_shaped_leaves_of_different_layouts_are_stacked_apart_under_explicit_axes():
+    """Under explicit axes a layout is part of an array's type, and arrays of two layouts cannot stack."""
+    mesh = jax.make_mesh((2, 4), ("rows", "cols"))
+    rng = np.random.default_rng(1)
+    tree = [rng.normal(size=(8, 8)).astype(np.float32) for _ in range(3)]
+    with jax.set_mesh(mesh):
+        assert mesh.are_all_axes_explicit
+        placed = [jax.device_put(x, P(*spec)) for x, spec in zip(tree, [("rows", None), ("rows", None), (None, "cols")])]
+        assert sorted(g.shape for g in stacked_by_shape(placed)) == [(2, 8, 8), (8, 8)]
+        norm = jax.jit(global_norm)(placed)
+    np.testing.assert_allclose(float(norm), float(optax.tree.norm(tree)), rtol=1e-6)
 
 
 def test_the_step_reports_parameters_an_update_made_non_finite():
