@@ -41,8 +41,8 @@ from jax.experimental.pallas import triton as plgpu
 from jax.sharding import PartitionSpec
 
 from jaxlm.nn.dropout import LEVELS, keep_threshold
-from jaxlm.nn.splash import batch_and_head_axes, shard_map_automatic, spec_axis, target_platform
-from jaxlm.parallel.logical import axis_tuple
+from jaxlm.nn.splash import batch_and_head_axes, shard_map_automatic, spec_axis
+from jaxlm.parallel.logical import axis_tuple, target_platform
 
 BLOCK = 64  # queries and keys per tile; lengths are padded to a multiple
 DQ_BLOCK = 16  # queries per program of the kernel that sums the bias's gradient: [16, 64 * GROUP_BLOCKS] floats live

@@ -27,6 +27,8 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
 from jax.sharding import PartitionSpec
 
+from jaxlm.parallel.logical import target_platform
+
 # The kernel tiles the sequence in blocks whose kv extent must be a multiple of the TPU lane width.
 LANES = 128
 BLOCKS = (512, 256, 128)
@@ -53,12 +55,6 @@ def make_kernel(heads: int, q_length: int, kv_length: int, causal: bool, mqa: bo
     mask = masks.MultiHeadMask([masks.CausalMask(shape) if causal else masks.FullMask(shape)] * heads)
     make = kernels.make_splash_mqa if mqa else kernels.make_splash_mha
     return make(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret)
-
-
-def target_platform() -> str:
-    """The platform the computation is being built for: the mesh in context, else the default backend."""
-    device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
-    return device.platform if device is not None else jax.default_backend()
 
 
 def segments(batch: int, q_length: int, kv_length: int, padding_mask, segment_ids):

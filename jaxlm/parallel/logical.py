@@ -21,6 +21,12 @@ def explicit_axes() -> bool:
     return not mesh.empty and mesh.are_all_axes_explicit
 
 
+def target_platform() -> str:
+    """The platform the computation is being built for: the mesh in context, else the default backend."""
+    device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+    return device.platform if device is not None else jax.default_backend()
+
+
 def spec_of(x: jax.Array) -> tuple:
     """The layout in `x`'s type: one entry per dimension, None where not split (always under auto axes)."""
     return tuple(jax.typeof(x).sharding.spec)

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxlm.parallel.logical import spec_of
+from jaxlm.parallel.logical import spec_of, target_platform
 
 if TYPE_CHECKING:  # jaxlm.config validates optim.name against OPTIMIZERS, so it imports this module
     from jaxlm.config import OptimConfig
@@ -36,11 +36,14 @@ def decay_mask(params):
 
 
 def stacked_by_shape(tree) -> list[jax.Array]:
-    """The tree's leaves, those of one shape, dtype and layout stacked into one array (a transformer's layers
-    give each group one leaf per layer; the layout is the type's under explicit axes, else the same for all).
-    A reduction over every leaf then takes one GPU kernel per group instead of one or two per leaf:
-    BERT-base's gradient norm and finiteness test took 566 reductions of its 596 optimizer kernels, most of a
-    few kilobytes, where a kernel's launch outweighs its bytes."""
+    """The tree's leaves for a reduction over all of them. Built for GPUs, those of one shape, dtype and layout
+    are stacked into one array (a transformer's layers give each group one leaf per layer; the layout is the
+    type's under explicit axes, else the same for all), which a GPU reduces in one kernel, reading the leaves
+    where they lie, instead of one or two kernels per leaf: BERT-base's gradient norm and finiteness test took
+    566 reductions of its 596 optimizer kernels, most of a few kilobytes, where a launch outweighs the bytes.
+    Elsewhere the leaves as they are: XLA writes such stacks to memory on TPUs, a copy of the parameters."""
+    if target_platform() != "gpu":
+        return jax.tree.leaves(tree)
     groups: dict[tuple, list[jax.Array]] = {}
     for leaf in jax.tree.leaves(tree):
         groups.setdefault((leaf.shape, jnp.dtype(leaf.dtype), spec_of(leaf)), []).append(leaf)

@@ -1,10 +1,14 @@
-"""LayerNorm and RMSNorm with their own backward pass: the values and gradients of the formulas written out,
-and only the input and each row's statistics kept for the backward pass."""
+"""LayerNorm and RMSNorm with their own backward pass (built for GPUs): the values and gradients of the formulas
+written out, also under explicit mesh axes, and only the input and each row's statistics kept for the backward
+pass."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jax.sharding import PartitionSpec as P
+
+from jaxlm.nn import layers
 from jaxlm.nn.layers import normalize
 
 KEYS = jax.random.split(jax.random.key(0), 4)
@@ -59,3 +63,27 @@ def test_the_backward_pass_keeps_the_input_and_the_rows_statistics():
     rows = x16.astype(jnp.float32)
     np.testing.assert_allclose(mean, jnp.mean(rows, axis=-1), rtol=1e-6)
     np.testing.assert_allclose(rstd, jax.lax.rsqrt(jnp.var(rows, axis=-1) + EPS), rtol=1e-5)
+
+
+def test_gradients_keep_their_primals_layouts_under_explicit_axes():
+    """Activations split over the batch and the features (explicit axes type the layout): the scale's and
+    bias's gradients come back unsplit, as the parameters went in, and equal one device's."""
+    mesh = jax.make_mesh((2, 4), ("data", "tensor"))
+    expected = _gradients(lambda x, s, b: normalize(x, s, b, EPS, True, jnp.float32), X, True)
+    with jax.set_mesh(mesh):
+        assert mesh.are_all_axes_explicit
+        x = jax.device_put(X, P("data", None, "tensor"))
+        got = jax.jit(lambda x: _gradients(lambda x, s, b: normalize(x, s, b, EPS, True, jnp.float32), x, True))(x)
+    assert [tuple(g.sharding.spec) for g in got] == [("data", None, "tensor"), (None,), (None,)]
+    for mine, theirs in zip(got, expected):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_the_norm_layers_take_their_backward_pass_when_built_for_gpus(monkeypatch):
+    calls = []
+    monkeypatch.setattr(layers, "normalize", lambda *args: calls.append(args) or normalize(*args))
+    for platform in ("gpu", "cpu"):
+        monkeypatch.setattr(layers, "target_platform", lambda: platform)
+        y = layers.norm(X, SCALE, BIAS, EPS, True, jnp.float32)
+        np.testing.assert_allclose(y, written_out(X, SCALE, BIAS, True), rtol=1e-6, atol=1e-6)
+    assert len(calls) == 1

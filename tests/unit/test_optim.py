@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from jax.sharding import PartitionSpec as P
 
 from jaxlm import config as config_lib
@@ -14,6 +15,7 @@ from jaxlm.train.loop import build, compile_steps, global_batch
 from jaxlm.train.optim import (all_finite, clip_by_global_norm, decay_mask, global_norm, reject_loss_spikes, schedule,
                                stacked_by_shape)
 from jaxlm.train.state import create_state
+from jaxlm.train import optim, step as step_module
 from jaxlm.train.step import make_gradients
 
 SMALL = {"model": {"preset": "bert-tiny", "hidden_size": 32, "num_layers": 1, "num_heads": 2,
@@ -132,15 +134,19 @@ def test_clipping_bounds_the_update():
     assert config.optim.clip_norm == 1e-3
 
 
-def test_norm_clipping_and_finiteness_reduce_same_shaped_leaves_stacked():
-    """global_norm reduces each group of same-shaped leaves stacked (one GPU kernel a group, not one a
-    leaf) to optax.tree.norm's value in float32 (optax squares a bfloat16 leaf in bfloat16); our clipping
-    gives optax's updates; all_finite finds a NaN or an infinity in any leaf of a group and in a leaf alone."""
+@pytest.mark.parametrize("platform", ["gpu", "cpu"])
+def test_norm_clipping_and_finiteness_reduce_same_shaped_leaves_stacked(platform, monkeypatch):
+    """Built for GPUs, global_norm reduces each group of same-shaped leaves stacked (one kernel a group, not one
+    a leaf), elsewhere each leaf: both give optax.tree.norm's value in float32 (optax squares a bfloat16 leaf in
+    bfloat16); our clipping gives optax's updates; all_finite finds a NaN or an infinity in any leaf of a group
+    and in a leaf alone."""
+    monkeypatch.setattr(optim, "target_platform", lambda: platform)
     rng = np.random.default_rng(0)
     tree = {"layers": [{"w": rng.normal(size=(8, 4)).astype(np.float32) * 10,
                         "b": rng.normal(size=(4,)).astype(np.float32)} for _ in range(3)],
             "scale": np.ones(4, np.float32), "embed": jnp.asarray(rng.normal(size=(16, 8)), jnp.bfloat16)}
-    assert sorted(g.shape for g in stacked_by_shape(tree)) == [(3, 8, 4), (4, 4), (16, 8)]
+    groups = [(3, 8, 4), (4, 4), (16, 8)] if platform == "gpu" else [(4,)] * 4 + [(8, 4)] * 3 + [(16, 8)]
+    assert sorted(g.shape for g in stacked_by_shape(tree)) == groups
     in_float32 = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)
     np.testing.assert_allclose(float(global_norm(tree)), float(optax.tree.norm(in_float32)), rtol=1e-6)
     for max_norm in (1.0, 1e6):  # clipped, and left as it is
@@ -158,31 +164,36 @@ def test_norm_clipping_and_finiteness_reduce_same_shaped_leaves_stacked():
     assert not np.isfinite(float(global_norm(nan_in_a_group)))
 
 
-def test_same_shaped_leaves_of_different_layouts_are_stacked_apart_under_explicit_axes():
+def test_same_shaped_leaves_of_different_layouts_are_stacked_apart_under_explicit_axes(monkeypatch):
     """Under explicit axes a layout is part of an array's type, and arrays of two layouts cannot stack."""
+    monkeypatch.setattr(optim, "target_platform", lambda: "gpu")
     mesh = jax.make_mesh((2, 4), ("rows", "cols"))
     rng = np.random.default_rng(1)
     tree = [rng.normal(size=(8, 8)).astype(np.float32) for _ in range(3)]
     with jax.set_mesh(mesh):
         assert mesh.are_all_axes_explicit
-        placed = [jax.device_put(x, P(*spec)) for x, spec in zip(tree, [("rows", None), ("rows", None), (None, "cols")])]
+        layouts = [P("rows", None), P("rows", None), P(None, "cols")]
+        placed = [jax.device_put(x, layout) for x, layout in zip(tree, layouts)]
         assert sorted(g.shape for g in stacked_by_shape(placed)) == [(2, 8, 8), (8, 8)]
         norm = jax.jit(global_norm)(placed)
     np.testing.assert_allclose(float(norm), float(optax.tree.norm(tree)), rtol=1e-6)
 
 
-def test_the_step_reports_parameters_an_update_made_non_finite():
+def test_the_step_reports_parameters_an_update_made_non_finite(monkeypatch):
     """A finite loss and finite gradients, but an update that overflows: the step's non-finite flag is set
-    (train.nonfinite=stop stops there, before a checkpoint could save the parameters)."""
+    (train.nonfinite=stop stops there, before a checkpoint could save the parameters). Built for a GPU the step
+    tests the new parameters, elsewhere the updates: both here."""
     config = _config()
     overflowing = build(config, optimizer_for=lambda params: (optax.scale(np.float32(np.inf)), lambda step: 0.0))
     state = create_state(overflowing.objective.init, overflowing.optimizer, overflowing.shardings, overflowing.mesh,
                          overflowing.rules, jax.random.key(0))
-    train_step, _ = compile_steps(overflowing, with_eval=False)
     batch = global_batch(overflowing, overflowing.objective.synthetic_batch(config.train.global_batch))
-    _, metrics = train_step(state, batch, jax.random.key(1))
-    assert np.isfinite(float(metrics["loss"])) and np.isfinite(float(metrics["grad_norm"]))
-    assert int(metrics["nonfinite_in_a_row"]) == 1
+    for platform in ("gpu", "cpu"):
+        monkeypatch.setattr(step_module, "target_platform", lambda: platform)
+        train_step, _ = compile_steps(overflowing, with_eval=False)
+        _, metrics = train_step(jax.tree.map(jnp.copy, state), batch, jax.random.key(1))
+        assert np.isfinite(float(metrics["loss"])) and np.isfinite(float(metrics["grad_norm"]))
+        assert int(metrics["nonfinite_in_a_row"]) == 1, platform
 
 
 def test_a_loss_spike_is_rejected_as_a_non_finite_step_and_kept_out_of_the_window():
