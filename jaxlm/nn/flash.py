@@ -41,7 +41,7 @@ from jax.experimental.pallas import triton as plgpu
 from jax.sharding import PartitionSpec
 
 from jaxlm.nn.dropout import LEVELS, keep_threshold
-from jaxlm.nn.splash import batch_and_head_axes, shard_map_automatic, spec_axis
+from jaxlm.nn.splash import batch_and_head_axes, placed_batch_and_heads, shard_map_automatic, spec_axis
 from jaxlm.parallel.logical import axis_tuple, target_platform
 
 BLOCK = 64  # queries and keys per tile; lengths are padded to a multiple
@@ -451,7 +451,7 @@ def flash_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, paddi
     if rate > 0.0:  # words 2 and 3: the offsets of this shard's examples and heads (_row)
         seed = jnp.concatenate([_seed_words(dropout_rng), jnp.stack([_shard_index(outer_batch) * np.uint32(batch),
                                                                      _shard_index(outer_heads) * np.uint32(heads)])])
-    heads *= math.prod(jax.sharding.get_abstract_mesh().shape[axis] for axis in outer_heads)
+    all_heads = heads * math.prod(jax.sharding.get_abstract_mesh().shape[axis] for axis in outer_heads)
     q_padded, k_padded = padded(q_length), padded(k_length)
     keys = None  # 1 at a real key, 0 at a masked one, -1 at those that pad the length to the block
     if padding_mask is not None or k_padded != k_length:
@@ -462,7 +462,7 @@ def flash_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, paddi
     k, v = _pad(key, 1, k_padded), _pad(value, 1, k_padded)
     if bias is not None:
         bias = _pad(_pad(bias, 2, q_padded), 3, k_padded)
-    local = functools.partial(_local, scale=float(scale), causal=causal, rate=rate, heads=heads,
+    local = functools.partial(_local, scale=float(scale), causal=causal, rate=rate, heads=all_heads,
                               interpret=interpret)
     out = _sharded(local, q, k, v, bias, keys, segments, seed)
     return out[:, :q_length]
@@ -481,8 +481,7 @@ def _caller_split_axes() -> tuple[tuple[str, ...], tuple[str, ...]]:
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or not mesh.manual_axes or not nn.get_logical_axis_rules():
         return (), ()
-    placed = nn.logical_to_mesh_axes(("batch", "length", "heads", "kv"))
-    return tuple(tuple(a for a in axis_tuple(placed[i]) if a in mesh.manual_axes) for i in (0, 2))
+    return tuple(tuple(a for a in axis_tuple(axes) if a in mesh.manual_axes) for axes in placed_batch_and_heads())
 
 
 def _sharded(local, q, k, v, bias, keys, segments, seed):

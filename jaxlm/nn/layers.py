@@ -110,8 +110,13 @@ def norm(x: jax.Array, scale: jax.Array, bias: jax.Array | None, eps: float, cen
          dtype: jnp.dtype) -> jax.Array:
     """LayerNorm or RMSNorm as `normalize` computes it: built for GPUs with its backward pass, elsewhere
     differentiated by JAX (on TPUs the barrier's kept statistics cost memory, and nothing measured a gain)."""
-    if target_platform() == "gpu":
-        return normalize(x, scale, bias, eps, centre, dtype)
+    return (normalize if target_platform() == "gpu" else _normalize_as_written)(x, scale, bias, eps, centre, dtype)
+
+
+def _normalize_as_written(x: jax.Array, scale: jax.Array, bias: jax.Array | None, eps: float, centre: bool,
+                          dtype: jnp.dtype) -> jax.Array:
+    """LayerNorm (`centre`: subtract the row's mean; add `bias`) or RMSNorm (neither) of x over its last axis,
+    computed in float32 and returned in `dtype`."""
     return _normalized(x, *_statistics(x, eps, centre), scale, bias, dtype)
 
 
@@ -119,12 +124,7 @@ def norm(x: jax.Array, scale: jax.Array, bias: jax.Array | None, eps: float, cen
 # which then sums the scale's and bias's gradients in one pass over the incoming gradient and the input. As
 # written, XLA recomputes the row statistics there and writes (gradient x normalised input) in float32 to sum it:
 # on a compile-only H100 BERT-base's norms moved 0.5 GB a layer more (plan: 15.4 -> 13.8 ms of elementwise bound).
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def normalize(x: jax.Array, scale: jax.Array, bias: jax.Array | None, eps: float, centre: bool,
-              dtype: jnp.dtype) -> jax.Array:
-    """LayerNorm (`centre`: subtract the row's mean; add `bias`) or RMSNorm (neither) of x over its last axis,
-    computed in float32 and returned in `dtype`."""
-    return _normalized(x, *_statistics(x, eps, centre), scale, bias, dtype)
+normalize = jax.custom_vjp(_normalize_as_written, nondiff_argnums=(3, 4, 5))
 
 
 def _statistics(x: jax.Array, eps: float, centre: bool) -> tuple[jax.Array | None, jax.Array]:

@@ -114,8 +114,14 @@ def batch_and_head_axes(batch: int, heads: int):
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or all(axis in mesh.manual_axes for axis in mesh.axis_names):
         return None
+    batch_axes, head_axes = placed_batch_and_heads()
+    return mesh, dividing_axes(mesh, batch_axes, batch), dividing_axes(mesh, head_axes, heads)
+
+
+def placed_batch_and_heads() -> tuple:
+    """The mesh-axis entries the active flax rules give an attention input's batch and heads."""
     placed = nn.logical_to_mesh_axes(("batch", "length", "heads", "kv"))
-    return mesh, dividing_axes(mesh, placed[0], batch), dividing_axes(mesh, placed[2], heads)
+    return placed[0], placed[2]
 
 
 def shard_map_automatic(fn, mesh, in_specs, out_specs):

@@ -35,6 +35,11 @@ def decay_mask(params):
         lambda path, _: not any(n in NO_DECAY_NAMES for n in _path_names(path)), params)
 
 
+def stacks_reductions() -> bool:
+    """Whether `stacked_by_shape` stacks: when the step is built for GPUs."""
+    return target_platform() == "gpu"
+
+
 def stacked_by_shape(tree) -> list[jax.Array]:
     """The tree's leaves for a reduction over all of them. Built for GPUs, those of one shape, dtype and layout
     are stacked into one array (a transformer's layers give each group one leaf per layer; the layout is the
@@ -42,7 +47,7 @@ def stacked_by_shape(tree) -> list[jax.Array]:
     where they lie, instead of one or two kernels per leaf: BERT-base's gradient norm and finiteness test took
     566 reductions of its 596 optimizer kernels, most of a few kilobytes, where a launch outweighs the bytes.
     Elsewhere the leaves as they are: XLA writes such stacks to memory on TPUs, a copy of the parameters."""
-    if target_platform() != "gpu":
+    if not stacks_reductions():
         return jax.tree.leaves(tree)
     groups: dict[tuple, list[jax.Array]] = {}
     for leaf in jax.tree.leaves(tree):

@@ -188,12 +188,13 @@ def summarize(trace_path: str | Path, hlo_text: str, steps: int) -> dict:
     for e in events:
         by_device[(e["pid"], e["args"].get("device_ordinal", ""))].append(e)
     per_step = 1e-3 / (steps * len(by_device))  # trace microseconds -> milliseconds per step and device
+    one_launch = 1 / (steps * len(by_device))  # a launch -> launches per step and device
     classes, ops, launches, traced = dict.fromkeys(CLASSES, 0.0), defaultdict(float), defaultdict(float), 0.0
     for device_events in by_device.values():
         for e in device_events:
             op = event_op(e, instructions, kernels)
             ops[op] += e["dur"] * per_step
-            launches[op] += per_step * 1e3
+            launches[op] += one_launch
         spans = [(e["ts"], e["ts"] + e["dur"]) for e in device_events]
         window = max(end for _, end in spans) - min(start for start, _ in spans)
         classes["host gaps"] += (window - _busy(spans)) * per_step

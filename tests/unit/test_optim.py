@@ -15,7 +15,7 @@ from jaxlm.train.loop import build, compile_steps, global_batch
 from jaxlm.train.optim import (all_finite, clip_by_global_norm, decay_mask, global_norm, reject_loss_spikes, schedule,
                                stacked_by_shape)
 from jaxlm.train.state import create_state
-from jaxlm.train import optim, step as step_module
+from jaxlm.train import optim
 from jaxlm.train.step import make_gradients
 
 SMALL = {"model": {"preset": "bert-tiny", "hidden_size": 32, "num_layers": 1, "num_heads": 2,
@@ -189,7 +189,7 @@ def test_the_step_reports_parameters_an_update_made_non_finite(monkeypatch):
                          overflowing.rules, jax.random.key(0))
     batch = global_batch(overflowing, overflowing.objective.synthetic_batch(config.train.global_batch))
     for platform in ("gpu", "cpu"):
-        monkeypatch.setattr(step_module, "target_platform", lambda: platform)
+        monkeypatch.setattr(optim, "target_platform", lambda: platform)
         train_step, _ = compile_steps(overflowing, with_eval=False)
         _, metrics = train_step(jax.tree.map(jnp.copy, state), batch, jax.random.key(1))
         assert np.isfinite(float(metrics["loss"])) and np.isfinite(float(metrics["grad_norm"]))
