@@ -69,8 +69,8 @@ def bench(config: RunConfig, profile_dir: str | None = None) -> dict:
             if bounds:
                 profiled["profile"]["bound_ms_per_step"] = bounds["classes"]
                 for op in profiled["profile"]["top_ops"]:
-                    if op["op"] in bounds["kernels"]:
-                        op["bound_ms"] = bounds["kernels"][op["op"]]
+                    if op["op"] in bounds["per_launch"]:
+                        op["bound_ms"] = bounds["per_launch"][op["op"]] * op["launches"]
         except (OSError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as error:
             profiled = {"profile_error": f"{type(error).__name__}: {error}"}
         phases["profile"] = time.perf_counter()

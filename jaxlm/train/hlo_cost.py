@@ -206,15 +206,16 @@ def plan(hlo_text: str, peak_flops: float, bandwidth: float, link_bandwidth: flo
 
 
 def step_bounds(hlo_text: str, device_kind: str, peak_override: float = 0.0) -> dict | None:
-    """Roofline milliseconds of a step compiled for a GPU of `device_kind`, per op class ("classes") and per
-    kernel ("kernels", by name): what `jaxlm bench --profile` prints beside the measured ones. None where the
-    GPU's peak or bandwidth is not known (CPUs)."""
+    """Roofline milliseconds of a step compiled for a GPU of `device_kind`: per op class ("classes"), and per
+    launch of each kernel ("per_launch", by name; XLA compiles identical fusions into one kernel named after
+    one of them, which a trace then shows launched once for each). What `jaxlm bench --profile` prints beside
+    the measured ones. None where the GPU's peak or bandwidth is not known (CPUs)."""
     figures = flops.roofline(device_kind, peak_override)
     if figures is None:
         return None
     found = timed_kernels(hlo_text, *figures)
     return {"classes": {c: sum(k["ms"] for k in found if k["class"] == c) for c in PLAN_CLASSES},
-            "kernels": {k["name"]: k["ms"] for k in found}}
+            "per_launch": {k["name"]: k["ms"] / k["launches"] for k in found}}
 
 
 def format_plan(result: dict, model_gflop: float | None = None) -> str:

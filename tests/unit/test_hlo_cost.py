@@ -75,9 +75,22 @@ def test_bounds_beside_a_profile():
     bounds = hlo_cost.step_bounds(text, "NVIDIA H100 80GB HBM3")
     planned = hlo_cost.plan(text, 989e12, 3.35e12, top=100)
     assert bounds["classes"] == pytest.approx({c: row["ms"] for c, row in planned["classes"].items()})
-    assert bounds["kernels"] == pytest.approx({k["name"]: k["ms"] for k in planned["top"]})
+    assert bounds["per_launch"] == pytest.approx({k["name"]: k["ms"] for k in planned["top"]})
     assert hlo_cost.step_bounds(text, "cpu") is None  # no bandwidth known: the profile prints no bound
     assert hlo_cost.step_bounds(text, "cpu", peak_override=1e12) is None
+
+
+def test_a_kernels_bound_is_per_launch():
+    # a profile counts a kernel's launches itself (XLA names one kernel after the first of the identical
+    # fusions that run it), so the bound it prints is one launch's times those it measured
+    def looped(x, y):
+        return jax.lax.fori_loop(0, 4, lambda i, a: jnp.tanh(a @ y), x)
+
+    text = _compiled_text(looped, jnp.ones((64, 64)), jnp.ones((64, 64)))
+    timed = hlo_cost.timed_kernels(text, 989e12, 3.35e12, None)
+    bounds = hlo_cost.step_bounds(text, "NVIDIA H100 80GB HBM3")
+    in_loop = [k for k in timed if k["launches"] == 4]
+    assert in_loop and all(bounds["per_launch"][k["name"]] == pytest.approx(k["ms"] / 4) for k in in_loop)
 
 
 def test_contraction_over_two_dimensions():
