@@ -17,7 +17,8 @@ Before anything is timed, the jaxlm cases compile four at a time (`--compile-job
 into a persistent cache (JAX_COMPILATION_CACHE_DIR, default .bench-gpu/jax-cache), which each case's timed
 process then reads instead of compiling, and so does a second call on the same machine (the cache's keys ignore
 the ops' source metadata: clear it after renaming a scope that --profile reads); each process's output is kept
-in .bench-gpu/<case>.log (compile-<case>.log for the compilation)."""
+in .bench-gpu/<case>.log (compile-<case>.log for the compilation), and with --profile every op's row and the
+step's HLO in .bench-gpu/profile-<case>/ (ops.json, step.hlo)."""
 from __future__ import annotations
 
 import argparse

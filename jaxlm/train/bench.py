@@ -1,7 +1,9 @@
 """Times the compiled train step on the devices present: tokens/s and MFU with the peak used."""
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import jax
 
@@ -62,15 +64,9 @@ def bench(config: RunConfig, profile_dir: str | None = None) -> dict:
             state, metrics = compiled_train(state, batch, rng)
             return metrics
 
-        hlo_text = compiled_train.as_text()
         try:
-            profiled = {"profile": profile_steps(step, PROFILED_STEPS, profile_dir, hlo_text)}
-            bounds = hlo_cost.step_bounds(hlo_text, jax.devices()[0].device_kind, config.bench.peak_flops_per_device)
-            if bounds:
-                profiled["profile"]["bound_ms_per_step"] = bounds["classes"]
-                for op in profiled["profile"]["top_ops"]:
-                    if op["op"] in bounds["per_launch"]:
-                        op["bound_ms"] = bounds["per_launch"][op["op"]] * op["launches"]
+            profiled = {"profile": _profiled(step, profile_dir, compiled_train.as_text(),
+                                             config.bench.peak_flops_per_device)}
         except (OSError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as error:
             profiled = {"profile_error": f"{type(error).__name__}: {error}"}
         phases["profile"] = time.perf_counter()
@@ -85,6 +81,23 @@ def bench(config: RunConfig, profile_dir: str | None = None) -> dict:
             "tokens_per_s": tokens_per_s, "gflops_per_token": per_token / 1e9,
             "mfu": flops.mfu(tokens_per_s, per_token, jax.device_count(), peak), "peak": peak_text,
             "memory": memory_summary(compiled_train), "loss": float(metrics["loss"])} | _timings(phases) | profiled
+
+
+def _profiled(step, profile_dir: str, hlo_text: str, peak_override: float) -> dict:
+    """The profile's summary of PROFILED_STEPS runs of `step`, each op with its roofline bound where the GPU's
+    figures are known: one launch's times the launches the trace counted. Every op's row goes to ops.json in
+    `profile_dir` and the step's HLO to step.hlo beside it, to read the kernels' names off the device."""
+    summary = profile_steps(step, PROFILED_STEPS, profile_dir, hlo_text)
+    every_op = summary.pop("ops")
+    bounds = hlo_cost.step_bounds(hlo_text, jax.devices()[0].device_kind, peak_override)
+    if bounds:
+        summary["bound_ms_per_step"] = bounds["classes"]
+        for op in every_op:
+            if op["op"] in bounds["per_launch"]:
+                op["bound_ms"] = bounds["per_launch"][op["op"]] * op["launches"]
+    Path(profile_dir, "ops.json").write_text(json.dumps(every_op, indent=0))
+    Path(profile_dir, "step.hlo").write_text(hlo_text)
+    return summary
 
 
 def _timings(ends: dict[str, float]) -> dict:

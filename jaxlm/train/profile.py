@@ -177,7 +177,8 @@ def _busy(intervals: list[tuple[float, float]]) -> float:
 def summarize(trace_path: str | Path, hlo_text: str, steps: int) -> dict:
     """Milliseconds per step of each class in CLASSES (per device: the mean over the devices traced), the
     kernels each class launches per step, the traced time per step (first op to last; a CPU runs independent
-    ops at once, so the classes may sum to more), and the ten costliest ops with their class and launches."""
+    ops at once, so the classes may sum to more), and every op with its class and launches ("ops", the
+    costliest first; "top_ops": the first ten of them)."""
     module = re.search(r"^HloModule ([\w.\-]+)", hlo_text, re.M).group(1)
     instructions, computations = parse_hlo(hlo_text)
     kernels = {kernel_name(name): name for name in instructions}
@@ -205,9 +206,10 @@ def summarize(trace_path: str | Path, hlo_text: str, steps: int) -> dict:
     for op, ms in ops.items():
         classes[kinds[op]] += ms
         kernels_per_step[kinds[op]] += launches[op]
-    top = sorted(ops.items(), key=lambda item: -item[1])[:10]
+    every_op = [{"op": op, "class": kinds[op], "ms": ms, "launches": launches[op]}
+                for op, ms in sorted(ops.items(), key=lambda item: -item[1])]
     return {"ms_per_step": classes, "kernels_per_step": kernels_per_step, "traced_ms_per_step": traced,
-            "top_ops": [{"op": op, "class": kinds[op], "ms": ms, "launches": launches[op]} for op, ms in top]}
+            "ops": every_op, "top_ops": every_op[:10]}
 
 
 def profile_steps(run_step, steps: int, out_dir: str | Path, hlo_text: str) -> dict:

@@ -46,6 +46,10 @@ def test_bench_prints_throughput_and_profile(tiny_config, tmp_path):
     assert all(profile[kind] > 0 for kind in ("matmuls", "attention", "norms and elementwise", "embedding and loss",
                                                "optimizer and metrics"))
     assert "op class" in proc.stdout and list((tmp_path / "trace").rglob("*.xplane.pb"))
+    every_op = json.loads((tmp_path / "trace" / "ops.json").read_text())  # every op, beyond the ten printed
+    assert len(every_op) > len(row["profile"]["top_ops"]) and "ops" not in row["profile"]
+    assert every_op[:10] == row["profile"]["top_ops"]
+    assert (tmp_path / "trace" / "step.hlo").read_text().startswith("HloModule jit_train_step")
     assert list(row["seconds"]) == ["setup", "compile", "steps", "profile"]
     assert all(seconds >= 0 for seconds in row["seconds"].values())
     assert row["seconds"]["compile"] == round(row["compile_s"], 1)
