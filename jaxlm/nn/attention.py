@@ -104,6 +104,8 @@ def dot_product_attention(
         if segment_ids is not None:
             segments = attention_mask(query.shape[1], segment_ids=segment_ids)
             mask = segments if mask is None else mask & segments
+        # in the queries' dtype: with a float32 bias, cuDNN's bias gradient comes back wrong (jax-ml/jax#32242)
+        bias = None if bias is None else bias.astype(query.dtype)
         return jax.nn.dot_product_attention(
             query, key, value, bias=bias, mask=mask, scale=scale, key_value_seq_lengths=lengths,
             is_causal=causal, implementation="cudnn")

@@ -61,3 +61,28 @@ def test_bf16_attention_with_bias_and_dropout_follows_float32():
     assert float(jnp.abs(ours(q, k, v, bias) - expected).max()) < 0.015 * float(jnp.abs(expected).max())
     for name, got, want in zip(("query", "key", "value", "bias"), grads, expected_grads):
         assert float(jnp.abs(got - want).max()) < 0.015 * float(jnp.abs(want).max()), name
+
+
+def test_cudnn_gets_the_bias_in_the_queries_dtype(monkeypatch):
+    """cuDNN's bias gradient is wrong for a float32 bias (jax-ml/jax#32242), so the cudnn kernel casts T5's
+    float32 bias to the queries' dtype first and its gradient comes back through the cast. This CPU has no
+    cuDNN: jax.nn.dot_product_attention is run as XLA's, recording the bias the cudnn branch hands it."""
+    q, k, v, bias, padding, cotangent = _inputs()
+    q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
+    handed = []
+    plain = jax.nn.dot_product_attention
+
+    def as_xla(*args, implementation=None, **kwargs):
+        handed.append((implementation, kwargs["bias"].dtype))
+        return plain(*args, implementation="xla", **kwargs)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", as_xla)
+
+    def loss(bias, kernel):
+        out = dot_product_attention(q, k, v, kernel=kernel, bias=bias, padding_mask=padding)
+        return jnp.sum(out.astype(jnp.float32) * cotangent)
+
+    ours = jax.grad(loss)(bias, "cudnn")
+    assert handed == [("cudnn", jnp.bfloat16)] and ours.dtype == jnp.float32
+    reference = jax.grad(loss)(bias, "xla")
+    assert np.allclose(ours, reference, atol=0.02 * float(jnp.max(jnp.abs(reference))))
