@@ -91,8 +91,15 @@ CASES = {
     "bert512scan": ("configs/bert-base.yaml", [*_bert(32, 512), "model.scan_layers=true"], "bert512"),
     "gpt2scan": ("configs/gpt2-small.yaml", [*_gpt2(16), "model.scan_layers=true"], "gpt2"),
     "t5scan": (T5_CONFIG, [*T5, "model.scan_layers=true"], "t5"),
+    # without XLA's Triton fusions of normalization diamonds (softmax, the norms' backward pass): BERT's and T5's
+    # ran at 2.6-2.7x their bound on an H200 (CASE_XLA_FLAGS)
+    "bert128notriton": ("configs/bert-base.yaml", _bert(256, 128), "bert128"),
+    "t5notriton": (T5_CONFIG, T5, "t5"),
 }
 DEFAULT_CASES = "bert128,bert512,gpt2,t5"
+# XLA flags a case adds to XLA_FLAGS, in its compile and its timed process (JAX's compilation cache keys them)
+CASE_XLA_FLAGS = {"bert128notriton": "--xla_disable_hlo_passes=triton-softmax-rewriter",
+                  "t5notriton": "--xla_disable_hlo_passes=triton-softmax-rewriter"}
 TRAIN_STEPS, TRAIN_LOG_EVERY = 100, 25  # `jaxlm train`'s rate: the mean of its logged rates after the first
 
 
@@ -114,11 +121,17 @@ def run_logged(command: list[str], log: pathlib.Path, env: dict) -> str:
     return log.read_text()
 
 
+def case_env(case: str, env: dict) -> dict:
+    """`env` with the case's XLA flags (CASE_XLA_FLAGS) added to XLA_FLAGS."""
+    flags = " ".join(f for f in (env.get("XLA_FLAGS", ""), CASE_XLA_FLAGS.get(case, "")) if f)
+    return env | {"XLA_FLAGS": flags} if flags else env
+
+
 def bench_process(case: str, extra: list[str], options: list[str], log: pathlib.Path, env: dict) -> dict:
     """`jaxlm bench` of the case with `options`, its output in `log`: its JSON row, or why there is none."""
     config, overrides, _ = CASES[case]
     text = run_logged([sys.executable, "-m", "jaxlm.cli", "bench", config, *overrides, *extra, "--json", *options],
-                      log, env)
+                      log, case_env(case, env))
     return last_json(text) or _failed(text, log)
 
 
@@ -150,7 +163,7 @@ def plan(case: str, extra: list[str], out_dir: pathlib.Path, env: dict) -> dict:
     path = os.pathsep.join(p for p in (str(plugin) if plugin.is_dir() else "", env.get("PYTHONPATH", "")) if p)
     text = run_logged([sys.executable, "-m", "jaxlm.cli", "compile", config, *xla, *extra, "--topology", "h100",
                        "--plan", "--json"], out_dir / f"plan-{case}.log",
-                      env | {"JAX_PLATFORMS": "cpu", "PYTHONPATH": path})
+                      case_env(case, env) | {"JAX_PLATFORMS": "cpu", "PYTHONPATH": path})
     return last_json(text) or _failed(text, out_dir / f"plan-{case}.log")
 
 
@@ -231,7 +244,7 @@ def train_rate(case: str, extra: list[str], data_dir: pathlib.Path, out_dir: pat
                        *data_overrides(case, data_dir), f"train.run_dir={run_dir}",
                        f"train.steps={TRAIN_STEPS}", f"train.log_every={TRAIN_LOG_EVERY}",
                        f"train.eval_every={never}", f"train.checkpoint_every={never}", "train.eval_batches=1"],
-                      out_dir / f"train-{case}.log", env)
+                      out_dir / f"train-{case}.log", case_env(case, env))
     metrics = run_dir / "metrics.jsonl"
     rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
     rates = [r["tokens_per_s"] for r in rows if r.get("split") == "train" and "tokens_per_s" in r][1:]

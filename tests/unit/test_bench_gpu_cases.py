@@ -21,6 +21,14 @@ def test_case_config_loads(case):
     assert loaded.train.global_batch > 0 and peer_case
 
 
+def test_a_case_adds_its_xla_flags_to_the_callers():
+    assert set(bench_gpu.CASE_XLA_FLAGS) <= set(bench_gpu.CASES)
+    flags = bench_gpu.CASE_XLA_FLAGS["t5notriton"]
+    assert bench_gpu.case_env("t5", {"A": "1"}) == {"A": "1"}
+    assert bench_gpu.case_env("t5notriton", {"A": "1"}) == {"A": "1", "XLA_FLAGS": flags}
+    assert bench_gpu.case_env("t5notriton", {"XLA_FLAGS": "--x=1"}) == {"XLA_FLAGS": f"--x=1 {flags}"}
+
+
 def test_profile_table_puts_each_bound_beside_its_measurement():
     """bench/gpu.py's profile table runs only on a GPU; its shape is checked here, with and without bounds."""
     measured = dict.fromkeys(("matmuls", "attention", "host gaps"), 2.0)
