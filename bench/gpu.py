@@ -83,6 +83,10 @@ CASES = {
     "gpt2rbg": ("configs/gpt2-small.yaml", [*_gpt2(16), "train.dropout_rng=rbg"], "gpt2"),
     "t5nodrop": (T5_CONFIG, [*T5, *NO_DROPOUT], "t5"),
     "t5rbg": (T5_CONFIG, [*T5, "train.dropout_rng=rbg"], "t5"),
+    # the masks hashed where they are applied, in both passes, none written: fewer bytes, more integer work
+    "bert128hash": ("configs/bert-base.yaml", [*_bert(256, 128), "train.dropout_rng=hash"], "bert128"),
+    "gpt2hash": ("configs/gpt2-small.yaml", [*_gpt2(16), "train.dropout_rng=hash"], "gpt2"),
+    "t5hash": (T5_CONFIG, [*T5, "train.dropout_rng=hash"], "t5"),
     # GPT-2's table and head at 50,257 rows, not the config's 50,304 (model.vocab_multiple=128)
     "gpt2unpadded": ("configs/gpt2-small.yaml", [*_gpt2(16), "model.vocab_multiple=1"], "gpt2"),
     # the layers as one nn.scan: a fifth of the initialiser's compile time on the CPU (T5-base), at what cost

@@ -11,11 +11,13 @@ from jaxlm import families
 from jaxlm.data.settings import DataConfig
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.presets import model_config
+from jaxlm.nn.dropout import HASHED
 from jaxlm.parallel.rules import PRESETS as RULES
 from jaxlm.train.optim import OPTIMIZERS
 
 NONFINITE = ("stop", "skip")
-DROPOUT_RNGS = {"threefry": "threefry2x32", "rbg": "rbg"}  # train.dropout_rng -> jax.random.key impl
+# train.dropout_rng -> jax.random.key impl (hash: masks hashed where they are applied, jaxlm.nn.dropout.HASHED)
+DROPOUT_RNGS = {"threefry": "threefry2x32", "rbg": "rbg", "hash": HASHED}
 
 
 class ConfigError(ValueError):

@@ -40,7 +40,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 from jax.sharding import PartitionSpec
 
-from jaxlm.nn.dropout import LEVELS, keep_threshold
+from jaxlm.nn.dropout import LEVELS, hashed_bits, hashed_keep, keep_threshold, seed_words
 from jaxlm.nn.splash import batch_and_head_axes, placed_batch_and_heads, shard_map_automatic, spec_axis
 from jaxlm.parallel.logical import axis_tuple, target_platform
 
@@ -59,40 +59,18 @@ TRITON = plgpu.CompilerParams(num_warps=4, num_stages=2)  # each kernel's warps 
 BIAS_GRADIENT = "fused"
 
 
-def _mix(x: jax.Array) -> jax.Array:
-    """lowbias32: each output bit of this uint32 hash flips with about half of the input's bits."""
-    x = x ^ (x >> 16)
-    x = x * np.uint32(0x21F0AAAD)
-    x = x ^ (x >> 15)
-    x = x * np.uint32(0x735A2D97)
-    return x ^ (x >> 15)
-
-
 def _keep(seed: tuple, row, q_positions, k_positions, k_length: int, threshold: int) -> jax.Array:
     """Booleans [queries, keys] of one (example, head) `row`: 16 hashed bits below `threshold`."""
     position = (q_positions.astype(jnp.uint32)[:, None] * np.uint32(k_length)
                 + k_positions.astype(jnp.uint32)[None, :])
-    bits = _mix(_mix(position ^ seed[0]) ^ (row * np.uint32(0x9E3779B9) + seed[1]))
-    return (bits >> 16) < np.uint32(threshold)
-
-
-def _seed_words(rng: jax.Array) -> jax.Array:
-    """The dropout key's two uint32 words."""
-    if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
-        rng = jax.random.key_data(rng)
-    return rng.reshape(-1)[-2:].astype(jnp.uint32)
+    return (hashed_bits(seed, row, position) >> 16) < np.uint32(threshold)
 
 
 def keep_mask(rng: jax.Array, keep_prob: float, shape: tuple[int, int, int, int]) -> tuple[jax.Array, float]:
     """(the kernels' dropout booleans [batch, heads, q_length, k_length] for the key `rng`, the kept fraction);
     `shape` is the padded one the kernels see (lengths rounded up to BLOCK)."""
-    batch, heads, q_length, k_length = shape
     threshold = keep_threshold(keep_prob)
-    seed = _seed_words(rng)
-    rows = jnp.arange(batch * heads, dtype=jnp.uint32).reshape(batch, heads)
-    per_row = jax.vmap(jax.vmap(lambda row: _keep(seed, row, jnp.arange(q_length), jnp.arange(k_length), k_length,
-                                                  threshold)))
-    return per_row(rows), threshold / LEVELS
+    return hashed_keep(seed_words(rng), threshold, shape), threshold / LEVELS
 
 
 def _row(seed_ref, b, h, heads: int):
@@ -449,7 +427,7 @@ def flash_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, paddi
     seed = None
     outer_batch, outer_heads = _caller_split_axes()
     if rate > 0.0:  # words 2 and 3: the offsets of this shard's examples and heads (_row)
-        seed = jnp.concatenate([_seed_words(dropout_rng), jnp.stack([_shard_index(outer_batch) * np.uint32(batch),
+        seed = jnp.concatenate([seed_words(dropout_rng), jnp.stack([_shard_index(outer_batch) * np.uint32(batch),
                                                                      _shard_index(outer_heads) * np.uint32(heads)])])
     all_heads = heads * math.prod(jax.sharding.get_abstract_mesh().shape[axis] for axis in outer_heads)
     q_padded, k_padded = padded(q_length), padded(k_length)

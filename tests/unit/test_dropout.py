@@ -1,6 +1,7 @@
 """jaxlm.nn.dropout: masks with the asked keep probability (to 16 bits), uncorrelated between neighbours and
 between a threefry block's two outputs, from a quarter of the threefry blocks jax.random.bernoulli spends,
-under threefry, rbg and raw keys; the module keeps flax.linen.Dropout's contract."""
+under threefry, rbg and raw keys, or hashed (HASHED keys: nothing kept for the backward pass); the module keeps
+flax.linen.Dropout's contract."""
 import math
 import re
 
@@ -10,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxlm.nn.dropout import LEVELS, Dropout, dropout, keep_mask
+from jaxlm.nn import flash
+from jaxlm.nn.dropout import HASHED, LEVELS, Dropout, dropout, keep_mask
 
 SHAPE = (8, 4, 96, 250)  # 768,000 draws; an odd number of words per row
 
@@ -25,7 +27,7 @@ def _threefry_blocks(fn, *args) -> int:
     return sum(math.prod(int(d) for d in dims.split(",") if d.strip()) for dims in shapes)
 
 
-@pytest.mark.parametrize("impl", ["threefry2x32", "rbg"])
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg", HASHED])
 def test_masks_keep_the_asked_fraction_without_correlation(impl):
     keep, kept = keep_mask(jax.random.key(3, impl=impl), 0.9, SHAPE)
     keep = np.asarray(keep)
@@ -72,8 +74,33 @@ def test_module_keeps_flax_contract():
     assert isinstance(module, nn.Module)
 
 
+def test_hashed_dropout_keeps_nothing_for_the_backward_pass():
+    """A HASHED key's masks are computed again in the backward pass: its gradient is the mask's, and of what
+    the forward pass computes, nothing of the input's size is kept (threefry's keep their mask)."""
+    x = jax.random.normal(jax.random.key(0), SHAPE, jnp.bfloat16)
+    cotangent = jax.random.normal(jax.random.key(1), SHAPE, jnp.bfloat16)
+    key = jax.random.key(5, impl=HASHED)
+    out, pullback = jax.vjp(lambda v: dropout(v, 0.1, key), x)
+    keep, kept = keep_mask(key, 0.9, SHAPE)
+    assert jnp.array_equal(out, jnp.where(keep, x / kept, 0))
+    assert jnp.array_equal(pullback(cotangent)[0], jnp.where(keep, cotangent / kept, 0))
+    assert not [leaf for leaf in jax.tree.leaves(pullback) if getattr(leaf, "size", 0) >= x.size]
+    _, threefry_pullback = jax.vjp(lambda v: dropout(v, 0.1, jax.random.key(5)), x)
+    assert [leaf for leaf in jax.tree.leaves(threefry_pullback) if getattr(leaf, "size", 0) >= x.size]
+
+
+def test_hashed_masks_are_the_flash_kernels():
+    """On attention weights [batch, heads, queries, keys] the hash is the flash kernels' (jaxlm.nn.flash): the
+    xla kernel and ours drop the same weights for the same HASHED key."""
+    key = jax.random.key(9, impl=HASHED)
+    ours, kept = keep_mask(key, 0.9, (2, 3, 16, 24))
+    theirs, their_kept = flash.keep_mask(key, 0.9, (2, 3, 16, 24))
+    assert kept == their_kept and jnp.array_equal(ours, theirs)
+
+
 @pytest.mark.parametrize("axis", [0, 2])
-def test_sharded_masks_need_no_collective(axis):
+@pytest.mark.parametrize("impl", ["threefry2x32", HASHED])
+def test_sharded_masks_need_no_collective(axis, impl):
     """Each device draws its own shard's mask, whether the batch or the feature axis is split."""
     devices = np.array(jax.devices()[:4])
     mesh = jax.sharding.Mesh(devices, ("x",))
@@ -82,7 +109,8 @@ def test_sharded_masks_need_no_collective(axis):
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
     x = jax.device_put(jnp.ones((8, 16, 64)), sharding)
     step = jax.jit(lambda k, v: dropout(v, 0.1, k), out_shardings=sharding)
-    hlo = step.lower(jax.random.key(0), x).compile().as_text()
+    key = jax.random.key(0, impl=impl)
+    hlo = step.lower(key, x).compile().as_text()
     assert not re.search(r"all-gather|all-to-all|collective-permute|all-reduce", hlo)
-    whole = dropout(jnp.ones((8, 16, 64)), 0.1, jax.random.key(0))
-    assert jnp.array_equal(step(jax.random.key(0), x), whole)
+    whole = dropout(jnp.ones((8, 16, 64)), 0.1, key)
+    assert jnp.array_equal(step(key, x), whole)

@@ -1,5 +1,6 @@
 """train.dropout_rng: the step's dropout masks from threefry (the default, bit-identical to the key of
-train.seed) or from XLA's RngBitGenerator; either is deterministic, and they differ."""
+train.seed), from XLA's RngBitGenerator, or hashed from each element's index; each is deterministic, and they
+differ."""
 import jax
 import numpy as np
 import pytest
@@ -39,12 +40,13 @@ def test_threefry_key_is_the_seed_key():
 
 
 def test_each_generator_is_deterministic_and_they_draw_different_masks():
-    (threefry, threefry_again), (rbg, rbg_again) = _two_runs("threefry"), _two_runs("rbg")
-    assert threefry == threefry_again and rbg == rbg_again
-    assert threefry[0] != rbg[0], "a different generator draws different dropout masks"
+    (threefry, threefry_again), (rbg, rbg_again), (hashed, hashed_again) = map(_two_runs, ("threefry", "rbg", "hash"))
+    assert threefry == threefry_again and rbg == rbg_again and hashed == hashed_again
+    assert len({threefry[0], rbg[0], hashed[0]}) == 3, "a different generator draws different dropout masks"
     np.testing.assert_allclose(threefry, rbg, rtol=0.05)
+    np.testing.assert_allclose(threefry, hashed, rtol=0.05)
 
 
 def test_unknown_generator_is_a_config_error():
-    with pytest.raises(ConfigError, match="train.dropout_rng='philox'; choose one of threefry, rbg"):
+    with pytest.raises(ConfigError, match="train.dropout_rng='philox'; choose one of threefry, rbg, hash"):
         config_lib.load("configs/bert-tiny.yaml", ["train.dropout_rng=philox"])
