@@ -108,6 +108,7 @@ def dropout(x: jax.Array, rate: float, rng: jax.Array) -> jax.Array:
 
 
 def is_hashed(rng: jax.Array) -> bool:
+    """Whether `rng` is a HASHED key (train.dropout_rng=hash)."""
     return jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) and str(jax.random.key_impl(rng)) == str(HASHED)
 
 
