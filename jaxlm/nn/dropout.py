@@ -13,6 +13,8 @@ LEVELS = 1 << 16  # each draw compares 16 random bits with round(keep_prob · LE
 # train.dropout_rng=hash: threefry's keys under a name of their own, whose masks are hashed from each element's
 # index (hashed_keep) inside the kernels that apply them, in the forward pass and again in the backward pass.
 # Threefry's are drawn in kernels of their own and kept in memory, a byte an element, between the two passes.
+# Under jit's sharding each device hashes the global indices of its shard; inside a shard_map of the caller's,
+# the local ones (as threefry's draws there).
 HASHED = define_prng_impl(key_shape=threefry_prng_impl.key_shape, seed=threefry_prng_impl.seed,
                           split=threefry_prng_impl.split, random_bits=threefry_prng_impl.random_bits,
                           fold_in=threefry_prng_impl.fold_in, name="hashed", tag="hashed")
@@ -56,7 +58,8 @@ def hashed_bits(seed: jax.Array, row: jax.Array, position: jax.Array) -> jax.Arr
 def hashed_keep(seed: jax.Array, threshold: int, shape: tuple[int, ...]) -> jax.Array:
     """Booleans of `shape`: 16 bits hashed from each element's index below `threshold`. The row is the index
     over all axes but the last two, the position the index over those two: for attention weights [batch,
-    heads, queries, keys], the flash kernels' hash (jaxlm.nn.flash)."""
+    heads, queries, keys] whose key length is a multiple of the flash kernels' block (jaxlm.nn.flash hashes
+    the padded length), the flash kernels' masks."""
     split = max(len(shape) - 2, 0)
     if math.prod(shape[split:]) >= 1 << 32 or math.prod(shape[:split]) >= 1 << 32:
         raise ValueError(f"hashed dropout numbers rows and positions in 32 bits; {shape} has more")
@@ -109,7 +112,7 @@ def dropout(x: jax.Array, rate: float, rng: jax.Array) -> jax.Array:
 
 def is_hashed(rng: jax.Array) -> bool:
     """Whether `rng` is a HASHED key (train.dropout_rng=hash)."""
-    return jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) and str(jax.random.key_impl(rng)) == str(HASHED)
+    return jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) and jax.random.key_impl(rng) == HASHED
 
 
 def _dropped(x: jax.Array, seed: jax.Array, threshold: int) -> jax.Array:

@@ -50,7 +50,8 @@ def gelu_derivative(x: jax.Array) -> jax.Array:
 
 def _recomputing_derivative(activation, derivative):
     """`activation` keeping only its input for the backward pass, which recomputes `derivative` in float32:
-    differentiated as written, XLA saves one or two more tensors of the MLP's width per layer."""
+    differentiated as written, XLA saves one or two more tensors of the MLP's width per layer. Reverse mode
+    only, as any custom_vjp (jax.jvp raises)."""
     wrapped = jax.custom_vjp(activation)
     wrapped.defvjp(lambda x: (wrapped(x), x),
                    lambda x, grad: ((grad.astype(jnp.float32) * derivative(x.astype(jnp.float32))).astype(x.dtype),))

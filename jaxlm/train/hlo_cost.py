@@ -215,7 +215,7 @@ def step_bounds(hlo_text: str, device_kind: str, peak_override: float = 0.0) -> 
         return None
     found = timed_kernels(hlo_text, *figures)
     return {"classes": {c: sum(k["ms"] for k in found if k["class"] == c) for c in PLAN_CLASSES},
-            "per_launch": {k["name"]: k["ms"] / k["launches"] for k in found}}
+            "per_launch": {k["name"]: k["ms"] / k["launches"] if k["launches"] else 0.0 for k in found}}
 
 
 def format_plan(result: dict, model_gflop: float | None = None) -> str:

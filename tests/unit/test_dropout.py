@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from jaxlm.nn import flash
+from jaxlm.nn.attention import dot_product_attention
 from jaxlm.nn.dropout import HASHED, LEVELS, Dropout, dropout, keep_mask
 
 SHAPE = (8, 4, 96, 250)  # 768,000 draws; an odd number of words per row
@@ -90,12 +91,15 @@ def test_hashed_dropout_keeps_nothing_for_the_backward_pass():
 
 
 def test_hashed_masks_are_the_flash_kernels():
-    """On attention weights [batch, heads, queries, keys] the hash is the flash kernels' (jaxlm.nn.flash): the
-    xla kernel and ours drop the same weights for the same HASHED key."""
+    """On attention weights whose key length is a multiple of the flash kernels' block, XLA's attention drops
+    the weights the flash kernels drop (Pallas interpret mode on this CPU) for the same HASHED key."""
     key = jax.random.key(9, impl=HASHED)
-    ours, kept = keep_mask(key, 0.9, (2, 3, 16, 24))
-    theirs, their_kept = flash.keep_mask(key, 0.9, (2, 3, 16, 24))
-    assert kept == their_kept and jnp.array_equal(ours, theirs)
+    q, k, v = jax.random.normal(jax.random.key(0), (3, 2, flash.BLOCK, 2, 16))
+    outs = [dot_product_attention(q, k, v, kernel=kernel, dropout_rate=0.1, dropout_rng=key)
+            for kernel in ("xla", "flash")]
+    assert jnp.allclose(*outs, atol=1e-5)
+    undropped = dot_product_attention(q, k, v, kernel="xla")
+    assert not jnp.allclose(outs[0], undropped, atol=1e-2)
 
 
 @pytest.mark.parametrize("axis", [0, 2])
