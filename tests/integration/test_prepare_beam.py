@@ -4,7 +4,9 @@ memory bounded on a corpus far beyond what the in-memory path held; bad input na
 not UTF-8, a source that disappears, a worker that dies)."""
 import hashlib
 import json
+import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -150,16 +152,35 @@ def test_a_source_that_disappears_mid_preparation_is_named(tmp_path, demo_files,
     assert not out.exists() and _pieces_done(out) > 0
 
 
+def _prepare_with_a_dying_worker(connection, demo_files, out, fatal):
+    """`prepare` on Beam with a worker that dies at `fatal`, in a process of its own, sending back its
+    TokenizationFailed's message. The direct runner's pipeline then waits forever with its gRPC threads up: in
+    pytest's own process they outlived the test, and a later test's native code aborted that process."""
+    from dying_tokenizer import DyingTokenizer  # noqa: E402 - tests/ is on the workers' path
+    try:
+        prepare(demo_files, out, DyingTokenizer("bert-base-uncased", fatal), runner="direct",
+                beam_args=direct_workers(2), **SETTINGS)
+        connection.send("finished")
+    except TokenizationFailed as err:
+        connection.send(str(err))
+    os._exit(0)  # the runner's threads never end
+
+
 def test_a_worker_that_dies_fails_the_preparation_and_no_piece_is_taken_for_complete(tmp_path, demo_files,
                                                                                      monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
-    from dying_tokenizer import DyingTokenizer  # noqa: E402 - tests/ is on the workers' path from here on
     documents = demo_files[1].read_text().split("\n\n")
     fatal = documents[len(documents) // 2].splitlines()[0]
     out = tmp_path / "out"
-    with pytest.raises(TokenizationFailed, match="the Beam pipeline failed: worker process .* died"):
-        prepare(demo_files, out, DyingTokenizer("bert-base-uncased", fatal), runner="direct",
-                beam_args=direct_workers(2), **SETTINGS)
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    child = context.Process(target=_prepare_with_a_dying_worker, args=(theirs, demo_files, out, fatal))
+    child.start()
+    deadline = time.time() + 600
+    while not ours.poll(1):
+        assert child.is_alive() and time.time() < deadline, "the preparation's process ended or hung, unheard"
+    assert re.search("the Beam pipeline failed: worker process .* died", ours.recv())
+    child.join(60)
     assert not out.exists()
     planned = sum(len(plan_pieces(s, p, piece_mb=SETTINGS["piece_mb"])) for s, p in enumerate(demo_files))
     assert _pieces_done(out) < planned
