@@ -76,17 +76,18 @@ CASES = {
     "gpt2chunked": ("configs/gpt2-small.yaml", [*_gpt2(16), "model.logits_chunks=8"], "gpt2"),
     "bert128fp8": ("configs/bert-base.yaml", [*_bert(256, 128), "model.fp8=true"], "bert128"),
     "gpt2fp8": ("configs/gpt2-small.yaml", [*_gpt2(16), "model.fp8=true"], "gpt2"),
-    # what dropout's masks cost (no dropout: the bound), and with XLA's RngBitGenerator in place of threefry
+    # what dropout's masks cost (no dropout: the bound), and with XLA's RngBitGenerator
     "bert128nodrop": ("configs/bert-base.yaml", [*_bert(256, 128), *NO_DROPOUT], "bert128"),
     "bert128rbg": ("configs/bert-base.yaml", [*_bert(256, 128), "train.dropout_rng=rbg"], "bert128"),
     "gpt2nodrop": ("configs/gpt2-small.yaml", [*_gpt2(16), *NO_DROPOUT], "gpt2"),
     "gpt2rbg": ("configs/gpt2-small.yaml", [*_gpt2(16), "train.dropout_rng=rbg"], "gpt2"),
     "t5nodrop": (T5_CONFIG, [*T5, *NO_DROPOUT], "t5"),
     "t5rbg": (T5_CONFIG, [*T5, "train.dropout_rng=rbg"], "t5"),
-    # the masks hashed where they are applied, in both passes, none written: fewer bytes, more integer work
-    "bert128hash": ("configs/bert-base.yaml", [*_bert(256, 128), "train.dropout_rng=hash"], "bert128"),
-    "gpt2hash": ("configs/gpt2-small.yaml", [*_gpt2(16), "train.dropout_rng=hash"], "gpt2"),
-    "t5hash": (T5_CONFIG, [*T5, "train.dropout_rng=hash"], "t5"),
+    # the masks drawn by threefry in kernels of their own and kept a byte an element between the passes, where the
+    # default hashes them in the kernels that apply them
+    "bert128threefry": ("configs/bert-base.yaml", [*_bert(256, 128), "train.dropout_rng=threefry"], "bert128"),
+    "gpt2threefry": ("configs/gpt2-small.yaml", [*_gpt2(16), "train.dropout_rng=threefry"], "gpt2"),
+    "t5threefry": (T5_CONFIG, [*T5, "train.dropout_rng=threefry"], "t5"),
     # GPT-2's table and head at 50,257 rows, not the config's 50,304 (model.vocab_multiple=128)
     "gpt2unpadded": ("configs/gpt2-small.yaml", [*_gpt2(16), "model.vocab_multiple=1"], "gpt2"),
     # the layers as one nn.scan: a fifth of the initialiser's compile time on the CPU (T5-base), at what cost

@@ -8,6 +8,7 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import gc
 import pathlib
 import signal
 import socket
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import pytest
 import yaml
 
@@ -29,6 +31,15 @@ TINY = {
     "train": {"steps": 20, "global_batch": 32, "log_every": 1, "eval_every": 1000, "eval_batches": 4,
               "checkpoint_every": 10},
 }
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """JAX's caches of traced and compiled functions dropped after each test file: an xdist worker runs many
+    files, and its memory grew with every program they compiled (to 8 GiB; CI's machine has 24 for two)."""
+    yield
+    jax.clear_caches()
+    gc.collect()
 
 
 def merged(base: dict, extra: dict) -> dict:

@@ -1,12 +1,12 @@
-"""train.dropout_rng: the step's dropout masks from threefry (the default, bit-identical to the key of
-train.seed), from XLA's RngBitGenerator, or hashed from each element's index; each is deterministic, and they
-differ."""
+"""train.dropout_rng: the step's dropout masks hashed from each element's index (the default), from threefry
+(bit-identical to the key of train.seed) or from XLA's RngBitGenerator; each is deterministic, and they differ."""
 import jax
 import numpy as np
 import pytest
 
 from jaxlm import config as config_lib
 from jaxlm.config import ConfigError
+from jaxlm.nn.dropout import is_hashed
 from jaxlm.train.loop import build, compile_steps, global_batch
 from jaxlm.train.state import create_state
 from jaxlm.train.step import dropout_key
@@ -34,9 +34,10 @@ def _two_runs(dropout_rng: str, steps: int = 2) -> list[list[float]]:
     return runs
 
 
-def test_threefry_key_is_the_seed_key():
-    train = config_lib.load("configs/bert-tiny.yaml", ["train.seed=7"]).train
+def test_threefry_key_is_the_seed_key_and_the_default_hashes():
+    train = config_lib.load("configs/bert-tiny.yaml", ["train.seed=7", "train.dropout_rng=threefry"]).train
     np.testing.assert_array_equal(jax.random.key_data(dropout_key(train)), jax.random.key_data(jax.random.key(7)))
+    assert is_hashed(dropout_key(config_lib.load("configs/bert-tiny.yaml", []).train))
 
 
 def test_each_generator_is_deterministic_and_they_draw_different_masks():
