@@ -21,6 +21,7 @@ from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer
 from jaxlm.parallel.rules import PRESETS, mesh_axes_for
 from jaxlm.train.loop import build, compile_steps, global_batch
 from jaxlm.train.state import create_state
+from jaxlm.train.step import dropout_key
 
 SEQ, PREDS, TARGET, BATCH, STEPS, VOCAB = 32, 6, 8, 16, 12, 2000
 PAD, UNK, CLS, SEP, MASK = range(5)
@@ -165,7 +166,8 @@ def test_family_trains_under_rules(family, rules, windows):
     losses = []
     for step in range(STEPS):
         rows = windows[step * BATCH:(step + 1) * BATCH]
-        state, metrics = train_step(state, make_batch(family, rows, rng, setup), jax.random.key(step))
+        state, metrics = train_step(state, make_batch(family, rows, rng, setup),
+                                    jax.random.fold_in(dropout_key(config.train), step))
         losses.append(float(metrics["loss"]))
     # Each step's loss is measured before the update on a batch the model has never seen: held out.
     print(f"{family} {rules}: loss on unseen batches {losses[0]:.3f} -> {losses[-1]:.3f}")

@@ -24,6 +24,7 @@ from jaxlm.train import checkpoint
 from jaxlm.train.checkpoint import unfinished
 from jaxlm.data.pipeline import open_data
 from jaxlm.train.loop import build, compile_steps, global_batch
+from jaxlm.train.step import dropout_key
 from jaxlm.train.faults import HANG_EXIT, TEST_HANG_ENV
 from jaxlm.train.metrics import read_jsonl
 
@@ -183,7 +184,7 @@ def test_an_fsdp_checkpoint_of_8_devices_resumes_on_fewer_with_the_same_paramete
     compiled, _ = compile_steps(setup, with_eval=False)
     _, train_data, _ = open_data(smaller)
     batch = global_batch(setup, train_data.local_batch(20, smaller.train.global_batch))
-    _, metrics = compiled(state, batch, jax.random.key(smaller.train.seed))
+    _, metrics = compiled(state, batch, dropout_key(smaller.train))
     np.testing.assert_allclose(float(metrics["loss"]), straight[21], rtol=1e-5)
 
 

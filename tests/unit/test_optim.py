@@ -16,7 +16,7 @@ from jaxlm.train.optim import (all_finite, clip_by_global_norm, decay_mask, glob
                                stacked_by_shape)
 from jaxlm.train.state import create_state
 from jaxlm.train import optim
-from jaxlm.train.step import make_gradients
+from jaxlm.train.step import dropout_key, make_gradients
 
 SMALL = {"model": {"preset": "bert-tiny", "hidden_size": 32, "num_layers": 1, "num_heads": 2,
                    "intermediate_size": 64, "vocab_size": 2000, "dtype": "float32",
@@ -41,7 +41,7 @@ def _run(config, steps):
     batch = global_batch(setup, setup.objective.synthetic_batch(config.train.global_batch))
     losses = []
     for _ in range(steps):
-        state, metrics = train_step(state, batch, jax.random.key(1))
+        state, metrics = train_step(state, batch, dropout_key(config.train))
         losses.append(float(metrics["loss"]))
     return state, losses
 
@@ -191,7 +191,7 @@ def test_the_step_reports_parameters_an_update_made_non_finite(monkeypatch):
     for platform in ("gpu", "cpu"):
         monkeypatch.setattr(optim, "target_platform", lambda: platform)
         train_step, _ = compile_steps(overflowing, with_eval=False)
-        _, metrics = train_step(jax.tree.map(jnp.copy, state), batch, jax.random.key(1))
+        _, metrics = train_step(jax.tree.map(jnp.copy, state), batch, dropout_key(config.train))
         assert np.isfinite(float(metrics["loss"])) and np.isfinite(float(metrics["grad_norm"]))
         assert int(metrics["nonfinite_in_a_row"]) == 1, platform
 
@@ -224,14 +224,14 @@ def test_the_train_step_drops_a_spiking_update_and_reports_it():
                          jax.random.key(0))
     train_step, _ = compile_steps(setup)
     batch = global_batch(setup, setup.objective.synthetic_batch(config.train.global_batch))
-    state, metrics = train_step(state, batch, jax.random.key(1))
+    state, metrics = train_step(state, batch, dropout_key(config.train))
     assert int(metrics["loss_spikes"]) == 0 and int(metrics["skipped_steps"]) == 0
     spike_state = state.opt_state[0]
     primed = spike_state._replace(recent_losses=jnp.zeros_like(spike_state.recent_losses),
                                   losses_seen=jnp.full_like(spike_state.losses_seen, 4))
     before = state.replace(opt_state=(primed, *state.opt_state[1:]))
     params_before = jax.device_get(before.params)  # the step donates its input state
-    after, metrics = train_step(before, batch, jax.random.key(1))
+    after, metrics = train_step(before, batch, dropout_key(config.train))
     assert bool(metrics["last_step_spiked"]) and int(metrics["loss_spikes"]) == 1
     assert int(metrics["nonfinite_in_a_row"]) == 1 and int(metrics["skipped_steps"]) == 1
     for old, new in zip(jax.tree.leaves(params_before), jax.tree.leaves(after.params)):
