@@ -31,7 +31,8 @@ demo: install
 # MALLOC_ARENA_MAX: with glibc's default arenas for XLA's many threads, tests/integration's evaluation and
 # objective files ended with a seventh more memory than with two
 test: install
-	MALLOC_ARENA_MAX=2 $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
+	MALLOC_ARENA_MAX=2 $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
+		--no-loadscope-reorder tests
 
 clean-demo:
 	rm -rf runs/bert-tiny data/bert-tiny eval/bert-tiny
