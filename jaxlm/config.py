@@ -64,8 +64,8 @@ class TrainConfig:
     spike_sigmas: float = 0.0  # nonfinite=skip: also skip a step whose loss is this many std above the window's mean
     spike_window: int = 200  # the recent accepted losses spike_sigmas compares with
     # the step's dropout masks: hash (each hashed from its element's index where it is applied, none kept), threefry
-    # or rbg (XLA's RngBitGenerator; each device generates the whole batch's, so it is for one device), each other
-    # masks; initialisation keeps jax.random.key(train.seed)
+    # or rbg (XLA's RngBitGenerator; each device generates the whole batch's, so it is for one device); each draws
+    # other masks, and initialisation keeps jax.random.key(train.seed)
     dropout_rng: str = "hash"
     hang_timeout_s: float = 0.0  # no progress this long: dump stacks, exit 75; 0: 20x the median step, >= 300 s; <0: off
     # where `jaxlm train` keeps its compiled programs for a restart to load: run_dir (<run_dir>/compile-cache),
