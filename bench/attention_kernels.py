@@ -4,8 +4,9 @@ gradient difference from xla and forward+backward time of each, without dropout 
 and xla with dropout 0.1 (their masks differ: times only).
 
 `--sweep` times the flash kernels' forward and backward passes, with attention dropout 0.1, under other
-settings (`jaxlm/nn/flash.py`'s module constants: tile sizes, Triton warps and stages, the bias gradient's query
-rows, key groups and batch chunks, or its kernel of its own) on T5's encoder, BERT's and GPT-2's shapes, and
+settings (`jaxlm/nn/flash.py`'s module constants: tile sizes, Triton warps and stages, the bias's gradient
+stored, fused into the queries' kernel with its query rows, key groups and batch chunks, or in a kernel of its
+own) on T5's encoder, BERT's and GPT-2's shapes, and
 checks each setting's T5 gradients against xla's without dropout. Without a GPU it compiles each setting for a
 compile-only H100 instead (JAX's CUDA plugin on the path), which finds the settings the chip cannot take.
 
@@ -93,17 +94,21 @@ def triton(num_warps=4, num_stages=2):
 # name: flash's module constants it changes (the first is the kernels' own)
 SETTINGS = {
     "as built": {},
-    "dq rows 32, groups of 4": dict(DQ_BLOCK=32, GROUP_BLOCKS=4),
-    "dq rows 64, groups of 2": dict(DQ_BLOCK=64, GROUP_BLOCKS=2),
-    "dq rows 64, groups of 1": dict(DQ_BLOCK=64, GROUP_BLOCKS=1),
-    "dq rows 64, groups of 2, 8 warps": dict(DQ_BLOCK=64, GROUP_BLOCKS=2, TRITON=triton(num_warps=8)),
-    "dq rows 64, groups of 2, 8 chunks": dict(DQ_BLOCK=64, GROUP_BLOCKS=2, BIAS_CHUNKS=8),
+    "the bias's gradient summed in dq's kernel, dq rows 16, groups of 8": dict(BIAS_GRADIENT="fused"),
+    "fused, dq rows 32, groups of 4": dict(BIAS_GRADIENT="fused", DQ_BLOCK=32, GROUP_BLOCKS=4),
+    "fused, dq rows 64, groups of 2": dict(BIAS_GRADIENT="fused", DQ_BLOCK=64, GROUP_BLOCKS=2),
+    "fused, dq rows 64, groups of 1": dict(BIAS_GRADIENT="fused", DQ_BLOCK=64, GROUP_BLOCKS=1),
+    "fused, dq rows 64, groups of 2, 8 warps": dict(BIAS_GRADIENT="fused", DQ_BLOCK=64, GROUP_BLOCKS=2,
+                                                    TRITON=triton(num_warps=8)),
+    "fused, dq rows 64, groups of 2, 8 chunks": dict(BIAS_GRADIENT="fused", DQ_BLOCK=64, GROUP_BLOCKS=2,
+                                                     BIAS_CHUNKS=8),
     "the bias's gradient in a kernel of its own": dict(BIAS_GRADIENT="separate"),
     "the bias's gradient in a kernel of its own, 8 warps": dict(BIAS_GRADIENT="separate", TRITON=triton(num_warps=8)),
     "8 warps": dict(TRITON=triton(num_warps=8)),
     "3 stages": dict(TRITON=triton(num_stages=3)),
-    "tiles of 128, 8 warps, dq rows 32, groups of 2": dict(BLOCK=128, DQ_BLOCK=32, GROUP_BLOCKS=2,
-                                                           TRITON=triton(num_warps=8)),
+    "tiles of 128, 8 warps": dict(BLOCK=128, TRITON=triton(num_warps=8)),
+    "fused, tiles of 128, 8 warps, dq rows 32, groups of 2": dict(BIAS_GRADIENT="fused", BLOCK=128, DQ_BLOCK=32,
+                                                                  GROUP_BLOCKS=2, TRITON=triton(num_warps=8)),
 }
 TRITON_CALL = 'custom_call_target="__gpu$xla.gpu.triton"'
 # (name, batch, length, heads, causal, padded, bias): T5-base's encoder, BERT-base at 128, GPT-2 at 1024

@@ -1,15 +1,19 @@
 """Flash attention for GPUs in Pallas (Triton) behind `dot_product_attention(kernel="flash")`: a logit bias shared
 by the batch (T5's relative positions) with its gradient, key padding, causal masks and attention dropout, all
-inside the kernels, so that no [batch, heads, q, k] tensor reaches memory.
+inside the kernels, so that no [batch, heads, q, k] tensor reaches memory (but the bias's gradient's, below).
 
 Three kernels: the forward pass (one program per block of queries, example and head; online softmax over the
 key blocks), the keys' and values' gradients (one per block of keys, example and head) and the queries'
-gradients with the bias's (one per block of queries, head and chunk of the batch: the bias's gradient is summed
-over the batch in registers, a chunk at a time, and the chunks' sums are added by XLA; no atomics, so the result
-is the same on every run; keys longer than GROUP_BLOCKS blocks in groups, whose dq XLA adds), or, with
-BIAS_GRADIENT = "separate", a fourth kernel for the bias's gradient (which of the two is faster a GPU has yet to
-say: `bench/attention_kernels.py --sweep`). The block index is the grid's first axis, the one GPUs launch
-fastest, so that the programs running together read the same keys and values (or queries) and find them in L2.
+gradients (one per block of queries, head and example). With a bias (BIAS_GRADIENT, whose fastest value a GPU has
+yet to say: `bench/attention_kernels.py --sweep`), "stored": the keys' and values' kernel also writes the
+logits' gradient in the queries' dtype, from which XLA computes dq (a batched matmul, in place of the third
+kernel) and the bias's gradient (its sum over the batch in float32); a [batch, heads, q, k] tensor in memory
+for the backward pass, as the xla kernel writes, in return for a pass over the tiles fewer. "fused": the
+queries' kernel sums the bias's gradient over the batch in registers, a chunk of the batch at a time, the chunks'
+sums added by XLA (keys longer than GROUP_BLOCKS blocks in groups, whose dq XLA adds). "separate": a fourth
+kernel for the bias's gradient. None uses atomics, so every run gives the same sums. The block index is the
+grid's first axis, the one GPUs launch fastest, so that the programs running together read the same keys and
+values (or queries) and find them in L2.
 
 Lengths are padded to the block size; padded keys are masked, padded queries dropped. A row that sees no key
 attends uniformly to every key of the real length, as the xla kernel's does, and its logits get no gradient;
@@ -53,10 +57,11 @@ BIAS_CHUNKS = 4  # the batch's chunks whose bias gradients are summed separately
 # shared memory: 12 blocks overflow an H100's); longer keys are split into groups, their dq summed by XLA
 GROUP_BLOCKS = 8
 TRITON = plgpu.CompilerParams(num_warps=4, num_stages=2)  # each kernel's warps and software-pipelining stages
+# "stored": the logits' gradient written by the keys' and values' kernel, dq and the bias's gradient from it in XLA;
 # "fused": the queries' gradient kernel sums the bias's too (DQ_BLOCK rows, GROUP_BLOCKS, BIAS_CHUNKS); "separate":
 # a kernel of its own, one program per (query block, key block, head) summing the whole batch in one tile, the
 # queries' gradient in full tiles (no batch chunks or key groups), at the cost of a fourth pass over the tiles
-BIAS_GRADIENT = "fused"
+BIAS_GRADIENT = "stored"
 
 
 def _keep(seed: tuple, row, q_positions, k_positions, k_length: int, threshold: int) -> jax.Array:
@@ -160,7 +165,9 @@ def _weights_and_grad(seed, row, q, k, v, do, stats, delta, bias, key_real, segm
 
 
 def _key_value_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, segments_ref, do_ref, stats_ref,
-                           delta_ref, dk_ref, dv_ref, *, scale, causal, rate, heads, k_length):
+                           delta_ref, dk_ref, dv_ref, ds_ref=None, *, scale, causal, rate, heads, k_length):
+    """dk and dv of one block of keys, example and head; with `ds_ref`, the logits' gradient of that column of
+    tiles too (zeros where a causal mask skips them)."""
     j, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     k, v = k_ref[...], v_ref[...]
     k_positions = j * BLOCK + jnp.arange(BLOCK)
@@ -180,8 +187,15 @@ def _key_value_grad_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, keys_ref, se
             k_positions, scale=scale, causal=causal, rate=rate, k_length=k_length)
         dv = dv + jnp.dot(dropped.astype(do.dtype).T, do, preferred_element_type=jnp.float32)
         dk = dk + jnp.dot(ds.astype(q.dtype).T, q, preferred_element_type=jnp.float32)
+        if ds_ref is not None:
+            ds_ref[queries, :] = ds.astype(ds_ref.dtype)
         return dk, dv
 
+    def skipped(i, _):
+        ds_ref[pl.ds(i * BLOCK, BLOCK), :] = jnp.zeros((BLOCK, BLOCK), ds_ref.dtype)
+
+    if causal and ds_ref is not None:
+        jax.lax.fori_loop(0, j, skipped, None)
     zeros = jnp.zeros(dk_ref.shape, jnp.float32)
     dk, dv = jax.lax.fori_loop(j if causal else 0, q_ref.shape[0] // BLOCK, body, (zeros, zeros))
     dk_ref[...] = (dk * scale).astype(dk_ref.dtype)
@@ -316,16 +330,25 @@ def _backward(q, k, v, bias, keys, segments, seed, out, stats, do, scale, causal
     keys_block = pl.BlockSpec((None, BLOCK, None, head_dim), lambda j, b, h: (b, j, h, 0))
     per_query = pl.BlockSpec((None, None, q_length), lambda j, b, h: (b, h, 0))
     stats_spec = pl.BlockSpec((None, None, 2, q_length), lambda j, b, h: (b, h, 0, 0))
-    dk, dv = pl.pallas_call(
+    stored = bias is not None and BIAS_GRADIENT == "stored"
+    ds_shape = jax.ShapeDtypeStruct((batch, local_heads, q_length, k_length), q.dtype)
+    grads = pl.pallas_call(
         functools.partial(_key_value_grad_kernel, **statics), grid=(k_length // BLOCK, batch, local_heads),
         in_specs=[_whole(seed), rows, keys_block, keys_block,
                   _spec(bias, (None, None, q_length, BLOCK), lambda j, b, h: (0, h, 0, j)),
                   _spec(keys, (None, BLOCK), lambda j, b, h: (b, j)),
                   _spec(segments, (None, k_length), lambda j, b, h: (b, 0)), rows, stats_spec, per_query],
-        out_specs=[keys_block, keys_block],
-        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        out_specs=[keys_block, keys_block] + (
+            [pl.BlockSpec((None, None, q_length, BLOCK), lambda j, b, h: (b, h, 0, j))] if stored else []),
+        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)] + (
+            [ds_shape] if stored else []),
         compiler_params=TRITON, interpret=interpret, name="flash_key_value_grad",
     )(seed, q, k, v, bias, keys, segments, do, stats, delta)
+    dk, dv = grads[:2]
+    if stored:  # XLA's batched matmul for dq and its sum over the batch for the bias, both reading ds
+        ds = grads[2]
+        dq = jnp.einsum("bhqk,bkhd->bqhd", ds, k, preferred_element_type=jnp.float32) * scale
+        return dq.astype(q.dtype), dk, dv, jnp.sum(ds, axis=0, keepdims=True, dtype=jnp.float32).astype(bias.dtype)
 
     fused = bias is not None and BIAS_GRADIENT == "fused"
     chunks = math.gcd(batch, BIAS_CHUNKS) if fused else batch

@@ -129,13 +129,15 @@ FLASH_STEP = """
 import jax, jax.numpy as jnp
 from jax.sharding import SingleDeviceSharding
 from jaxlm import config as config_lib
+from jaxlm.nn import flash
 from jaxlm.nn.flash import flash_attention
 from jaxlm.train import aot
 config = config_lib.load("configs/t5-tiny.yaml", ["model.attention_kernel=flash", "model.attention_dropout=0.1"])
 text = aot.compile_for_topology(config, "h100")["compiled"].as_text()
 TRITON = 'custom_call_target="__gpu$xla.gpu.triton"'
 print(config.model.num_layers, config.model.decoder_layers, text.count(TRITON))
-# keys of 1024 with a bias: its gradient's kernel takes them in two groups of 8 blocks (12 overflow shared memory)
+# keys of 1024 with a bias, its gradient stored (two kernels) and fused (three; the queries' kernel takes the keys
+# in two groups of 8 blocks: 12 overflow shared memory)
 device = SingleDeviceSharding(aot.topology_devices("h100")[0])
 def spec(shape, dtype=jnp.bfloat16):
     return jax.ShapeDtypeStruct(shape, dtype, sharding=device)
@@ -144,21 +146,24 @@ def loss(q, k, v, bias, key):
     return jnp.sum(out.astype(jnp.float32) ** 2)
 key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype, sharding=device)
 shape = (2, 1024, 4, 64)
-text = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).lower(
-    spec(shape), spec(shape), spec(shape), spec((1, 4, 1024, 1024), jnp.float32), key).compile().as_text()
-print(text.count(TRITON))
+for bias_gradient in ("stored", "fused"):
+    flash.BIAS_GRADIENT = bias_gradient
+    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).lower(
+        spec(shape), spec(shape), spec(shape), spec((1, 4, 1024, 1024), jnp.float32), key).compile().as_text()
+    print(text.count(TRITON))
 """
 
 
 def test_the_flash_kernels_are_triton_kernels_for_an_h100():
     """T5's train step with attention_kernel=flash and attention dropout compiled for a compile-only H100: each
-    attention (encoder self, decoder self, cross) of each layer calls our three Triton kernels (forward, keys'
-    and values' gradients, queries' and bias's gradients), not Pallas's interpret-mode loops; and keys of 1024
-    with a bias compile too."""
+    attention of each layer calls our Triton kernels, not Pallas's interpret-mode loops: the forward pass and the
+    keys' and values' gradients, which with a bias (encoder and decoder self-attention) also write the logits'
+    gradient, and without one (cross-attention) the queries' gradients; and keys of 1024 with a bias compile
+    too, with the bias's gradient stored or fused."""
     proc = subprocess.run([sys.executable, "-c", FLASH_STEP], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, JAX_PLATFORMS="cpu", **PLUGIN))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    *step, long_keys = proc.stdout.split()[-4:]
+    *step, stored, fused = proc.stdout.split()[-5:]
     encoder_layers, decoder_layers, calls = map(int, step)
-    assert calls == 3 * (encoder_layers + 2 * decoder_layers)
-    assert int(long_keys) == 3
+    assert calls == 2 * (encoder_layers + decoder_layers) + 3 * decoder_layers
+    assert (int(stored), int(fused)) == (2, 3)

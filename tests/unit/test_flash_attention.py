@@ -99,14 +99,19 @@ LONG_KEYS = "long keys with a bias, in groups"
 DECODER = "t5 decoder: causal, bias, lengths padded to the block, dropout"
 
 
+FUSED = dict(BIAS_GRADIENT="fused")
+
+
 @pytest.mark.parametrize("case, settings", [
-    (LONG_KEYS, dict(DQ_BLOCK=32, GROUP_BLOCKS=4)), (LONG_KEYS, dict(DQ_BLOCK=64, GROUP_BLOCKS=1)),
-    (LONG_KEYS, dict(BLOCK=32, DQ_BLOCK=32, GROUP_BLOCKS=2, BIAS_CHUNKS=1)),
-    (LONG_KEYS, dict(BIAS_GRADIENT="separate")), (DECODER, dict(BIAS_GRADIENT="separate"))])
+    (LONG_KEYS, FUSED), (DECODER, FUSED), (LONG_KEYS, dict(FUSED, DQ_BLOCK=32, GROUP_BLOCKS=4)),
+    (LONG_KEYS, dict(FUSED, DQ_BLOCK=64, GROUP_BLOCKS=1)),
+    (LONG_KEYS, dict(FUSED, BLOCK=32, DQ_BLOCK=32, GROUP_BLOCKS=2, BIAS_CHUNKS=1)),
+    (LONG_KEYS, dict(BLOCK=32)), (LONG_KEYS, dict(BIAS_GRADIENT="separate")),
+    (DECODER, dict(BIAS_GRADIENT="separate"))])
 def test_other_tilings_give_the_same_gradients(case, settings, monkeypatch):
     """The settings that `bench/attention_kernels.py --sweep` times on a GPU: each computes the same gradients
-    (the bias's gradient in other query rows, key groups and batch chunks, or in a kernel of its own; smaller
-    tiles)."""
+    (the bias's gradient summed in the queries' kernel, in other query rows, key groups and batch chunks, or in
+    a kernel of its own; smaller tiles)."""
     *shape, causal, rate = CASES[case]
     inputs = _inputs(*shape, empty=not causal)
     expected = _outputs_and_grads(_written_out, inputs, causal, rate)
