@@ -235,7 +235,17 @@ def prepare(cases: list[str], data_dir: pathlib.Path, out_dir: pathlib.Path, env
         text = run_logged([sys.executable, "-m", "jaxlm.cli", "prepare", CASES[case][0], "data.dupe_factor=1",
                            *data_overrides(case, data_dir)], out_dir / f"prepare-{data_name(case)}.log",
                           env | {"JAX_PLATFORMS": "cpu"})
-        print(f"prepared {data_dir / data_name(case)}: {_last_line(text)}", flush=True)
+        print(f"prepared {data_dir / data_name(case)}: {_prepared_summary(text)}", flush=True)
+
+
+def _prepared_summary(text: str) -> str:
+    """The training split's examples and tokens from `jaxlm prepare`'s closing JSON, or its last line."""
+    start = text.rfind("\n{\n")
+    try:
+        train = json.loads(text[start + 1:])["splits"]["train"]
+    except (ValueError, KeyError):
+        return _last_line(text)
+    return f"{train['examples']:,} training examples, {train['tokens']:,} tokens"
 
 
 def train_rate(case: str, extra: list[str], data_dir: pathlib.Path, out_dir: pathlib.Path, env: dict) -> dict:
