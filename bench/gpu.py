@@ -100,11 +100,16 @@ CASES = {
     # ran at 2.6-2.7x their bound on an H200 (CASE_XLA_FLAGS)
     "bert128notriton": ("configs/bert-base.yaml", _bert(256, 128), "bert128"),
     "t5notriton": (T5_CONFIG, T5, "t5"),
+    # every GEMM on cuBLAS, none as XLA's Triton GEMM fusions (GPT-2's head ran at a third of the peak as one)
+    "bert128cublas": ("configs/bert-base.yaml", _bert(256, 128), "bert128"),
+    "gpt2cublas": ("configs/gpt2-small.yaml", _gpt2(16), "gpt2"),
+    "t5cublas": (T5_CONFIG, T5, "t5"),
 }
 DEFAULT_CASES = "bert128,bert512,gpt2,t5"
 # XLA flags a case adds to XLA_FLAGS, in its compile and its timed process (JAX's compilation cache keys them)
 CASE_XLA_FLAGS = {"bert128notriton": "--xla_disable_hlo_passes=triton-softmax-rewriter",
-                  "t5notriton": "--xla_disable_hlo_passes=triton-softmax-rewriter"}
+                  "t5notriton": "--xla_disable_hlo_passes=triton-softmax-rewriter",
+                  **dict.fromkeys(("bert128cublas", "gpt2cublas", "t5cublas"), "--xla_gpu_enable_triton_gemm=false")}
 TRAIN_STEPS, TRAIN_LOG_EVERY = 100, 25  # `jaxlm train`'s rate: the mean of its logged rates after the first
 
 
