@@ -26,6 +26,11 @@ def keep_threshold(keep_prob: float) -> int:
     return round(keep_prob * LEVELS)
 
 
+def kept_fraction(rate: float) -> float:
+    """The fraction of elements a dropout at `rate` keeps, and divides the kept ones by: 1 - rate to 16 bits."""
+    return keep_threshold(1.0 - rate) / LEVELS
+
+
 def _threefry_words(rng: jax.Array, shape: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
     """The two uint32 outputs of one threefry block per element of `shape`, whose counters are elementwise over
     the array, so that a sharded axis stays sharded (as jax.random.bits under jax_threefry_partitionable)."""

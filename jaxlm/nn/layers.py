@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from jaxlm.nn.dropout import Dropout
+from jaxlm.nn.dropout import Dropout, kept_fraction
 from jaxlm.nn.fp8 import fp8_dot_general
 from jaxlm.parallel.logical import (constrain, explicit_axes, gathered, spec_of, target_platform,
                                     with_logical_partitioning)
@@ -73,6 +73,33 @@ def _gelu_tanh(x: jax.Array) -> jax.Array:
 
 gelu = _recomputing_derivative(_gelu, gelu_derivative)
 gelu_tanh = _recomputing_derivative(_gelu_tanh, gelu_tanh_derivative)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _relu_gradient_from_output(x: jax.Array, out: jax.Array, kept: float) -> jax.Array:
+    """`out`, a ReLU of `x` (then dropped out, dividing by `kept`), whose gradient in `x` comes from `out` alone:
+    out > 0 exactly where x > 0 and the element was kept."""
+    return out
+
+
+def _relu_output_forward(x, out, kept):
+    return out, out
+
+
+def _relu_output_backward(kept, out, grad):
+    return jnp.where(out > 0, grad / kept, jnp.zeros((), grad.dtype)), None
+
+
+_relu_gradient_from_output.defvjp(_relu_output_forward, _relu_output_backward)
+
+
+def relu_then(x: jax.Array, dropout: nn.Module, deterministic: bool) -> jax.Array:
+    """dropout(relu(x)) whose backward pass keeps and reads only its output, which the next layer's weight
+    gradient keeps anyway: differentiated as written, XLA also keeps x and the dropout's mask (or hashes the mask
+    again) to compute the same gradient. The values and gradients are those of the composition written out."""
+    out = jax.lax.stop_gradient(dropout(jax.nn.relu(x), deterministic=deterministic))
+    kept = 1.0 if deterministic or dropout.rate == 0.0 else kept_fraction(dropout.rate)
+    return _relu_gradient_from_output(x, out, kept)
 
 
 ACTIVATIONS = {"gelu": gelu, "gelu_tanh": gelu_tanh, "relu": jax.nn.relu}
@@ -227,8 +254,11 @@ class Mlp(nn.Module):
     def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
         cfg = self.config
         h = LayerDense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), name="intermediate")(x)
-        h = constrain(ACTIVATIONS[cfg.activation](h), ("batch", "length", "mlp"))
-        h = Dropout(cfg.activation_dropout)(h, deterministic=deterministic)
+        if cfg.activation == "relu":
+            h = constrain(relu_then(h, Dropout(cfg.activation_dropout), deterministic), ("batch", "length", "mlp"))
+        else:
+            h = constrain(ACTIVATIONS[cfg.activation](h), ("batch", "length", "mlp"))
+            h = Dropout(cfg.activation_dropout)(h, deterministic=deterministic)
         h = LayerDense(cfg, cfg.hidden_size, ("mlp",), ("embed",), name="output")(h)
         return Dropout(cfg.hidden_dropout)(h, deterministic=deterministic)
 
