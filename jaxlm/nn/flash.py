@@ -331,8 +331,7 @@ def _backward(q, k, v, bias, keys, segments, seed, out, stats, do, scale, causal
     per_query = pl.BlockSpec((None, None, q_length), lambda j, b, h: (b, h, 0))
     stats_spec = pl.BlockSpec((None, None, 2, q_length), lambda j, b, h: (b, h, 0, 0))
     stored = bias is not None and BIAS_GRADIENT == "stored"
-    ds_shape = jax.ShapeDtypeStruct((batch, local_heads, q_length, k_length), q.dtype)
-    grads = pl.pallas_call(
+    dk, dv, *stored_ds = pl.pallas_call(
         functools.partial(_key_value_grad_kernel, **statics), grid=(k_length // BLOCK, batch, local_heads),
         in_specs=[_whole(seed), rows, keys_block, keys_block,
                   _spec(bias, (None, None, q_length, BLOCK), lambda j, b, h: (0, h, 0, j)),
@@ -341,12 +340,11 @@ def _backward(q, k, v, bias, keys, segments, seed, out, stats, do, scale, causal
         out_specs=[keys_block, keys_block] + (
             [pl.BlockSpec((None, None, q_length, BLOCK), lambda j, b, h: (b, h, 0, j))] if stored else []),
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)] + (
-            [ds_shape] if stored else []),
+            [jax.ShapeDtypeStruct((batch, local_heads, q_length, k_length), q.dtype)] if stored else []),
         compiler_params=TRITON, interpret=interpret, name="flash_key_value_grad",
     )(seed, q, k, v, bias, keys, segments, do, stats, delta)
-    dk, dv = grads[:2]
     if stored:  # XLA's batched matmul for dq and its sum over the batch for the bias, both reading ds
-        ds = grads[2]
+        ds, = stored_ds
         dq = jnp.einsum("bhqk,bkhd->bqhd", ds, k, preferred_element_type=jnp.float32) * scale
         return dq.astype(q.dtype), dk, dv, jnp.sum(ds, axis=0, keepdims=True, dtype=jnp.float32).astype(bias.dtype)
 
