@@ -38,6 +38,10 @@ class TransformerConfig:
     dtype: str = "bfloat16"
     param_dtype: str = "float32"
     attention_kernel: str = "xla"
+    # Projections of one input with the same shape as one matmul of their stacked kernels: the gated MLP's gate
+    # and up, and with XLA's attention self-attention's queries, keys and values (cross-attention's keys and
+    # values). The parameters and the values are the separate projections'; false computes each on its own.
+    fused_projections: bool = True
     # The transformer layers' projections (attention and MLP) in FP8 with current scaling (jaxlm.nn.fp8);
     # embeddings, heads, the output projection and attention's own products stay at `dtype`.
     fp8: bool = False
@@ -130,6 +134,9 @@ class TransformerConfig:
         if self.attention_kernel in ("cudnn", "splash") and self.attention_dropout:
             raise ValueError(f"model.attention_kernel={self.attention_kernel!r} has no attention dropout; "
                              "set model.attention_dropout=0")
+        if self.attention_kernel == "cudnn" and self.dtype not in ("bfloat16", "float16"):
+            raise ValueError(f"model.attention_kernel='cudnn' computes in bfloat16 or float16, not model.dtype="
+                             f"{self.dtype!r}; set model.dtype=bfloat16 or use 'xla'")
         if self.attention_kernel == "flash" and (self.head_dim < 16 or self.head_dim & (self.head_dim - 1)):
             raise ValueError(f"model.attention_kernel='flash' needs a head_dim that is a power of two from 16, not "
                              f"{self.head_dim}; use 'cudnn' or 'xla'")

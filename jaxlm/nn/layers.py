@@ -106,6 +106,31 @@ ACTIVATIONS = {"gelu": gelu, "gelu_tanh": gelu_tanh, "relu": jax.nn.relu}
 GATES = {"swiglu": jax.nn.silu, "geglu": gelu_tanh}
 
 
+def _dense_parameters(module: nn.Module, config: TransformerConfig, in_shape: tuple[int, ...],
+                      features: tuple[int, ...], in_axes: tuple[str, ...], out_axes: tuple[str, ...]):
+    """A Dense's kernel [*in_shape, *features] and bias [*features] (None without `use_bias`), created in
+    `module`'s scope and placed as compute reads them, in the parameters' dtype."""
+    kernel = module.param("kernel", normal_init(config, in_axes + out_axes, math.prod(in_shape)),
+                          (*in_shape, *features), jnp.dtype(config.param_dtype))
+    kernel = gathered(kernel, in_axes + out_axes)
+    if not config.use_bias:
+        return kernel, None
+    bias = module.param("bias", zeros_init(out_axes), features, jnp.dtype(config.param_dtype))
+    return kernel, gathered(bias, out_axes)
+
+
+def _project(config: TransformerConfig, x: jax.Array, kernel: jax.Array, bias: jax.Array | None, contract: int,
+             fp8_eligible: bool) -> jax.Array:
+    """x · kernel (+ bias) at the compute dtype, contracting x's last `contract` axes with the kernel's first."""
+    dtype = jnp.dtype(config.dtype)
+    # Under explicit axes a contraction over split dims (tensor-parallel rows) must name its output.
+    out = P(*spec_of(x)[:-contract], *spec_of(kernel)[contract:]) if explicit_axes() else None
+    dot_general = fp8_dot_general if config.fp8 and fp8_eligible else jax.lax.dot_general
+    y = dot_general(x.astype(dtype), kernel.astype(dtype),
+                    ((tuple(range(x.ndim - contract, x.ndim)), tuple(range(contract))), ((), ())), out_sharding=out)
+    return y if bias is None else y + bias.astype(dtype)
+
+
 class Dense(nn.Module):
     """x · kernel + bias, contracting the last `contract` axes; both parameters carry logical names.
     `fp8_eligible`: a transformer layer's projection, whose matmul runs in FP8 under `config.fp8` (the heads'
@@ -120,27 +145,45 @@ class Dense(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        cfg = self.config
         features = self.features if isinstance(self.features, tuple) else (self.features,)
-        in_shape = x.shape[-self.contract:]
-        param_dtype, dtype = jnp.dtype(cfg.param_dtype), jnp.dtype(cfg.dtype)
-        kernel = self.param("kernel", normal_init(cfg, self.in_axes + self.out_axes, math.prod(in_shape)),
-                            (*in_shape, *features), param_dtype)
-        kernel = gathered(kernel, self.in_axes + self.out_axes)
-        # Under explicit axes a contraction over split dims (tensor-parallel rows) must name its output.
-        out = P(*spec_of(x)[:-self.contract], *spec_of(kernel)[self.contract:]) if explicit_axes() else None
-        dot_general = fp8_dot_general if cfg.fp8 and self.fp8_eligible else jax.lax.dot_general
-        y = dot_general(x.astype(dtype), kernel.astype(dtype),
-                        ((tuple(range(x.ndim - self.contract, x.ndim)), tuple(range(self.contract))), ((), ())),
-                        out_sharding=out)
-        if not cfg.use_bias:
-            return y
-        bias = self.param("bias", zeros_init(self.out_axes), features, param_dtype)
-        return y + gathered(bias, self.out_axes).astype(dtype)
+        kernel, bias = _dense_parameters(self, self.config, x.shape[-self.contract:], features, self.in_axes,
+                                         self.out_axes)
+        return _project(self.config, x, kernel, bias, self.contract, self.fp8_eligible)
 
 
 # A transformer layer's projection (attention, MLP): the Dense that runs in FP8 under `config.fp8`.
 LayerDense = functools.partial(Dense, fp8_eligible=True)
+
+
+class DenseParameters(nn.Module):
+    """The kernel and bias a LayerDense of one input axis and these features would create under this name,
+    without the product: `projections` stacks several to take them in one matmul."""
+
+    config: TransformerConfig
+    features: tuple[int, ...]
+    in_axes: tuple[str, ...]
+    out_axes: tuple[str, ...]
+
+    @nn.compact
+    def __call__(self, in_features: int):
+        return _dense_parameters(self, self.config, (in_features,), self.features, self.in_axes, self.out_axes)
+
+
+def projections(config: TransformerConfig, x: jax.Array, names: Sequence[str], features: tuple[int, ...],
+                in_axes: tuple[str, ...], out_axes: tuple[str, ...], fused: bool) -> list[jax.Array]:
+    """LayerDense(config, features, in_axes, out_axes, name=n)(x) for each name in `names` (call it inside a
+    compact module). `fused`: as one matmul of x with their kernels stacked [embed, len(names), *features], one
+    GEMM of the combined width, and in the backward pass one GEMM for x's gradient where separate projections
+    take one each and add them. Its outputs are slices of one array, which XLA copies where an operand must be
+    dense (a custom call's). The parameters are the same either way."""
+    if not fused:
+        return [LayerDense(config, features, in_axes, out_axes, name=name)(x) for name in names]
+    parts = [DenseParameters(config, features, in_axes, out_axes, name=name)(x.shape[-1]) for name in names]
+    kernel = jnp.stack([kernel for kernel, _ in parts], axis=1)
+    bias = None if parts[0][1] is None else jnp.stack([bias for _, bias in parts])
+    y = _project(config, x, kernel, bias, 1, fp8_eligible=True)
+    stacked_axis = y.ndim - len(features) - 1
+    return [jax.lax.index_in_dim(y, index, stacked_axis, keepdims=False) for index in range(len(names))]
 
 
 def norm(x: jax.Array, scale: jax.Array, bias: jax.Array | None, eps: float, centre: bool,
@@ -271,8 +314,8 @@ class GatedMlp(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
         cfg = self.config
-        gate = LayerDense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), name="gate")(x)
-        up = LayerDense(cfg, cfg.intermediate_size, ("embed",), ("mlp",), name="up")(x)
+        gate, up = projections(cfg, x, ("gate", "up"), (cfg.intermediate_size,), ("embed",), ("mlp",),
+                               fused=cfg.fused_projections)
         h = constrain(GATES[cfg.activation](gate) * up, ("batch", "length", "mlp"))
         h = Dropout(cfg.activation_dropout)(h, deterministic=deterministic)
         h = LayerDense(cfg, cfg.hidden_size, ("mlp",), ("embed",), name="down")(h)

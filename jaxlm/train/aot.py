@@ -10,6 +10,7 @@ compile the real step, and `memory_analysis()` says what each device would hold.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -101,28 +102,28 @@ def compile_for_topology(config: RunConfig, topology: str = DEFAULT_TOPOLOGY, *,
         # TPU's HLO writes matmuls as convolutions of many layouts, whose FLOPs hlo_cost does not count reliably
         raise TopologyError(f"--plan reads a GPU's compiled step; {topology!r} is a TPU topology: use h100 or "
                             "compile without --plan")
-    if gpu_targets.is_gpu(topology) and config.model.attention_kernel == "cudnn":
-        raise TopologyError("model.attention_kernel=cudnn cannot be compiled without a GPU (cuDNN builds its "
-                            "kernels on the device): set model.attention_kernel=xla")
     devices = topology_devices(topology, chips_per_host_bounds=chips_per_host_bounds, num_slices=num_slices)
     figures = flops.roofline(devices[0].device_kind, config.bench.peak_flops_per_device) if plan else None
     if plan and figures is None:
         raise TopologyError(f"no peak FLOP/s or memory bandwidth known for {devices[0].device_kind!r} to plan "
                             "with; set bench.peak_flops_per_device, or compile without --plan")
-    setup = build(config, devices=devices)
-    result = {"topology": topology, "device_kind": devices[0].device_kind, "devices": len(devices),
-              "mesh": dict(setup.mesh.shape), "global_batch": config.train.global_batch,
-              "seq_len": config.data.max_seq_length,
-              "grad_accum": config.optim.grad_accum, "remat": config.model.remat}
-    try:
-        options = gpu_targets.COMPILER_OPTIONS if gpu_targets.is_gpu(topology) else None
-        compiled, _ = compile_steps(setup, with_eval=False, compiler_options=options)
-    except jax.errors.JaxRuntimeError as err:
-        exhausted = out_of_memory(str(err))
-        if exhausted is None:
-            reason = gpu_targets.first_line(err)
-            raise TopologyError(f"XLA could not compile the step for {topology}: {reason}") from err
-        return result | {"compiled": None, "memory": {}, "exhausted": exhausted | {"state": state_bytes(setup.abstract)}}
+    gpu = gpu_targets.is_gpu(topology)
+    with gpu_targets.cudnn_attention_traced() if gpu else contextlib.nullcontext():
+        setup = build(config, devices=devices)
+        result = {"topology": topology, "device_kind": devices[0].device_kind, "devices": len(devices),
+                  "mesh": dict(setup.mesh.shape), "global_batch": config.train.global_batch,
+                  "seq_len": config.data.max_seq_length,
+                  "grad_accum": config.optim.grad_accum, "remat": config.model.remat}
+        try:
+            compiled, _ = compile_steps(setup, with_eval=False,
+                                        compiler_options=gpu_targets.COMPILER_OPTIONS if gpu else None)
+        except jax.errors.JaxRuntimeError as err:
+            exhausted = out_of_memory(str(err))
+            if exhausted is None:
+                reason = gpu_targets.first_line(err)
+                raise TopologyError(f"XLA could not compile the step for {topology}: {reason}") from err
+            state = state_bytes(setup.abstract)
+            return result | {"compiled": None, "memory": {}, "exhausted": exhausted | {"state": state}}
     result |= {"compiled": compiled, "memory": memory_stats(compiled)}
     if plan:
         tokens = config.train.global_batch * config.data.max_seq_length / len(devices)

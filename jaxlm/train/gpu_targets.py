@@ -9,8 +9,10 @@ Triton tiles fail on some shapes.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import re
+from unittest import mock
 
 import jax
 
@@ -41,6 +43,9 @@ runtime_version { major: 12 minor: 8 }
 device_description_str: "NVIDIA H100 80GB HBM3"
 """
 TARGETS = {"h100": H100_SXM}
+# What JAX's cuDNN attention asks the attached GPU as it traces, answered from the description above
+# (dnn_version_info 9.8 as cuDNN numbers its versions, cuda_compute_capability 9.0)
+CUDNN_VERSION, COMPUTE_CAPABILITY = 90800, (9, 0)
 # Without autotuning, XLA's default Triton tiling fails on some GEMMs (T5's); cuBLAS takes every shape.
 COMPILER_OPTIONS = {"xla_gpu_enable_triton_gemm": False}
 MEMORY_BYTES = {"NVIDIA H100 80GB HBM3": 84929347584}
@@ -92,3 +97,23 @@ def devices(topology: str) -> list:
     except Exception as err:  # the plugin raises JaxRuntimeError / RuntimeError with its own text
         raise TopologyError(f"could not make compile-only {found['gpu']} devices ({first_line(err)}); "
                                f"{plugin_hint()}") from err
+
+
+@contextlib.contextmanager
+def cudnn_attention_traced():
+    """Within it, jax.nn.dot_product_attention(implementation="cudnn") traces for the compile-only GPU: it asks
+    the attached GPU for cuDNN's version and its compute capability, and there is none, so JAX's private checks
+    answer from the target description. XLA then compiles cuDNN's custom calls into the step as for a real GPU
+    (cuDNN builds their kernels when the step first runs there), so a plan sees the layouts they impose."""
+    try:
+        from jax._src.cudnn import fused_attention_stablehlo as cudnn  # private: the checks patched below
+    except ImportError as err:
+        raise TopologyError(f"this JAX ({jax.__version__}) cannot trace cuDNN's attention without a GPU; set "
+                            "model.attention_kernel=xla") from err
+    def capability(text: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in text.split("."))
+
+    with mock.patch.multiple(cudnn, check_cudnn_version=lambda: CUDNN_VERSION,
+                             check_compute_capability=lambda wanted: capability(wanted) <= COMPUTE_CAPABILITY,
+                             is_cuda_compute_capability_equal=lambda wanted: capability(wanted) == COMPUTE_CAPABILITY):
+        yield

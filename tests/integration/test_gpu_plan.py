@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from conftest import ROOT, run_cli
+from jaxlm import config as config_lib
 from jaxlm.train import gpu_targets
 
 PLUGIN = {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / gpu_targets.PLUGIN_FOLDER),
@@ -40,6 +41,20 @@ def test_plan_of_the_real_step_on_an_h100(config, overrides, tolerance):
     assert result["memory"]["temp"] > 0
 
 
+def test_cudnn_attention_compiles_into_the_plan():
+    """cuDNN's attention traced for the compile-only H100 (JAX's checks answered from the target description):
+    forward and backward custom calls in every layer, in the attention class, counted by their bytes alone; the
+    model's own matmuls as with XLA's attention."""
+    _, xla = _plan("configs/bert-tiny.yaml", "model.dtype=bfloat16")
+    _, cudnn = _plan("configs/bert-tiny.yaml", "model.dtype=bfloat16", "model.attention_kernel=cudnn")
+    layers = config_lib.load(ROOT / "configs/bert-tiny.yaml").model.num_layers
+    attention = cudnn["plan"]["classes"]["attention"]
+    assert attention["launches"] >= 2 * layers and attention["gflop"] == 0 and attention["gb"] > 0
+    assert xla["plan"]["classes"]["attention"]["gflop"] > 0
+    assert cudnn["plan"]["classes"]["matmuls"]["gflop"] == pytest.approx(xla["plan"]["classes"]["matmuls"]["gflop"],
+                                                                         rel=0.01)
+
+
 def test_eight_gpus_split_the_batch_and_all_reduce():
     _, one = _plan("configs/bert-tiny.yaml")
     _, eight = _plan("configs/bert-tiny.yaml", topology="h100:8")
@@ -56,8 +71,8 @@ def test_eight_gpus_split_the_batch_and_all_reduce():
 
 
 @pytest.mark.parametrize("args, env, expected", [
-    (["model.attention_kernel=cudnn", "--topology", "h100"], PLUGIN,
-     "model.attention_kernel=cudnn cannot be compiled without a GPU"),
+    (["model.attention_kernel=cudnn", "model.dtype=float32", "--topology", "h100"], PLUGIN,
+     "model.attention_kernel='cudnn' computes in bfloat16 or float16, not model.dtype='float32'"),
     (["--topology", "h100:0"], PLUGIN, "GPU topology 'h100:0' must look like h100, h100:8 or h100:2x8"),
     (["--topology", "v5e:2x2", "--plan"], {}, "--plan reads a GPU's compiled step; 'v5e:2x2' is a TPU topology"),
     (["--topology", "h100"], {"PYTHONPATH": ""},
@@ -75,7 +90,7 @@ def test_bad_input_stops_in_one_line(args, env, expected):
 
 
 def test_bench_gpu_plan_tables_a_real_case(tmp_path):
-    """bench/gpu.py --plan: BERT-base at 512 (its cuDNN attention swapped for XLA's), one row of the table."""
+    """bench/gpu.py --plan: BERT-base at 512 on cuDNN's attention, one row of the table."""
     proc = subprocess.run([sys.executable, "bench/gpu.py", "--plan", "--cases", "bert512", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=900,
                           env=dict(os.environ, JAX_PLATFORMS="cpu"))
