@@ -20,7 +20,18 @@ import jax
 import pytest
 import yaml
 
+from jaxlm import families
+from jaxlm.convert.names import flatten
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+def outputs_loss_and_gradients(config, data, params, batch):
+    """A model's outputs on `batch` (no dropout), its objective's loss and the gradients by parameter path."""
+    objective = families.make_objective(config, data)
+    outputs = objective.apply(params, batch, None, deterministic=True)
+    (loss, _), grads = jax.value_and_grad(objective.loss, has_aux=True)(params, batch, jax.random.key(1))
+    return outputs, loss, dict(flatten(grads))
+
 
 TINY = {
     "model": {"preset": "bert-tiny", "hidden_size": 64, "num_layers": 2, "num_heads": 2,

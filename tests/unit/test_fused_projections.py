@@ -1,5 +1,6 @@
-"""model.fused_projections: queries, keys and values (and the gated MLP's gate and up) as one matmul of their
-stacked kernels create the separate projections' parameters and give their outputs, loss and gradients."""
+"""model.fused_projections: with XLA's attention, queries, keys and values (and the gated MLP's gate and up) as
+one matmul of their stacked kernels create the separate projections' parameters and give their outputs, loss and
+gradients."""
 import dataclasses
 
 import flax.linen as nn
@@ -7,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+from conftest import outputs_loss_and_gradients
 from jaxlm import families
 from jaxlm.convert.names import flatten
 from jaxlm.data.settings import DataConfig
@@ -33,13 +35,6 @@ def matmuls(config, params, batch) -> int:
     return str(jaxpr).count("dot_general")
 
 
-def loss_and_gradients(config, params, batch):
-    objective = families.make_objective(config, DATA)
-    outputs = objective.apply(params, batch, None, deterministic=True)
-    (loss, _), grads = jax.value_and_grad(objective.loss, has_aux=True)(params, batch, jax.random.key(1))
-    return outputs, loss, dict(flatten(grads))
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_fused_projections_match_the_separate_ones(case):
     fused = tiny(case)
@@ -56,8 +51,8 @@ def test_fused_projections_match_the_separate_ones(case):
     # one matmul for the three of self-attention (keys and values with grouped heads or across), one for two
     fewer = {"bert": 2, "gpt2": 2, "llama": 3, "llama-gqa": 2, "t5": 5, "bart": 5}[case]
     assert matmuls(separate, params, batch) - matmuls(fused, params, batch) == fewer
-    outputs, loss, grads = loss_and_gradients(fused, params, batch)
-    separate_outputs, separate_loss, separate_grads = loss_and_gradients(separate, params, batch)
+    outputs, loss, grads = outputs_loss_and_gradients(fused, DATA, params, batch)
+    separate_outputs, separate_loss, separate_grads = outputs_loss_and_gradients(separate, DATA, params, batch)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), outputs, separate_outputs)
     np.testing.assert_allclose(loss, separate_loss, rtol=1e-6)
     for path, grad in grads.items():

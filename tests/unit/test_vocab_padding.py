@@ -6,6 +6,7 @@ import jax
 import numpy as np
 import pytest
 
+from conftest import outputs_loss_and_gradients
 from jaxlm import config as config_lib
 from jaxlm import families
 from jaxlm.config import ConfigError
@@ -29,13 +30,6 @@ def tiny(case: str):
                         activation_dropout=0.0, **CASES[case])
 
 
-def outputs_loss_and_gradients(config, params, batch):
-    objective = families.make_objective(config, DATA)
-    outputs = objective.apply(params, batch, None, deterministic=True)
-    (loss, _), grads = jax.value_and_grad(objective.loss, has_aux=True)(params, batch, jax.random.key(1))
-    return outputs, loss, dict(flatten(grads))
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_padded_tables_give_the_same_outputs_loss_and_gradients(case):
     config = tiny(case)
@@ -48,8 +42,8 @@ def test_padded_tables_give_the_same_outputs_loss_and_gradients(case):
     axes = vocab_axes(config)
     assert axes and all(np.shape(dict(flatten(padded_params))[p])[a] == ROWS for p, a in axes.items())
     batch = families.make_objective(config, DATA).synthetic_batch(2, seed=0)
-    outputs, loss, grads = outputs_loss_and_gradients(config, params, batch)
-    padded_outputs, padded_loss, padded_grads = outputs_loss_and_gradients(padded_config, padded_params, batch)
+    outputs, loss, grads = outputs_loss_and_gradients(config, DATA, params, batch)
+    padded_outputs, padded_loss, padded_grads = outputs_loss_and_gradients(padded_config, DATA, padded_params, batch)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), outputs, padded_outputs)
     np.testing.assert_allclose(loss, padded_loss, rtol=1e-6)
     for path, grad in grads.items():
