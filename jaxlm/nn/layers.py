@@ -124,9 +124,9 @@ def _project(config: TransformerConfig, x: jax.Array, kernel: jax.Array, bias: j
     """x · kernel (+ bias) at the compute dtype, contracting x's last `contract` axes with the kernel's first."""
     features = kernel.shape[contract:]
     if bias is not None and len(features) > 1 and not explicit_axes():
-        # With one feature axis the bias becomes the GEMM's bias epilogue; over (heads, head_dim) XLA broadcast it to
-        # the whole output for cuBLAS to add (BERT-base: 50 MB written and read again per projection). Explicit axes
-        # would have to merge a split axis.
+        # Over one feature axis the bias becomes the GEMM's bias epilogue; over (heads, head_dim) XLA broadcasts it
+        # to the whole output for cuBLAS to add (BERT-base: 50 MB written and read again per projection). Explicit
+        # axes would have to merge a split axis.
         flat = _project(config, x, kernel.reshape(*kernel.shape[:contract], -1), bias.reshape(-1), contract,
                         fp8_eligible)
         return flat.reshape(*flat.shape[:-1], *features)
