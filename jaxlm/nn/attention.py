@@ -191,8 +191,8 @@ class Attention(nn.Module):
         fused = cfg.fused_projections and cfg.attention_kernel == "xla"
         query_shape, key_shape = (cfg.num_heads, cfg.head_dim), (cfg.kv_heads, cfg.head_dim)
         if source is x and query_shape == key_shape:
-            q, k, v = projections(cfg, x, ("query", "key", "value"), query_shape, ("embed",), ("heads", "kv"), fused)
-            return q, k, v
+            return tuple(projections(cfg, x, ("query", "key", "value"), query_shape, ("embed",), ("heads", "kv"),
+                                     fused))
         q = LayerDense(cfg, query_shape, ("embed",), ("heads", "kv"), name="query")(x)
         k, v = projections(cfg, source, ("key", "value"), key_shape, ("embed",), (kv_axis, "kv"), fused)
         return q, k, v

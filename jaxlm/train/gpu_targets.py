@@ -105,19 +105,18 @@ def cudnn_attention_traced():
     the attached GPU for cuDNN's version and its compute capability, and there is none, so JAX's private checks
     answer from the target description. XLA then compiles cuDNN's custom calls into the step as for a real GPU
     (cuDNN builds their kernels when the step first runs there), so a plan sees the layouts they impose."""
-    checks = ("check_cudnn_version", "check_compute_capability", "is_cuda_compute_capability_equal")
+    def capability(text: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in text.split("."))
+
+    answers = {"check_cudnn_version": lambda: CUDNN_VERSION,
+               "check_compute_capability": lambda wanted: capability(wanted) <= COMPUTE_CAPABILITY,
+               "is_cuda_compute_capability_equal": lambda wanted: capability(wanted) == COMPUTE_CAPABILITY}
     try:
         from jax._src.cudnn import fused_attention_stablehlo as cudnn  # private: the checks patched below
     except ImportError:
         cudnn = None
-    if cudnn is None or not all(hasattr(cudnn, check) for check in checks):
+    if cudnn is None or not all(hasattr(cudnn, check) for check in answers):
         raise TopologyError(f"this JAX ({jax.__version__}) cannot trace cuDNN's attention without a GPU; set "
                             "model.attention_kernel=xla")
-
-    def capability(text: str) -> tuple[int, ...]:
-        return tuple(int(part) for part in text.split("."))
-
-    with mock.patch.multiple(cudnn, check_cudnn_version=lambda: CUDNN_VERSION,
-                             check_compute_capability=lambda wanted: capability(wanted) <= COMPUTE_CAPABILITY,
-                             is_cuda_compute_capability_equal=lambda wanted: capability(wanted) == COMPUTE_CAPABILITY):
+    with mock.patch.multiple(cudnn, **answers):
         yield
