@@ -38,8 +38,8 @@ class TransformerConfig:
     dtype: str = "bfloat16"
     param_dtype: str = "float32"
     attention_kernel: str = "xla"
-    # Projections of one input with the same shape as one matmul of their stacked kernels: the gated MLP's gate
-    # and up, and with XLA's attention self-attention's queries, keys and values (cross-attention's keys and
+    # On GPUs, projections of one input with the same shape as one matmul of their stacked kernels: the gated MLP's
+    # gate and up, and with XLA's attention self-attention's queries, keys and values (cross-attention's keys and
     # values). The parameters and the values are the separate projections'; false computes each on its own.
     fused_projections: bool = True
     # The transformer layers' projections (attention and MLP) in FP8 with current scaling (jaxlm.nn.fp8);

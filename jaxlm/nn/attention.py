@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from jaxlm.nn.dropout import Dropout, dropout
 from jaxlm.nn.embed import rotary_embedding
 from jaxlm.nn.flash import flash_attention
-from jaxlm.nn.layers import LayerDense, projections
+from jaxlm.nn.layers import LayerDense, projections, stacks_projections
 from jaxlm.nn.splash import splash_attention
 from jaxlm.parallel.logical import constrain
 
@@ -182,13 +182,13 @@ class Attention(nn.Module):
         return Dropout(cfg.hidden_dropout)(out, deterministic=deterministic)
 
     def _projections(self, x: jax.Array, source: jax.Array, kv_axis: str):
-        """Queries from x, keys and values from `source`. Under `fused_projections`, with XLA's attention, the
-        three as one matmul where they share input and shape (self-attention without grouped heads), else the
-        keys and values as one. The other kernels are custom calls that take each operand dense, for which XLA
+        """Queries from x, keys and values from `source`. Where projections stack (`stacks_projections`), with
+        XLA's attention, the three as one matmul where they share input and shape (self-attention without grouped
+        heads), else the keys and values as one. The other kernels are custom calls that take each operand dense, for which XLA
         would copy the slices of a fused result out (and concatenate their gradients) where separate matmuls write
         each where it is used: BERT-128's compile-only H100 plan with cuDNN's attention bounds 0.6 ms higher."""
         cfg = self.config
-        fused = cfg.fused_projections and cfg.attention_kernel == "xla"
+        fused = stacks_projections(cfg) and cfg.attention_kernel == "xla"
         query_shape, key_shape = (cfg.num_heads, cfg.head_dim), (cfg.kv_heads, cfg.head_dim)
         if source is x and query_shape == key_shape:
             return tuple(projections(cfg, x, ("query", "key", "value"), query_shape, ("embed",), ("heads", "kv"),

@@ -1,6 +1,6 @@
-"""model.fused_projections: with XLA's attention, queries, keys and values (and the gated MLP's gate and up) as
-one matmul of their stacked kernels create the separate projections' parameters and give their outputs, loss and
-gradients."""
+"""model.fused_projections: on GPUs, with XLA's attention, queries, keys and values (and the gated MLP's gate and
+up) as one matmul of their stacked kernels create the separate projections' parameters and give their outputs, loss
+and gradients; on a CPU they stay separate."""
 import dataclasses
 
 import flax.linen as nn
@@ -13,6 +13,7 @@ from jaxlm import families
 from jaxlm.convert.names import flatten
 from jaxlm.data.settings import DataConfig
 from jaxlm.models.presets import PRESETS, model_config
+from jaxlm.nn import layers
 
 DATA = DataConfig(max_seq_length=16, max_predictions=3)
 # bert: queries, keys and values with biases; llama-gqa: grouped heads, so keys and values alone, and the gated
@@ -36,7 +37,7 @@ def matmuls(config, params, batch) -> int:
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_fused_projections_match_the_separate_ones(case):
+def test_fused_projections_match_the_separate_ones(case, monkeypatch):
     fused = tiny(case)
     separate = dataclasses.replace(fused, fused_projections=False)
     assert fused.fused_projections
@@ -48,6 +49,8 @@ def test_fused_projections_match_the_separate_ones(case):
     jax.tree.map(np.testing.assert_array_equal, params, separate_params)
 
     batch = families.make_objective(fused, DATA).synthetic_batch(2, seed=0)
+    assert matmuls(separate, params, batch) == matmuls(fused, params, batch)  # the CPU's
+    monkeypatch.setattr(layers, "target_platform", lambda: "gpu")
     # one matmul for the three of self-attention (keys and values with grouped heads or across), one for two
     fewer = {"bert": 2, "gpt2": 2, "llama": 3, "llama-gqa": 2, "t5": 5, "bart": 5}[case]
     assert matmuls(separate, params, batch) - matmuls(fused, params, batch) == fewer
