@@ -53,6 +53,17 @@ def _release_compiled_programs():
     gc.collect()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _one_compilation_cache(tmp_path_factory):
+    """One JAX compilation cache for every process the tests start, under both xdist workers: a `jaxlm` run that
+    compiles what an earlier test's run compiled loads it (the tiny BERT's steps: 15-20 s on CI's two cores, 3 s
+    loaded), where each run would otherwise keep its own in its run directory. This process's JAX was configured
+    at import, so its own compilations stay where they were."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(shared / "compile-cache")
+
+
 def merged(base: dict, extra: dict) -> dict:
     out = {k: dict(v) for k, v in base.items()}
     for section, values in extra.items():

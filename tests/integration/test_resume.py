@@ -21,7 +21,8 @@ def _committed_steps(checkpoints):
     return sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()) if checkpoints.exists() else []
 
 
-def test_sigkill_then_resume_matches_uninterrupted(tiny_config, tmp_path):
+def test_sigkill_then_resume_matches_uninterrupted(tiny_config, tmp_path, monkeypatch):
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")  # the suite's shared cache (conftest): this one is the run's
     extra = {"model": {"hidden_dropout": 0.1, "attention_dropout": 0.1},
              "train": {"steps": STEPS, "checkpoint_every": 10, "log_every": 1}}
     straight = tiny_config(extra | {"train": {**extra["train"], "run_dir": str(tmp_path / "straight")}}, "a.yaml")
