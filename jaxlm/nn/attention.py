@@ -184,9 +184,10 @@ class Attention(nn.Module):
     def _projections(self, x: jax.Array, source: jax.Array, kv_axis: str):
         """Queries from x, keys and values from `source`. Where projections stack (`stacks_projections`), with
         XLA's attention, the three as one matmul where they share input and shape (self-attention without grouped
-        heads), else the keys and values as one. The other kernels are custom calls that take each operand dense, for which XLA
-        would copy the slices of a fused result out (and concatenate their gradients) where separate matmuls write
-        each where it is used: BERT-128's compile-only H100 plan with cuDNN's attention bounds 0.6 ms higher."""
+        heads), else the keys and values as one. The other kernels are custom calls that take each operand dense,
+        for which XLA would copy the slices of a fused result out (and concatenate their gradients) where separate
+        matmuls write each where it is used: BERT-128's compile-only H100 plan with cuDNN's attention bounds 0.6 ms
+        higher."""
         cfg = self.config
         fused = stacks_projections(cfg) and cfg.attention_kernel == "xla"
         query_shape, key_shape = (cfg.num_heads, cfg.head_dim), (cfg.kv_heads, cfg.head_dim)
