@@ -3,6 +3,8 @@ the workers' CPU time."""
 import subprocess
 import sys
 
+import psutil
+
 from jaxlm.data.bench import process_tree_cpu_s, format_data_table, median_rows
 
 
@@ -25,12 +27,13 @@ def test_median_rows_keep_the_median_run_of_each_setting_and_the_range():
 
 def test_cores_used_counts_the_cpu_time_of_started_processes():
     """`bench data --workers` reads the trainer's CPU time with its workers': a child's counts while it lives."""
-    before = process_tree_cpu_s()
     busy = "import time\nwhile time.process_time() < 0.5: pass\nprint('done', flush=True)\ntime.sleep(60)"
     child = subprocess.Popen([sys.executable, "-c", busy], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "done"
-        assert process_tree_cpu_s() - before >= 0.45  # /proc counts in clock ticks
+        # against this process's own time: a child of an earlier test that ends meanwhile takes its time away
+        own = psutil.Process().cpu_times()
+        assert process_tree_cpu_s() - (own.user + own.system) >= 0.45  # /proc counts in clock ticks
     finally:
         child.kill()
         child.wait()
