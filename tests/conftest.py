@@ -56,7 +56,7 @@ def _release_compiled_programs():
 @pytest.fixture(autouse=True, scope="session")
 def _one_compilation_cache(tmp_path_factory):
     """One JAX compilation cache for every process the tests start, under both xdist workers: a `jaxlm` run that
-    compiles what an earlier test's run compiled loads it (the tiny BERT's steps: 15-20 s on CI's two cores, 3 s
+    compiles what an earlier test's run compiled loads it (the tiny BERT's steps: 15-25 s on two cores, 2-3 s
     loaded), where each run would otherwise keep its own in its run directory. This process's JAX was configured
     at import, so its own compilations stay where they were."""
     base = tmp_path_factory.getbasetemp()

@@ -179,8 +179,8 @@ class DenseParameters(nn.Module):
 
 def stacks_projections(config: TransformerConfig) -> bool:
     """Whether projections of one input and shape become one matmul: under `model.fused_projections`, on GPUs.
-    On a CPU the stacked matmul and its slices cost more than they save (bert-tiny's step, one core: 557 -> 583
-    ms), and on TPUs nothing measured a gain."""
+    On a CPU the stacked matmul and its slices cost more than they save (bert-tiny's step on one CPU device:
+    557 -> 583 ms), and on TPUs nothing measured a gain."""
     return config.fused_projections and target_platform() == "gpu"
 
 
