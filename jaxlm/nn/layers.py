@@ -177,21 +177,16 @@ class DenseParameters(nn.Module):
         return _dense_parameters(self, self.config, (in_features,), self.features, self.in_axes, self.out_axes)
 
 
-def stacks_projections(config: TransformerConfig) -> bool:
-    """Whether projections of one input and shape become one matmul: under `model.fused_projections`, on GPUs.
-    On a CPU the stacked matmul and its slices cost more than they save (bert-tiny's step on one CPU device:
-    557 -> 583 ms), and on TPUs nothing measured a gain."""
-    return config.fused_projections and target_platform() == "gpu"
-
-
 def projections(config: TransformerConfig, x: jax.Array, names: Sequence[str], features: tuple[int, ...],
-                in_axes: tuple[str, ...], out_axes: tuple[str, ...], fused: bool) -> list[jax.Array]:
+                in_axes: tuple[str, ...], out_axes: tuple[str, ...], stackable: bool = True) -> list[jax.Array]:
     """LayerDense(config, features, in_axes, out_axes, name=n)(x) for each name in `names` (call it inside a
-    compact module). `fused`: as one matmul of x with their kernels stacked [embed, len(names), *features], one
-    GEMM of the combined width, and in the backward pass one GEMM for x's gradient where separate projections
-    take one each and add them. Its outputs are slices of one array, which XLA copies where an operand must be
-    dense (a custom call's). The parameters are the same either way."""
-    if not fused:
+    compact module). Under `model.fused_projections`, on GPUs, unless the caller says they are not `stackable`:
+    as one matmul of x with their kernels stacked [embed, len(names), *features], one GEMM of the combined width,
+    and in the backward pass one GEMM for x's gradient where separate projections take one each and add them.
+    Its outputs are slices of one array, which XLA copies where an operand must be dense (a custom call's). The
+    parameters are the same either way. On a CPU the stacked matmul and its slices cost more than they save
+    (bert-tiny's step on one CPU device: 557 -> 583 ms), and on TPUs nothing measured a gain."""
+    if not (stackable and config.fused_projections and target_platform() == "gpu"):
         return [LayerDense(config, features, in_axes, out_axes, name=name)(x) for name in names]
     parts = [DenseParameters(config, features, in_axes, out_axes, name=name)(x.shape[-1]) for name in names]
     kernel = jnp.stack([kernel for kernel, _ in parts], axis=1)
@@ -329,8 +324,7 @@ class GatedMlp(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
         cfg = self.config
-        gate, up = projections(cfg, x, ("gate", "up"), (cfg.intermediate_size,), ("embed",), ("mlp",),
-                               fused=stacks_projections(cfg))
+        gate, up = projections(cfg, x, ("gate", "up"), (cfg.intermediate_size,), ("embed",), ("mlp",))
         h = constrain(GATES[cfg.activation](gate) * up, ("batch", "length", "mlp"))
         h = Dropout(cfg.activation_dropout)(h, deterministic=deterministic)
         h = LayerDense(cfg, cfg.hidden_size, ("mlp",), ("embed",), name="down")(h)
