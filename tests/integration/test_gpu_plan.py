@@ -1,6 +1,7 @@
 """`jaxlm compile --topology h100 --plan` on this GPU-less machine: the real train step compiled for a
 compile-only H100 by JAX's CUDA plugin (`make install` puts it in .venv/cuda-plugin), its memory, and a
 roofline plan whose matmul FLOPs equal the MFU formula's; the bad inputs stop in one line before compute."""
+import functools
 import json
 import os
 import subprocess
@@ -16,6 +17,7 @@ PLUGIN = {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / gpu_targets.PLUGI
                                                       os.environ.get("PYTHONPATH", "")) if p)}
 
 
+@functools.cache  # the same plan (bert-tiny on one H100) is read by two tests: compiled once
 def _plan(config, *overrides, topology="h100"):
     proc = run_cli("compile", config, *overrides, "--topology", topology, "--plan", "--json", devices=1,
                    env_extra=PLUGIN)
