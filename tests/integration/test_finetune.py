@@ -1,6 +1,7 @@
 """`jaxlm finetune` and `jaxlm predict` on real labelled data with the real all-MiniLM-L6-v2, CI-sized:
-classification and QA beat their trivial baselines, tagging (softmax and CRF) is scored as seqeval
-scores it, Sentence-BERT's result is what `jaxlm embed` loads, and bad input stops before any compute."""
+classification beats the majority class, QA learns the answers it trained on, tagging (softmax and CRF) is
+scored as seqeval scores it, Sentence-BERT's result is what `jaxlm embed` loads, and bad input stops before any
+compute."""
 import json
 
 import jax
