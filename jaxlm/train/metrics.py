@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import sys
 
 from etils import epath
 from tqdm.auto import tqdm
@@ -20,10 +21,8 @@ class MetricsWriter:
         self.active = active
         if not active:
             return
-        from tensorboardX import SummaryWriter  # here: it imports torch where installed (1.5 s per process)
-
         self.jsonl = GrowingText(epath.Path(run_dir) / "metrics.jsonl")
-        self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+        self.tb = summary_writer(str(run_dir / "tensorboard"))
         self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
 
     def write(self, step: int, metrics: dict, split: str = "train") -> None:
@@ -50,6 +49,20 @@ class MetricsWriter:
             self.bar.close()
             self.tb.close()
             self.jsonl.close()
+
+
+def summary_writer(directory: str):
+    """tensorboardX's writer, imported with PyTorch hidden from it: where torch is installed, tensorboardX
+    imports it (2 s of every run's start) only to accept torch tensors, and the writer here logs floats."""
+    hide = "torch" not in sys.modules
+    if hide:
+        sys.modules["torch"] = None  # Python's way to make `import torch` raise ImportError
+    try:
+        from tensorboardX import SummaryWriter  # here: with torch hidden, and only on process 0
+    finally:
+        if hide:
+            del sys.modules["torch"]
+    return SummaryWriter(directory)
 
 
 def read_jsonl(path: epath.PathLike) -> list[dict]:
