@@ -7,12 +7,12 @@ import json
 import jax
 import numpy as np
 import pytest
+import seqeval.metrics
 import yaml
 
 from conftest import ROOT, run_cli
 from jaxlm.cli import main
 from jaxlm.corpora.labelled import dataset_path
-from jaxlm.finetune.metrics import entity_scores
 
 BASE = {"mesh": {"data": -1, "rules": "dp"},
         "optim": {"name": "adamw", "peak_lr": 1.0e-4, "weight_decay": 0.01, "eps": 1.0e-8},
@@ -97,18 +97,23 @@ def test_question_answering_learns_the_answers_it_trained_on(tmp_path, minilm_co
 
 @pytest.mark.parametrize("crf", [False, True])
 def test_tagging_is_scored_by_seqeval(tmp_path, minilm_converted, crf):
+    """Tagging on 160 WNUT sentences, scored on 48 of them: the entities it learns to find (F1 0.35 with softmax,
+    0.63 with the CRF) are scored as seqeval scores the written predictions. Unseen sentences would not show it:
+    trained this little, it tags every word of WNUT's test split O, and any scorer gives that F1 0."""
     every_tag = sorted({t for split in ("train", "test") for r in read_jsonl(dataset_path("wnut16", split))
                         for t in r["tags"]})  # the first 160 sentences lack some types the test has
     config, run_dir = write(tmp_path, "wnut", {
         "task": "token_classification", "init_from": str(minilm_converted), "train": "wnut16:train[:160]",
-        "test": "wnut16:test[:48]", "crf": crf, "labels": every_tag}, optim={**BASE["optim"], "peak_lr": 3.0e-4})
+        "test": "wnut16:train[:48]", "crf": crf, "labels": every_tag, "epochs": 4},
+        optim={**BASE["optim"], "peak_lr": 5.0e-4})
     finetune(config)
     summary = summary_of(run_dir)
     predicted = [line["tags"] for line in read_jsonl(run_dir / "test_predictions.jsonl")]
-    gold = [r["tags"] for r in read_jsonl(dataset_path("wnut16", "test"))[:48]]
+    gold = [r["tags"] for r in read_jsonl(dataset_path("wnut16", "train"))[:48]]
     assert [len(p) for p in predicted] == [len(g) for g in gold]
-    assert summary["test"]["f1"] == pytest.approx(entity_scores(gold, predicted)["f1"])
-    assert summary["test"]["tag_accuracy"] >= summary["test_baseline"]["tag_accuracy"] - 0.02
+    assert summary["test"]["f1"] > 0.2
+    assert summary["test"]["f1"] == pytest.approx(seqeval.metrics.f1_score(gold, predicted))
+    assert summary["test"]["tag_accuracy"] > summary["test_baseline"]["tag_accuracy"]
 
 
 def test_sentence_embedding_ranking_then_embed(tmp_path, minilm_converted):
