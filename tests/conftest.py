@@ -8,6 +8,7 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import functools
 import gc
 import pathlib
 import signal
@@ -22,6 +23,8 @@ import yaml
 
 from jaxlm import families
 from jaxlm.convert.names import flatten
+from jaxlm.corpora.registry import fetch_austen
+from jaxlm.data.tokenizers.trainer import train_wordpiece, write_vocab
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -33,15 +36,19 @@ def outputs_loss_and_gradients(config, data, params, batch):
     return outputs, loss, dict(flatten(grads))
 
 
+# An even vocabulary size that 4 does not divide, as bert-base-uncased's 30,522: every mesh that splits one
+# splits the other, and the tensor axis of 4 splits neither
+VOCAB_SIZE = 2002
 TINY = {
     "model": {"preset": "bert-tiny", "hidden_size": 64, "num_layers": 2, "num_heads": 2,
-              "intermediate_size": 256, "max_position_embeddings": 64, "dtype": "float32"},
+              "intermediate_size": 256, "max_position_embeddings": 64, "vocab_size": VOCAB_SIZE, "dtype": "float32"},
     "data": {"corpus": ["demo:austen"], "max_seq_length": 64, "max_predictions": 10, "seed": 7},
     "mesh": {"data": -1, "rules": "dp"},
     "optim": {"peak_lr": 2e-3, "warmup_steps": 10},
     "train": {"steps": 20, "global_batch": 32, "log_every": 1, "eval_every": 1000, "eval_batches": 4,
               "checkpoint_every": 10},
 }
+shared_dir: pathlib.Path | None = None  # the directory both xdist workers share, once the session has started
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -54,14 +61,28 @@ def _release_compiled_programs():
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _one_compilation_cache(tmp_path_factory):
-    """One JAX compilation cache for every process the tests start, under both xdist workers: a `jaxlm` run that
-    compiles what an earlier test's run compiled loads it (the tiny BERT's steps: 15-25 s on two cores, 2-3 s
-    loaded), where each run would otherwise keep its own in its run directory. This process's JAX was configured
-    at import, so its own compilations stay where they were."""
+def _shared_between_workers(tmp_path_factory):
+    """One directory for every process the tests start, under both xdist workers: it holds the tests' vocabulary
+    and JAX's compilation cache. A `jaxlm` run that compiles what an earlier test's run compiled loads it (the
+    tiny BERT's steps: 15-25 s on two cores, 2-3 s loaded), where each run would otherwise keep its own in its run
+    directory. This process's JAX was configured at import, so its own compilations stay where they were."""
+    global shared_dir
     base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(shared / "compile-cache")
+    shared_dir = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(shared_dir / "compile-cache")
+
+
+@functools.cache
+def austen_vocab() -> pathlib.Path:
+    """A WordPiece vocabulary of VOCAB_SIZE pieces learnt from the Austen novels by the trainer of `jaxlm tokenizer
+    train` (4 s), for the tiny BERT of the tests' runs: with bert-base-uncased's 30,522 its masked-LM head and
+    embedding took most of every step (a 40-step run on 8 devices: 31 s against 22)."""
+    path = shared_dir / f"austen-wordpiece-{VOCAB_SIZE}.txt"
+    if not path.exists():  # written atomically: both workers may write it, the same bytes
+        vocab = train_wordpiece(fetch_austen().read_text(encoding="utf-8").splitlines(), VOCAB_SIZE)
+        assert len(vocab) == VOCAB_SIZE
+        write_vocab(vocab, path)
+    return path
 
 
 def merged(base: dict, extra: dict) -> dict:
@@ -73,7 +94,8 @@ def merged(base: dict, extra: dict) -> dict:
 
 def write_config(directory: pathlib.Path, extra: dict | None = None, name: str = "config.yaml") -> pathlib.Path:
     path = directory / name
-    path.write_text(yaml.safe_dump(merged(TINY, extra or {})))
+    tiny = merged(TINY, {"data": {"vocab": str(austen_vocab())}})
+    path.write_text(yaml.safe_dump(merged(tiny, extra or {})))
     return path
 
 
@@ -106,7 +128,7 @@ def kill_when(proc: subprocess.Popen, ready, timeout: float = 600) -> None:
 
 @pytest.fixture(scope="session")
 def prepared_dir(tmp_path_factory) -> pathlib.Path:
-    """The Austen novels prepared at sequence length 64 with the real bert-base-uncased vocabulary."""
+    """The Austen novels prepared at sequence length 64 with the vocabulary learnt from them."""
     directory = tmp_path_factory.mktemp("prepared")
     config = write_config(directory, {"data": {"prepared_dir": str(directory / "data")}})
     run_cli("prepare", config, devices=1)

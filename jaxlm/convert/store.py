@@ -18,6 +18,7 @@ import safetensors.numpy
 from jaxlm import config as config_lib
 from jaxlm.convert import registry
 from jaxlm.data.sources import resolve_vocab
+from jaxlm.data.tokenizers.load import NAME_IN_A_DIRECTORY
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.presets import model_config
 from jaxlm.train import checkpoint
@@ -68,17 +69,21 @@ def staged(out, overwrite: bool = False):
 
 
 def copy_tokenizer(source, target) -> list[str]:
-    """Copies whichever TOKENIZER_FILES `source` (a directory, or one vocab file) has into `target`."""
+    """Copies whichever TOKENIZER_FILES `source` (a directory, or one tokenizer file) has into `target`. One file
+    takes the name a directory of its kind is read by (`my-vocab.txt` becomes vocab.txt), whatever its own."""
     if source is None:
         return []
     source = pathlib.Path(source)
-    files = [source] if source.is_file() else [source / name for name in TOKENIZER_FILES if (source / name).is_file()]
-    if not files:
+    if source.is_file():
+        named = [(source, NAME_IN_A_DIRECTORY.get(source.suffix, source.name))]
+    else:
+        named = [(source / name, name) for name in TOKENIZER_FILES if (source / name).is_file()]
+    if not named:
         return []
     pathlib.Path(target).mkdir(parents=True, exist_ok=True)
-    for path in files:
-        shutil.copyfile(path, pathlib.Path(target) / path.name)
-    return [p.name for p in files]
+    for path, name in named:
+        shutil.copyfile(path, pathlib.Path(target) / name)
+    return [name for _, name in named]
 
 
 # ---------------------------------------------------------------- converted checkpoints

@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from conftest import run_cli
+from conftest import VOCAB_SIZE, run_cli
 
 
 def _snapshot(directory):
@@ -24,7 +24,7 @@ CASES = {
     "mesh product": ({"mesh": {"data": 3, "fsdp": 1, "tensor": 1}}, [], ["3 devices but 8 are present"]),
     "sequence beyond positions": ({"data": {"max_seq_length": 128}}, [],
                                   ["max_seq_length=128", "max_position_embeddings=64"]),
-    "vocabulary size": ({"model": {"vocab_size": 1000}}, [], ["30522 tokens but model.vocab_size=1000"]),
+    "vocabulary size": ({"model": {"vocab_size": 1000}}, [], [f"{VOCAB_SIZE} tokens but model.vocab_size=1000"]),
     "unknown section": ({}, ["trian.steps=5"], ["unknown section", "valid sections"]),
     "bad number": ({}, ["train.steps=many"], ["train.steps must be a number"]),
     "batch vs mesh": ({"train": {"global_batch": 12}}, [], ["global_batch=12", "batch shards"]),
@@ -34,7 +34,8 @@ CASES = {
     "model switch not a boolean": ({}, ["model.fp8=maybe"], ["model.fp8 must be true or false, got 'maybe'"]),
     "vocabulary not divisible by the tensor axis": (
         {"mesh": {"rules": "fsdp_tp", "data": 1, "fsdp": 2, "tensor": 4}}, [],
-        ["30522 along 'vocab'", "split 4 ways (tensor=4)", "whose tensor divides 30522, or other mesh.rules"]),
+        [f"{VOCAB_SIZE} along 'vocab'", "split 4 ways (tensor=4)",
+         f"whose tensor divides {VOCAB_SIZE}, or other mesh.rules"]),
     "logits chunks outside a causal LM": ({}, ["model.logits_chunks=4"], ["model.logits_chunks=4", "leave it at 0"]),
     "flash kernel with a head size Triton cannot tile": (
         {}, ["model.attention_kernel=flash", "model.head_size=24"],

@@ -2,15 +2,15 @@
 the input pipeline's examples/s."""
 import json
 
-from conftest import run_cli
-from jaxlm.corpora.models import bert_vocab_path
+from conftest import austen_vocab, run_cli
 
 
 def test_data_show_prints_model_inputs(tiny_config):
     proc = run_cli("data", "show", tiny_config(), "--n", "5", devices=1)
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(records) == 5
-    vocab = bert_vocab_path().read_text().splitlines()
+    vocab = austen_vocab().read_text().splitlines()
+    specials = {token: vocab.index(token) for token in ("[PAD]", "[CLS]", "[SEP]", "[MASK]")}
     chosen_total = masked_total = 0
     for record in records:
         ids, tokens = record["input_ids"], record["input_tokens"]
@@ -22,8 +22,8 @@ def test_data_show_prints_model_inputs(tiny_config):
         assert chosen and all(0 < p < 64 for p in chosen)
         labels = [label for label, w in zip(record["masked_labels"], record["masked_weights"]) if w > 0]
         chosen_total += len(chosen)
-        masked_total += sum(ids[p] == 103 for p in chosen)
-        assert all(label not in (0, 101, 102) for label in labels)
+        masked_total += sum(ids[p] == specials["[MASK]"] for p in chosen)
+        assert all(label not in (specials["[PAD]"], specials["[CLS]"], specials["[SEP]"]) for label in labels)
     assert masked_total >= 0.6 * chosen_total
 
 

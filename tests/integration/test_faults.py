@@ -232,8 +232,8 @@ def test_sigkill_during_a_step_a_save_and_an_evaluation_then_a_truncated_checkpo
     def in_a_save():  # a save of this run in flight: Orbax's temporary directory of step 20
         return any(p.name.startswith("20.") for p in unfinished(checkpoints))
 
-    def in_an_evaluation(pause=rng.uniform(0.0, 0.2)):  # the step-25 evaluation has begun
-        if 25 not in losses(run_dir):
+    def in_an_evaluation(pause=rng.uniform(0.0, 0.2)):  # the step-25 evaluation has begun, checkpoint 20 committed
+        if 25 not in losses(run_dir) or 20 not in committed(run_dir):  # its save may still be writing at step 25
             return False
         time.sleep(pause)
         return True

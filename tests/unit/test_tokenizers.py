@@ -336,3 +336,18 @@ def test_resolver_errors(tmp_path):
         load_tokenizer(tmp_path)
     with pytest.raises(FileNotFoundError, match="not found"):
         load_tokenizer(tmp_path / "vocab.txt")
+
+
+def test_a_lone_tokenizer_file_under_any_name_is_copied_as_its_directory_reads_it(tmp_path):
+    """A run's data.vocab may be `my-vocab.txt` (what `jaxlm tokenizer train --output` wrote); the tokenizer
+    directory of its exports and fine-tunes names it vocab.txt (spiece.model, tokenizer.json), as loaders expect."""
+    from jaxlm.convert.store import copy_tokenizer  # here: the checkpoint store, not a tokenizer module
+    sources = {"austen-vocab.txt": bert_vocab_path(), "minilm.json": minilm_dir() / "tokenizer.json",
+               "botchan.model": sentencepiece_test_dir() / "botchan_en_unigram_1000.model"}
+    for name, source in sources.items():
+        lone = tmp_path / name
+        shutil.copyfile(source, lone)
+        copied = copy_tokenizer(lone, tmp_path / f"{name}-dir")
+        assert copied == [{".txt": "vocab.txt", ".model": "spiece.model", ".json": "tokenizer.json"}[lone.suffix]]
+        text = "Emma Woodhouse, handsome, clever, and rich."
+        assert load_tokenizer(tmp_path / f"{name}-dir").encode(text) == load_tokenizer(lone).encode(text)

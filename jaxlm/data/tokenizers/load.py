@@ -16,6 +16,8 @@ SPEC_FORMS = (f"a packaged name ({', '.join(PACKAGED_TOKENIZERS)}), a WordPiece 
               ".model, a tokenizer.json, or a directory holding tokenizer.json, vocab.txt (with "
               "tokenizer_config.json's do_lower_case), spiece.model, encoder.json + vocab.bpe or vocab.json + "
               "merges.txt (byte-level BPE), taken in that order")
+# a lone tokenizer file's suffix, as `load_tokenizer` reads it -> its name in a tokenizer directory
+NAME_IN_A_DIRECTORY = {".txt": "vocab.txt", ".model": "spiece.model", ".json": "tokenizer.json"}
 
 
 def tokenizer_path(spec) -> Path:
