@@ -1,10 +1,11 @@
 """FP8's convergence in CI: BERT-tiny pretrained on real text with and without model.fp8, the same data,
-initialisation and batches; the FP8 run's held-out loss falls as the plain run's does and ends within 2% of
-it (`bench/fp8.py` is the longer check)."""
+initialisation and batches (and the vocabulary learnt from that text, as the other tests' runs); the FP8 run's
+held-out loss falls as the plain run's does and ends within 2% of it (`bench/fp8.py` is the longer check)."""
 from __future__ import annotations
 
 import json
 
+from conftest import VOCAB_SIZE, austen_vocab
 from jaxlm.cli import main
 
 CONFIG = "configs/bert-tiny.yaml"
@@ -19,7 +20,8 @@ def eval_losses(run_dir) -> dict[int, float]:
 
 
 def test_fp8_follows_the_plain_loss_curve(tmp_path, capsys):
-    data = [*COMMON, f"data.prepared_dir={tmp_path / 'data'}"]
+    data = [*COMMON, f"data.prepared_dir={tmp_path / 'data'}", f"data.vocab={austen_vocab()}",
+            f"model.vocab_size={VOCAB_SIZE}"]
     assert main(["prepare", CONFIG, *data]) == 0
     curves = {}
     for fp8 in ("false", "true"):
