@@ -12,7 +12,6 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxlm import families
 from jaxlm.convert.store import checkpoint_config, load_checkpoint
-from jaxlm.data.tokenizers.load import load_tokenizer
 from jaxlm.parallel.mesh import batch_shards
 
 # Hugging Face's "never choose this" offset in beam search, kept identical so that beam choices match.
@@ -461,11 +460,11 @@ def generate_from_checkpoint(checkpoint, prompts: list[str], *, max_new_tokens: 
     """{"prompt", "generated" text, "token_ids"} per prompt, from a converted or run checkpoint and its
     tokenizer; every argument is checked before the parameters are read."""
     check_sampling(temperature, top_k, top_p, num_beams)
-    config, tokenizer_dir = checkpoint_config(checkpoint)
+    config, checkpoint_tokenizer = checkpoint_config(checkpoint)
     model = model_for(config)
-    if tokenizer_dir is None:
+    if checkpoint_tokenizer is None:
         raise ValueError(f"{checkpoint} has no tokenizer to turn prompts into ids; convert it with one")
-    tokenizer = load_tokenizer(tokenizer_dir)
+    tokenizer = checkpoint_tokenizer.load()
     _, params, _ = load_checkpoint(checkpoint)
     encoded = [list(tokenizer.encode(p, add_special_tokens=True)) for p in prompts]
     width = max(len(e) for e in encoded)

@@ -12,7 +12,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxlm import families
 from jaxlm.convert import store
-from jaxlm.data.tokenizers.load import load_tokenizer
 from jaxlm.models.config import TransformerConfig
 
 POOLINGS = ("mean", "cls")
@@ -134,14 +133,14 @@ def embed_file(ckpt, input_path, output=None, *, pooling: str = "mean", normaliz
         raise FileExistsError(f"{output} exists; pass --overwrite to replace it or choose another --output")
     if batch_size <= 0:
         raise ValueError(f"--batch-size must be positive, got {batch_size}")
-    config, tokenizer_path = store.checkpoint_config(ckpt)
+    config, checkpoint_tokenizer = store.checkpoint_config(ckpt)
     check_encoder(config)
     limit = position_limit(config)
     if max_length is not None and not 2 <= max_length <= limit:
         raise ValueError(f"--max-length {max_length} must lie in [2, {limit}], the model's positions")
-    if tokenizer_path is None:
+    if checkpoint_tokenizer is None:
         raise ValueError(f"{ckpt} has no tokenizer to read the sentences with")
-    tokenizer = load_tokenizer(tokenizer_path)
+    tokenizer = checkpoint_tokenizer.load()
     ids = [truncate(tokenizer.encode(s, add_special_tokens=True), max_length or min(256, limit)) for s in sentences]
     top = max(max(row) for row in ids)
     if top >= config.vocab_size:

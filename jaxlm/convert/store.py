@@ -18,7 +18,7 @@ import safetensors.numpy
 from jaxlm import config as config_lib
 from jaxlm.convert import registry
 from jaxlm.data.sources import resolve_vocab
-from jaxlm.data.tokenizers.load import NAME_IN_A_DIRECTORY
+from jaxlm.data.tokenizers.load import NAME_IN_A_DIRECTORY, load_tokenizer
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.presets import model_config
 from jaxlm.train import checkpoint
@@ -28,6 +28,19 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "spec
 TOKENIZER_DIR = "tokenizer"
 NOT_A_CHECKPOINT = ("expected a directory written by `jaxlm convert from-hf`, a training run directory "
                     "(train.run_dir) or one of its checkpoints/<step> directories")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointTokenizer:
+    """Where a checkpoint's tokenizer lies and how its text became ids: a converted checkpoint's tokenizer/
+    directory, or a run's data.vocab with the run's data.lowercase and data.sentinels."""
+
+    location: pathlib.Path
+    lowercase: bool = True
+    sentinels: int = 0
+
+    def load(self):
+        return load_tokenizer(self.location, lowercase=self.lowercase, sentinels=self.sentinels)
 
 
 # ---------------------------------------------------------------- writing without losing anything
@@ -127,37 +140,36 @@ def _opened(path: pathlib.Path):
         yield mngr, step
 
 
-def _config(mngr, step: int, path: pathlib.Path) -> tuple[TransformerConfig, pathlib.Path | None]:
+def _config(mngr, step: int, path: pathlib.Path) -> tuple[TransformerConfig, CheckpointTokenizer | None]:
     stored = mngr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
     if not isinstance(stored, dict) or not isinstance(stored.get("model"), dict):
         raise _not_a_checkpoint(path, "its config item has no model")
     return _stored_config(stored, path)
 
 
-def checkpoint_config(path) -> tuple[TransformerConfig, pathlib.Path | None]:
-    """(model config, tokenizer location or None) of a checkpoint, without reading its parameters."""
+def checkpoint_config(path) -> tuple[TransformerConfig, CheckpointTokenizer | None]:
+    """(model config, tokenizer or None) of a checkpoint, without reading its parameters."""
     with _opened(pathlib.Path(path)) as (mngr, step):
         return _config(mngr, step, pathlib.Path(path))
 
 
-def load_checkpoint(path) -> tuple[TransformerConfig, dict, pathlib.Path | None]:
-    """(model config, parameter tree of numpy arrays, tokenizer location or None) of a converted
-    checkpoint or a training run (its latest step). The tokenizer location is a directory of
-    tokenizer files (converted) or the run's `data.vocab` file."""
+def load_checkpoint(path) -> tuple[TransformerConfig, dict, CheckpointTokenizer | None]:
+    """(model config, parameter tree of numpy arrays, tokenizer or None) of a converted checkpoint or a
+    training run (its latest step)."""
     path = pathlib.Path(path)
     with _opened(path) as (mngr, step):
         config, tokenizer = _config(mngr, step, path)
         return config, _restore_params(mngr, step), tokenizer
 
 
-def _stored_config(stored: dict, path: pathlib.Path) -> tuple[TransformerConfig, pathlib.Path | None]:
+def _stored_config(stored: dict, path: pathlib.Path) -> tuple[TransformerConfig, CheckpointTokenizer | None]:
     if "train" in stored:
         run = config_lib.from_dict(stored)
-        return run.model, resolve_vocab(run.data)
+        return run.model, CheckpointTokenizer(resolve_vocab(run.data), run.data.lowercase, run.data.sentinels)
     config = model_config(**stored["model"])
     config.validate()
     tokenizer = path / TOKENIZER_DIR
-    return config, tokenizer if tokenizer.is_dir() else None
+    return config, CheckpointTokenizer(tokenizer) if tokenizer.is_dir() else None
 
 
 def _restore_params(mngr, step: int) -> dict:
@@ -174,7 +186,8 @@ def _restore_params(mngr, step: int) -> dict:
 
 # ---------------------------------------------------------------- Hugging Face directories
 
-def save_hf(out_dir, config: TransformerConfig, params: Mapping, tokenizer=None, overwrite: bool = False) -> str:
+def save_hf(out_dir, config: TransformerConfig, params: Mapping, tokenizer: CheckpointTokenizer | None = None,
+            overwrite: bool = False) -> str:
     """Writes config.json, model.safetensors (float32) and the tokenizer files at `out_dir`; returns
     the transformers auto class that loads it."""
     hf_config, tensors, auto_class = registry.to_hf(config, params)
@@ -182,6 +195,14 @@ def save_hf(out_dir, config: TransformerConfig, params: Mapping, tokenizer=None,
         (staging / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
         safetensors.numpy.save_file({k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()},
                                     str(staging / "model.safetensors"), metadata={"format": "pt"})
-        copy_tokenizer(tokenizer, staging)
+        copy_hf_tokenizer(tokenizer, staging)
     return auto_class
 
+
+def copy_hf_tokenizer(tokenizer: CheckpointTokenizer | None, target) -> None:
+    """The tokenizer's files as transformers reads them: a WordPiece vocab.txt without a tokenizer_config.json
+    gets one saying whether to lowercase, which transformers otherwise does."""
+    copied = copy_tokenizer(tokenizer.location, target) if tokenizer else []
+    if "vocab.txt" in copied and "tokenizer_config.json" not in copied:
+        settings = {"do_lower_case": tokenizer.lowercase}
+        (pathlib.Path(target) / "tokenizer_config.json").write_text(json.dumps(settings) + "\n")

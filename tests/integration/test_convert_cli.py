@@ -222,7 +222,7 @@ def test_training_run_initialised_from_a_conversion_exports_the_same_weights(tmp
     sentences = ["The quick brown fox jumps over the lazy dog.", "Hello!", "Rain again today, said Mr. Darcy."]
     (tmp_path / "text.txt").write_text("\n".join(sentences) + "\n")
     assert cli(capsys, "embed", tmp_path / "run", "--input", tmp_path / "text.txt")[0] == 0
-    tokenizer = transformers.BertTokenizer(vocab=str(tmp_path / "back" / "vocab.txt"), do_lower_case=True)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "back"))  # as a user loads the export
     batch = tokenizer(sentences, padding=True, return_tensors="pt")
     with torch.no_grad():
         hidden = model.bert(**batch).last_hidden_state.double().numpy()

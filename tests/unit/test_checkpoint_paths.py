@@ -1,12 +1,18 @@
 """One resolver for checkpoint paths: a run directory, its checkpoints/ directory, one step directory
 and a converted checkpoint all open the same way, for `train.init_from` and for reading."""
 import dataclasses
+import json
+import shutil
 
 import jax
 import numpy as np
 import pytest
+import transformers
 
+from jaxlm import config as config_lib
 from jaxlm.convert import store
+from jaxlm.corpora.models import bert_vocab_path
+from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer
 from jaxlm.models.presets import model_config
 from jaxlm.train import checkpoint
 
@@ -62,3 +68,35 @@ def test_an_explicit_step_wins_and_empty_or_missing_paths_are_refused(run_dir, t
         checkpoint.restore_params(tmp_path / "empty", abstract())
     with pytest.raises(ValueError, match="is not a jaxlm checkpoint: it holds no Orbax checkpoint step"):
         store.load_checkpoint(tmp_path / "empty")
+
+
+def run_with_tokenizer(directory, data: dict, model: dict):
+    """A run directory whose one checkpoint records a run config with these data and model settings, as a
+    training run records its own."""
+    run = config_lib.from_dict({"model": {"preset": "bert-tiny", **model}, "data": data,
+                                "train": {"run_dir": str(directory)}})
+    mngr = checkpoint.manager(directory / "checkpoints", keep=1, async_save=False)
+    checkpoint.save(mngr, 1, {"params": params(1.0)}, {"step": 1}, config_lib.to_dict(run))
+    mngr.wait_until_finished()
+    mngr.close()
+    return directory
+
+
+def test_a_runs_tokenizer_reads_text_as_its_training_did(tmp_path):
+    """`jaxlm embed`, `generate` and `convert to-hf` read a run's text with its data.lowercase and data.sentinels:
+    a WordPiece vocabulary under a name of its own kept cased, and T5's SentencePiece with its sentinels."""
+    vocab = tmp_path / "my-vocab.txt"
+    shutil.copyfile(bert_vocab_path(), vocab)
+    cased = run_with_tokenizer(tmp_path / "cased", {"vocab": str(vocab), "lowercase": False}, {"vocab_size": 30522})
+    _, tokenizer = store.checkpoint_config(cased)
+    text = "Emma Woodhouse, handsome, clever, and rich."
+    ids = tokenizer.load().encode(text)
+    assert ids == WordPieceTokenizer(vocab, lowercase=False).encode(text) != WordPieceTokenizer(vocab).encode(text)
+    store.copy_hf_tokenizer(tokenizer, tmp_path / "hf")
+    assert json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text()) == {"do_lower_case": False}
+    theirs = transformers.BertTokenizer.from_pretrained(str(tmp_path / "hf"))
+    assert theirs(text, add_special_tokens=False)["input_ids"] == ids
+
+    spiece = {"vocab": "botchan-unigram-1000", "sentinels": 100}
+    t5 = run_with_tokenizer(tmp_path / "t5", spiece, {"preset": "t5-small", "vocab_size": 1100})
+    assert store.checkpoint_config(t5)[1].load().vocab_size == 1100
