@@ -81,9 +81,11 @@ def staged(out, overwrite: bool = False):
         shutil.rmtree(old, ignore_errors=True)
 
 
-def copy_tokenizer(source, target) -> list[str]:
-    """Copies whichever TOKENIZER_FILES `source` (a directory, or one tokenizer file) has into `target`. One file
-    takes the name a directory of its kind is read by (`my-vocab.txt` becomes vocab.txt), whatever its own."""
+def copy_tokenizer(source, target, lowercase: bool = True) -> list[str]:
+    """Copies whichever TOKENIZER_FILES `source` (a directory, or one tokenizer file) has into `target`, and returns
+    their names there. One file takes the name a directory of its kind is read by (`my-vocab.txt` becomes
+    vocab.txt), whatever its own; a vocab.txt without a tokenizer_config.json also gets one saying `lowercase`,
+    which loaders (ours, transformers') otherwise take to be true."""
     if source is None:
         return []
     source = pathlib.Path(source)
@@ -93,10 +95,14 @@ def copy_tokenizer(source, target) -> list[str]:
         named = [(source / name, name) for name in TOKENIZER_FILES if (source / name).is_file()]
     if not named:
         return []
-    pathlib.Path(target).mkdir(parents=True, exist_ok=True)
+    target = pathlib.Path(target)
+    target.mkdir(parents=True, exist_ok=True)
     for path, name in named:
-        shutil.copyfile(path, pathlib.Path(target) / name)
-    return [name for _, name in named]
+        shutil.copyfile(path, target / name)
+    copied = [name for _, name in named]
+    if "vocab.txt" in copied and "tokenizer_config.json" not in copied:
+        (target / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": lowercase}) + "\n")
+    return copied
 
 
 # ---------------------------------------------------------------- converted checkpoints
@@ -195,14 +201,6 @@ def save_hf(out_dir, config: TransformerConfig, params: Mapping, tokenizer: Chec
         (staging / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
         safetensors.numpy.save_file({k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()},
                                     str(staging / "model.safetensors"), metadata={"format": "pt"})
-        copy_hf_tokenizer(tokenizer, staging)
+        if tokenizer:
+            copy_tokenizer(tokenizer.location, staging, tokenizer.lowercase)
     return auto_class
-
-
-def copy_hf_tokenizer(tokenizer: CheckpointTokenizer | None, target) -> None:
-    """The tokenizer's files as transformers reads them: a WordPiece vocab.txt without a tokenizer_config.json
-    gets one saying whether to lowercase, which transformers otherwise does."""
-    copied = copy_tokenizer(tokenizer.location, target) if tokenizer else []
-    if "vocab.txt" in copied and "tokenizer_config.json" not in copied:
-        settings = {"do_lower_case": tokenizer.lowercase}
-        (pathlib.Path(target) / "tokenizer_config.json").write_text(json.dumps(settings) + "\n")

@@ -232,7 +232,7 @@ def prepare_run_dir(config: RunConfig, source: Source) -> tuple[pathlib.Path, Ru
     if jax.process_index() == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tokenizer_dir, ignore_errors=True)
-        store.copy_tokenizer(resolve_vocab(config.data), tokenizer_dir)
+        store.copy_tokenizer(resolve_vocab(config.data), tokenizer_dir, config.data.lowercase)
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices("finetune run directory")
     return run_dir, dataclasses.replace(config, data=dataclasses.replace(config.data, vocab=str(tokenizer_dir)))
