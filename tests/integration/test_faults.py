@@ -45,9 +45,9 @@ def committed(run_dir) -> list[int]:
 FSDP = {"data": 1, "fsdp": -1, "tensor": 1, "rules": "fsdp"}
 
 
-def config(tmp_path, prepared_dir, name: str, optim=None, workers: int = 0, **train):
+def config(tmp_path, prepared_dir, name: str, optim=None, workers: int = 0, mesh=FSDP, **train):
     return write_config(tmp_path, {"data": {"prepared_dir": str(prepared_dir), "workers": workers},
-                                   "optim": optim or {}, "mesh": FSDP,
+                                   "optim": optim or {}, "mesh": mesh,
                                    "train": TRAIN | {"run_dir": str(tmp_path / name)} | train}, f"{name}.yaml")
 
 
@@ -275,13 +275,15 @@ def test_a_save_cut_off_before_its_commit_is_named_and_the_run_resumes_from_the_
 
 
 def test_a_checkpoint_that_cannot_be_written_stops_the_run_and_keeps_the_older_ones(prepared_dir, tmp_path):
-    """Files over 1 MB fail (RLIMIT_FSIZE, as a full disk would), so the step-20 save fails."""
-    path, run_dir = config(tmp_path, prepared_dir, "run", steps=10), tmp_path / "run"
+    """Files over 256 KiB fail (RLIMIT_FSIZE, as a full disk would), so the step-20 save fails: unsharded, the
+    2002 x 64 float32 embedding is one 500 KiB chunk that no data file can hold, while the log stays far below."""
+    unsharded = {"data": -1, "rules": "dp"}
+    path, run_dir = config(tmp_path, prepared_dir, "run", mesh=unsharded, steps=10), tmp_path / "run"
     run_cli("train", path)
     before = sorted(p.relative_to(run_dir) for p in (run_dir / "checkpoints").rglob("*"))
-    path = config(tmp_path, prepared_dir, "run", steps=20)
+    path = config(tmp_path, prepared_dir, "run", mesh=unsharded, steps=20)
     with open(tmp_path / "log", "w") as log:
-        proc = start(path, log, file_limit_kib=1024)
+        proc = start(path, log, file_limit_kib=256)
         assert proc.wait(timeout=300) == 1
     output = (tmp_path / "log").read_text()
     marker = "jaxlm train: stopped:"  # the progress bar's last redraw may come first on its line
