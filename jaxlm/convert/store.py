@@ -19,6 +19,8 @@ from jaxlm import config as config_lib
 from jaxlm.convert import registry
 from jaxlm.data.sources import resolve_vocab
 from jaxlm.data.tokenizers.load import NAME_IN_A_DIRECTORY, load_tokenizer
+from jaxlm.data.tokenizers.roles import special_ids
+from jaxlm.data.tokenizers.spm_json import to_tokenizers
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.presets import model_config
 from jaxlm.train import checkpoint
@@ -103,6 +105,32 @@ def copy_tokenizer(source, target, lowercase: bool = True) -> list[str]:
     if "vocab.txt" in copied and "tokenizer_config.json" not in copied:
         (target / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": lowercase}) + "\n")
     return copied
+
+
+def write_hf_tokenizer(tokenizer: CheckpointTokenizer, target) -> None:
+    """The checkpoint's tokenizer files in `target` as transformers' AutoTokenizer reads them with the ids the run
+    used. A Hugging Face tokenizer directory (one with a tokenizer_config.json) is copied as it is, and a WordPiece
+    vocab.txt with its casing. Otherwise a SentencePiece model also becomes a tokenizer.json (sentinels included),
+    read through the generic fast class that adds nothing of a family's own; GPT-2's encoder.json and vocab.bpe
+    are also written as vocab.json and merges.txt, which its class reads; and tokenizer_config.json names the
+    special tokens as the run's pipelines used them."""
+    target = pathlib.Path(target)
+    copied = copy_tokenizer(tokenizer.location, target, tokenizer.lowercase)
+    if not copied or "tokenizer_config.json" in copied or "vocab.txt" in copied:
+        return
+    for ours, theirs in (("encoder.json", "vocab.json"), ("vocab.bpe", "merges.txt")):
+        if ours in copied and theirs not in copied:
+            shutil.copyfile(target / ours, target / theirs)
+    if "spiece.model" in copied and "tokenizer.json" not in copied:
+        to_tokenizers(target / "spiece.model", tokenizer.sentinels).save(str(target / "tokenizer.json"))
+        copied.append("tokenizer.json")
+    loaded = tokenizer.load()
+    roles = special_ids(loaded)
+    piece = lambda i: loaded.convert_ids_to_tokens([i])[0]
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast"} if "tokenizer.json" in copied else {}
+    settings |= {f"{role}_token": piece(i) for role, i in roles.items() if role != "sentinels" and i is not None}
+    settings |= {"additional_special_tokens": [piece(i) for i in roles["sentinels"]]} if roles["sentinels"] else {}
+    (target / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
 
 
 # ---------------------------------------------------------------- converted checkpoints
@@ -202,5 +230,5 @@ def save_hf(out_dir, config: TransformerConfig, params: Mapping, tokenizer: Chec
         safetensors.numpy.save_file({k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()},
                                     str(staging / "model.safetensors"), metadata={"format": "pt"})
         if tokenizer:
-            copy_tokenizer(tokenizer.location, staging, tokenizer.lowercase)
+            write_hf_tokenizer(tokenizer, staging)
     return auto_class

@@ -92,11 +92,16 @@ def test_a_runs_tokenizer_reads_text_as_its_training_did(tmp_path):
     text = "Emma Woodhouse, handsome, clever, and rich."
     ids = tokenizer.load().encode(text)
     assert ids == WordPieceTokenizer(vocab, lowercase=False).encode(text) != WordPieceTokenizer(vocab).encode(text)
-    store.copy_tokenizer(tokenizer.location, tmp_path / "hf", tokenizer.lowercase)
+    store.write_hf_tokenizer(tokenizer, tmp_path / "hf")
     assert json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text()) == {"do_lower_case": False}
     theirs = transformers.BertTokenizer.from_pretrained(str(tmp_path / "hf"))
     assert theirs(text, add_special_tokens=False)["input_ids"] == ids
 
-    spiece = {"vocab": "botchan-unigram-1000", "sentinels": 100}
-    t5 = run_with_tokenizer(tmp_path / "t5", spiece, {"preset": "t5-small", "vocab_size": 1100})
-    assert store.checkpoint_config(t5)[1].load().vocab_size == 1100
+    spiece = {"vocab": "botchan-unigram-1000", "sentinels": 20}
+    t5 = run_with_tokenizer(tmp_path / "t5", spiece, {"preset": "t5-small", "vocab_size": 1020})
+    tokenizer = store.checkpoint_config(t5)[1]
+    assert tokenizer.load().vocab_size == 1020
+    store.write_hf_tokenizer(tokenizer, tmp_path / "t5-hf")
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "t5-hf"))
+    assert len(theirs) == 1020 and theirs.convert_tokens_to_ids("<extra_id_0>") == 1019
+    assert theirs(text, add_special_tokens=False)["input_ids"] == tokenizer.load().encode(text)

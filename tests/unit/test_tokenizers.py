@@ -17,6 +17,7 @@ from jaxlm.data.tokenizers.load import load_tokenizer
 from jaxlm.data.tokenizers.roles import special_ids, word_start_table
 from jaxlm.data.tokenizers.rust import RustTokenizer
 from jaxlm.data.tokenizers.spm import SentencePieceTokenizer, train_sentencepiece
+from jaxlm.data.tokenizers.spm_json import to_tokenizers
 from jaxlm.data.tokenizers.tokenize_cli import run
 from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer
 
@@ -189,17 +190,35 @@ def test_sentinels_follow_t5(spm_dir, tmp_path):
     assert tok.fingerprint() != SentencePieceTokenizer(model).fingerprint()
 
 
+@pytest.mark.parametrize("model", ["botchan_en_unigram_1000.model", "botchan_en_bpe_1000.model"])
+def test_a_sentencepiece_model_as_a_tokenizer_json_gives_the_packages_ids(spm_dir, lines, model):
+    """What an export writes for transformers: the `tokenizers` pipeline built from the model proto."""
+    reference = sentencepiece.SentencePieceProcessor(model_file=str(spm_dir / model))
+    theirs = to_tokenizers(spm_dir / model, sentinels=20)
+    encoded = theirs.encode_batch(TRICKY + lines, add_special_tokens=False)
+    assert [e.ids for e in encoded] == reference.encode(TRICKY + lines)
+    ours = SentencePieceTokenizer(spm_dir / model, sentinels=20)
+    assert theirs.get_vocab_size() == ours.vocab_size == 1020
+    assert [theirs.token_to_id(f"<extra_id_{i}>") for i in range(20)] == [ours.sentinel_id(i) for i in range(20)]
+    known = [ids for ids in reference.encode(lines[::25]) if reference.unk_id() not in ids]
+    assert [theirs.decode(ids) for ids in known] == reference.decode(known)
+
+
 @pytest.mark.parametrize("model_type", ["unigram", "bpe"])
-def test_train_sentencepiece_on_austen(tmp_path, model_type):
+def test_train_sentencepiece_on_austen(tmp_path, lines, model_type):
     austen = fetch_austen()
     path = train_sentencepiece([austen], tmp_path / model_type, vocab_size=2000, model_type=model_type,
-                               input_sentence_size=8000)
+                               input_sentence_size=8000, byte_fallback=True, split_digits=True)
     tok = SentencePieceTokenizer(path)
     assert tok.vocab_size == 2000
     sample = [" ".join(line.split()) for line in austen.read_text(encoding="utf-8").splitlines()[:300:7]]
     for text in sample:
         assert tok.decode(tok.encode(text)) == text
     assert len(tok.encode("It is a truth universally acknowledged")) < len("It is a truth universally acknowledged")
+    # `tokenizers`' precompiled NFKC composes a + U+0323 + U+0302 into another character than sentencepiece
+    # does, which byte fallback shows (an unknown piece would hide it)
+    texts = [t for t in TRICKY if "\u0323" not in t] + lines[::5]
+    assert [e.ids for e in to_tokenizers(path).encode_batch(texts)] == [tok.encode(t) for t in texts]
 
 
 # ---------------------------------------------------------------- WordPiece offsets
@@ -351,3 +370,23 @@ def test_a_lone_tokenizer_file_under_any_name_is_copied_as_its_directory_reads_i
         assert copied == [{".txt": "vocab.txt", ".model": "spiece.model", ".json": "tokenizer.json"}[lone.suffix]]
         text = "Emma Woodhouse, handsome, clever, and rich."
         assert load_tokenizer(tmp_path / f"{name}-dir").encode(text) == load_tokenizer(lone).encode(text)
+
+
+@pytest.mark.parametrize("family,vocab,sentinels", [
+    ("t5", "botchan_en_unigram_1000.model", 20), ("albert", "botchan_en_unigram_1000.model", 0),
+    ("llama", "botchan_en_bpe_1000.model", 0), ("gpt2", "gpt2", 0), ("roberta", "gpt2", 0)])
+def test_an_exported_tokenizer_gives_transformers_the_runs_ids(tmp_path, lines, family, vocab, sentinels):
+    """`jaxlm convert to-hf` of a run: AutoTokenizer reads its vocabulary with the ids the run trained on.
+    transformers' own classes would not (T5's assumes 100 sentinels and <unk> at 2, ALBERT's fails to read
+    a .model, Llama's wants it named tokenizer.model, GPT-2's reads vocab.json and merges.txt only)."""
+    from jaxlm.convert.store import CheckpointTokenizer, write_hf_tokenizer  # the checkpoint store's part
+    location = gpt2_tokenizer_dir() if vocab == "gpt2" else sentencepiece_test_dir() / vocab
+    tokenizer = CheckpointTokenizer(location, sentinels=sentinels)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": family}))  # what picks transformers' class
+    write_hf_tokenizer(tokenizer, tmp_path)
+    theirs, ours = transformers.AutoTokenizer.from_pretrained(str(tmp_path)), tokenizer.load()
+    texts = TRICKY + lines[::40]  # with "<|endoftext|>" as text: our tokenizers read no special token in text
+    encoded = theirs(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    assert encoded == [ours.encode(t) for t in texts]
+    assert theirs.convert_tokens_to_ids([f"<extra_id_{i}>" for i in range(sentinels)]) == special_ids(ours)["sentinels"]
+    assert theirs.eos_token_id == special_ids(ours)["eos"]
