@@ -28,6 +28,7 @@ from jaxlm.train import checkpoint
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json",
                    "spiece.model", "vocab.json", "merges.txt", "encoder.json", "vocab.bpe")
 TOKENIZER_DIR = "tokenizer"
+ROBERTA_TOKENS = {"<s>", "</s>", "<pad>", "<unk>", "<mask>"}
 NOT_A_CHECKPOINT = ("expected a directory written by `jaxlm convert from-hf`, a training run directory "
                     "(train.run_dir) or one of its checkpoints/<step> directories")
 
@@ -109,28 +110,44 @@ def copy_tokenizer(source, target, lowercase: bool = True) -> list[str]:
 
 def write_hf_tokenizer(tokenizer: CheckpointTokenizer, target) -> None:
     """The checkpoint's tokenizer files in `target` as transformers' AutoTokenizer reads them with the ids the run
-    used. A Hugging Face tokenizer directory (one with a tokenizer_config.json) is copied as it is, and a WordPiece
-    vocab.txt with its casing. Otherwise a SentencePiece model also becomes a tokenizer.json (sentinels included),
-    read through the generic fast class that adds nothing of a family's own; GPT-2's encoder.json and vocab.bpe
-    are also written as vocab.json and merges.txt, which its class reads; and tokenizer_config.json names the
-    special tokens as the run's pipelines used them."""
+    used, whatever the model's family. A Hugging Face tokenizer directory (one with a tokenizer_config.json) is
+    copied as it is: it says how it is read. Otherwise tokenizer_config.json names the class that reads the file
+    our loader reads (see `hf_tokenizer_class`) and the special tokens as the run's pipelines used them; a
+    SentencePiece model also becomes a tokenizer.json (sentinels included), and GPT-2's encoder.json and vocab.bpe
+    are also written as vocab.json and merges.txt."""
     target = pathlib.Path(target)
     copied = copy_tokenizer(tokenizer.location, target, tokenizer.lowercase)
-    if not copied or "tokenizer_config.json" in copied or "vocab.txt" in copied:
+    if not copied or "tokenizer_config.json" in copied:
         return
+    if "spiece.model" in copied and not {"tokenizer.json", "vocab.txt"} & set(copied):
+        to_tokenizers(target / "spiece.model", tokenizer.sentinels).save(str(target / "tokenizer.json"))
+        copied.append("tokenizer.json")
     for ours, theirs in (("encoder.json", "vocab.json"), ("vocab.bpe", "merges.txt")):
         if ours in copied and theirs not in copied:
             shutil.copyfile(target / ours, target / theirs)
-    if "spiece.model" in copied and "tokenizer.json" not in copied:
-        to_tokenizers(target / "spiece.model", tokenizer.sentinels).save(str(target / "tokenizer.json"))
-        copied.append("tokenizer.json")
     loaded = tokenizer.load()
     roles = special_ids(loaded)
-    piece = lambda i: loaded.convert_ids_to_tokens([i])[0]
-    settings = {"tokenizer_class": "PreTrainedTokenizerFast"} if "tokenizer.json" in copied else {}
-    settings |= {f"{role}_token": piece(i) for role, i in roles.items() if role != "sentinels" and i is not None}
-    settings |= {"additional_special_tokens": [piece(i) for i in roles["sentinels"]]} if roles["sentinels"] else {}
+    named = {f"{role}_token": loaded.convert_ids_to_tokens([i])[0]
+             for role, i in roles.items() if role != "sentinels" and i is not None}
+    settings = {"tokenizer_class": hf_tokenizer_class(copied, set(named.values())), **named}
+    if settings["tokenizer_class"] == "BertTokenizer":
+        settings["do_lower_case"] = tokenizer.lowercase
+    if roles["sentinels"]:
+        settings["additional_special_tokens"] = loaded.convert_ids_to_tokens(roles["sentinels"])
     (target / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
+
+
+def hf_tokenizer_class(files: list[str], special_tokens: set[str]) -> str:
+    """The transformers class that reads, as our loader does, the first of `files` our loader reads: a tokenizer.json
+    through the generic fast class (a family's own would add its assumptions: T5's, 100 sentinels and <unk> at 2;
+    Llama's, a file named tokenizer.model; ALBERT's, lowercasing), a vocab.txt as BERT's WordPiece, and byte-level
+    BPE files as RoBERTa's where the vocabulary has its special tokens (so that its <s> ... </s> template applies),
+    else as GPT-2's (which adds no token of its own)."""
+    if "tokenizer.json" in files:
+        return "PreTrainedTokenizerFast"
+    if "vocab.txt" in files:
+        return "BertTokenizer"
+    return "RobertaTokenizer" if ROBERTA_TOKENS <= special_tokens else "GPT2Tokenizer"
 
 
 # ---------------------------------------------------------------- converted checkpoints
@@ -226,9 +243,9 @@ def save_hf(out_dir, config: TransformerConfig, params: Mapping, tokenizer: Chec
     the transformers auto class that loads it."""
     hf_config, tensors, auto_class = registry.to_hf(config, params)
     with staged(out_dir, overwrite) as staging:
+        if tokenizer:
+            write_hf_tokenizer(tokenizer, staging)
         (staging / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
         safetensors.numpy.save_file({k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()},
                                     str(staging / "model.safetensors"), metadata={"format": "pt"})
-        if tokenizer:
-            write_hf_tokenizer(tokenizer, staging)
     return auto_class

@@ -37,6 +37,7 @@ TRICKY = [
     "ΟΔΟΣ Σίσυφος ΣΑΣ مَرْحَبًا नमस्ते",
     "<|endoftext|> https://example.com/a?b=c&d=e user@example.org",
 ]
+WHITESPACE = ["\n x", "x \ny", "line one \n line two", "x   y  z", "trail  ", "\ttab first"]
 
 
 @pytest.fixture(scope="module")
@@ -195,8 +196,9 @@ def test_a_sentencepiece_model_as_a_tokenizer_json_gives_the_packages_ids(spm_di
     """What an export writes for transformers: the `tokenizers` pipeline built from the model proto."""
     reference = sentencepiece.SentencePieceProcessor(model_file=str(spm_dir / model))
     theirs = to_tokenizers(spm_dir / model, sentinels=20)
-    encoded = theirs.encode_batch(TRICKY + lines, add_special_tokens=False)
-    assert [e.ids for e in encoded] == reference.encode(TRICKY + lines)
+    texts = TRICKY + WHITESPACE + lines
+    encoded = theirs.encode_batch(texts, add_special_tokens=False)
+    assert [e.ids for e in encoded] == reference.encode(texts)
     ours = SentencePieceTokenizer(spm_dir / model, sentinels=20)
     assert theirs.get_vocab_size() == ours.vocab_size == 1020
     assert [theirs.token_to_id(f"<extra_id_{i}>") for i in range(20)] == [ours.sentinel_id(i) for i in range(20)]
@@ -372,21 +374,39 @@ def test_a_lone_tokenizer_file_under_any_name_is_copied_as_its_directory_reads_i
         assert load_tokenizer(tmp_path / f"{name}-dir").encode(text) == load_tokenizer(lone).encode(text)
 
 
+def roberta_like_bpe(directory):
+    """GPT-2's byte-level BPE with RoBERTa's special tokens added after it, as RoBERTa's own vocabulary has them."""
+    directory.mkdir()
+    encoder = json.loads((gpt2_tokenizer_dir() / "encoder.json").read_text(encoding="utf-8"))
+    encoder |= {token: len(encoder) + i for i, token in enumerate(("<s>", "</s>", "<pad>", "<unk>", "<mask>"))}
+    (directory / "encoder.json").write_text(json.dumps(encoder), encoding="utf-8")
+    shutil.copyfile(gpt2_tokenizer_dir() / "vocab.bpe", directory / "vocab.bpe")
+    return directory
+
+
 @pytest.mark.parametrize("family,vocab,sentinels", [
     ("t5", "botchan_en_unigram_1000.model", 20), ("albert", "botchan_en_unigram_1000.model", 0),
-    ("llama", "botchan_en_bpe_1000.model", 0), ("gpt2", "gpt2", 0), ("roberta", "gpt2", 0)])
+    ("llama", "botchan_en_bpe_1000.model", 0), ("gpt2", "gpt2", 0), ("llama", "gpt2", 0), ("roberta", "gpt2", 0),
+    ("roberta", "roberta", 0), ("roberta", "vocab.txt", 0), ("t5", "vocab.txt", 0)])
 def test_an_exported_tokenizer_gives_transformers_the_runs_ids(tmp_path, lines, family, vocab, sentinels):
-    """`jaxlm convert to-hf` of a run: AutoTokenizer reads its vocabulary with the ids the run trained on.
-    transformers' own classes would not (T5's assumes 100 sentinels and <unk> at 2, ALBERT's fails to read
-    a .model, Llama's wants it named tokenizer.model, GPT-2's reads vocab.json and merges.txt only)."""
+    """`jaxlm convert to-hf` of a run: AutoTokenizer reads its vocabulary with the ids and the vocabulary size the
+    run trained with, whatever the model's family (which would otherwise pick transformers' class: T5's assumes 100
+    sentinels and <unk> at 2, ALBERT's fails to read a .model, Llama's wants it named tokenizer.model, GPT-2's
+    reads vocab.json and merges.txt only, RoBERTa's adds its tokens to a vocabulary without them)."""
     from jaxlm.convert.store import CheckpointTokenizer, write_hf_tokenizer  # the checkpoint store's part
-    location = gpt2_tokenizer_dir() if vocab == "gpt2" else sentencepiece_test_dir() / vocab
-    tokenizer = CheckpointTokenizer(location, sentinels=sentinels)
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": family}))  # what picks transformers' class
-    write_hf_tokenizer(tokenizer, tmp_path)
-    theirs, ours = transformers.AutoTokenizer.from_pretrained(str(tmp_path)), tokenizer.load()
-    texts = TRICKY + lines[::40]  # with "<|endoftext|>" as text: our tokenizers read no special token in text
+    location = {"gpt2": gpt2_tokenizer_dir(), "vocab.txt": bert_vocab_path()}.get(vocab)
+    location = location or (roberta_like_bpe(tmp_path / "bpe") if vocab == "roberta" else sentencepiece_test_dir() / vocab)
+    tokenizer = CheckpointTokenizer(location, lowercase=False, sentinels=sentinels)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "config.json").write_text(json.dumps({"model_type": family}))  # what picks a class
+    write_hf_tokenizer(tokenizer, tmp_path / "out")
+    theirs, ours = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "out")), tokenizer.load()
+    texts = TRICKY + WHITESPACE + lines[::40]  # "<|endoftext|>" as text: our tokenizers read no special token in it
     encoded = theirs(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     assert encoded == [ours.encode(t) for t in texts]
-    assert theirs.convert_tokens_to_ids([f"<extra_id_{i}>" for i in range(sentinels)]) == special_ids(ours)["sentinels"]
-    assert theirs.eos_token_id == special_ids(ours)["eos"]
+    assert len(theirs) == ours.vocab_size
+    roles = special_ids(ours)
+    assert theirs.convert_tokens_to_ids([f"<extra_id_{i}>" for i in range(sentinels)]) == roles["sentinels"]
+    assert theirs.eos_token_id == roles["eos"] and theirs.pad_token_id == roles["pad"]
+    if vocab == "roberta":  # RoBERTa's class, with its template
+        assert theirs("Hello")["input_ids"] == [roles["cls"], *ours.encode("Hello"), roles["sep"]]

@@ -13,8 +13,7 @@ from pathlib import Path
 from sentencepiece import sentencepiece_model_pb2
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-UNIGRAM, BPE = 1, 2  # TrainerSpec.model_type
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = range(1, 7)  # ModelProto.SentencePiece.type
+Trainer, Piece = sentencepiece_model_pb2.TrainerSpec, sentencepiece_model_pb2.ModelProto.SentencePiece
 WORD_MARKER = "▁"
 
 
@@ -44,31 +43,33 @@ def to_tokenizers(path, sentinels: int = 0) -> Tokenizer:
     proto = read_model(path)
     trainer, normalizer = proto.trainer_spec, proto.normalizer_spec
     pieces = [p.piece for p in proto.pieces]
-    if trainer.model_type == UNIGRAM:
+    if trainer.model_type == Trainer.UNIGRAM:
         model = models.Unigram([(p.piece, p.score) for p in proto.pieces], trainer.unk_id, trainer.byte_fallback)
-    elif trainer.model_type == BPE:
+    elif trainer.model_type == Trainer.BPE:
         model = models.BPE({piece: i for i, piece in enumerate(pieces)}, bpe_merges(pieces),
                            unk_token=pieces[trainer.unk_id], fuse_unk=True, byte_fallback=trainer.byte_fallback)
     else:
         raise ValueError(f"{path}: a SentencePiece model of type {trainer.model_type} (char or word); only unigram "
                          "and BPE models can be exported as a tokenizer.json")
-    if trainer.treat_whitespace_as_suffix:
-        raise ValueError(f"{path}: a SentencePiece model trained with treat_whitespace_as_suffix cannot be exported "
-                         "as a tokenizer.json")
+    if trainer.treat_whitespace_as_suffix or not normalizer.escape_whitespaces:
+        raise ValueError(f"{path}: a SentencePiece model trained with treat_whitespace_as_suffix or without "
+                         "escape_whitespaces cannot be exported as a tokenizer.json")
     tokenizer = Tokenizer(model)
     steps = [normalizers.Precompiled(normalizer.precompiled_charsmap)] if normalizer.precompiled_charsmap else []
     if normalizer.remove_extra_whitespaces:
-        steps += [normalizers.Replace(Regex(" {2,}"), " "), normalizers.Replace(Regex("^ | $"), "")]
+        steps += [normalizers.Replace(Regex(" {2,}"), " "), normalizers.Replace(Regex(r"\A | \z"), "")]
     tokenizer.normalizer = normalizers.Sequence(steps)
     prepend = "always" if normalizer.add_dummy_prefix else "never"
-    words = pre_tokenizers.Metaspace(WORD_MARKER, prepend, split=trainer.split_by_whitespace)
+    # sentencepiece splits words at spaces unless its model holds pieces of spaces alone (Llama's "▁▁")
+    split = trainer.split_by_whitespace and not trainer.allow_whitespace_only_pieces
+    words = pre_tokenizers.Metaspace(WORD_MARKER, prepend, split=split)
     tokenizer.pre_tokenizer = (pre_tokenizers.Sequence([words, pre_tokenizers.Digits(individual_digits=True)])
                                if trainer.split_digits else words)
     metaspace = decoders.Metaspace(WORD_MARKER, prepend)
     tokenizer.decoder = (decoders.Sequence([decoders.ByteFallback(), decoders.Fuse(), metaspace])
                          if trainer.byte_fallback else metaspace)
     tokenizer.add_special_tokens([AddedToken(p.piece, special=True, normalized=False)
-                                  for p in proto.pieces if p.type in (UNKNOWN, CONTROL)])
+                                  for p in proto.pieces if p.type in (Piece.UNKNOWN, Piece.CONTROL)])
     tokenizer.add_special_tokens([AddedToken(f"<extra_id_{i}>", special=True, normalized=False)
                                   for i in reversed(range(sentinels))])
     return tokenizer
