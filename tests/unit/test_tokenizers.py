@@ -394,7 +394,8 @@ def test_an_exported_tokenizer_gives_transformers_the_runs_ids(tmp_path, lines, 
     sentinels and <unk> at 2, ALBERT's fails to read a .model, Llama's wants it named tokenizer.model, GPT-2's
     reads vocab.json and merges.txt only, RoBERTa's adds its tokens to a vocabulary without them)."""
     from jaxlm.convert.store import CheckpointTokenizer, write_hf_tokenizer  # the checkpoint store's part
-    files = {"gpt2": gpt2_tokenizer_dir, "vocab.txt": bert_vocab_path, "roberta": lambda: roberta_like_bpe(tmp_path / "bpe")}
+    files = {"gpt2": gpt2_tokenizer_dir, "vocab.txt": bert_vocab_path,
+             "roberta": lambda: roberta_like_bpe(tmp_path / "bpe")}
     location = files[vocab]() if vocab in files else sentencepiece_test_dir() / vocab
     tokenizer = CheckpointTokenizer(location, lowercase=False, sentinels=sentinels)
     (tmp_path / "out").mkdir()
