@@ -20,7 +20,8 @@ from jaxlm.convert import registry
 from jaxlm.data.sources import resolve_vocab
 from jaxlm.data.tokenizers.load import NAME_IN_A_DIRECTORY, load_tokenizer
 from jaxlm.data.tokenizers.roles import special_ids
-from jaxlm.data.tokenizers.spm_json import to_tokenizers
+from jaxlm.data.layouts import FRAMES
+from jaxlm.data.tokenizers.spm_json import frame, to_tokenizers
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.presets import model_config
 from jaxlm.train import checkpoint
@@ -108,25 +109,28 @@ def copy_tokenizer(source, target, lowercase: bool = True) -> list[str]:
     return copied
 
 
-def write_hf_tokenizer(tokenizer: CheckpointTokenizer, target) -> None:
+def write_hf_tokenizer(tokenizer: CheckpointTokenizer, target, layout: str = "causal") -> None:
     """The checkpoint's tokenizer files in `target` as transformers' AutoTokenizer reads them with the ids the run
     used, whatever the model's family. A Hugging Face tokenizer directory (one with a tokenizer_config.json) is
     copied as it is: it says how it is read. Otherwise tokenizer_config.json names the class that reads the file
     our loader reads (see `hf_tokenizer_class`) and the special tokens as the run's pipelines used them; a
-    SentencePiece model also becomes a tokenizer.json (sentinels included), and GPT-2's encoder.json and vocab.bpe
-    are also written as vocab.json and merges.txt."""
+    SentencePiece model also becomes a tokenizer.json (sentinels included) that, with `add_special_tokens=True`,
+    frames a text as the family's `layout` framed its rows; GPT-2's encoder.json and vocab.bpe are also written as
+    vocab.json and merges.txt."""
     target = pathlib.Path(target)
     copied = copy_tokenizer(tokenizer.location, target, tokenizer.lowercase)
     if not copied or "tokenizer_config.json" in copied:
         return
+    loaded = tokenizer.load()
+    roles = special_ids(loaded)
     if "spiece.model" in copied and not {"tokenizer.json", "vocab.txt"} & set(copied):
-        to_tokenizers(target / "spiece.model", tokenizer.sentinels).save(str(target / "tokenizer.json"))
+        converted = to_tokenizers(target / "spiece.model", tokenizer.sentinels)
+        frame(converted, *(roles[role] if role else None for role in FRAMES[layout]))
+        converted.save(str(target / "tokenizer.json"))
         copied.append("tokenizer.json")
     for ours, theirs in (("encoder.json", "vocab.json"), ("vocab.bpe", "merges.txt")):
         if ours in copied and theirs not in copied:
             shutil.copyfile(target / ours, target / theirs)
-    loaded = tokenizer.load()
-    roles = special_ids(loaded)
     named = {f"{role}_token": loaded.convert_ids_to_tokens([i])[0]
              for role, i in roles.items() if role != "sentinels" and i is not None}
     settings = {"tokenizer_class": hf_tokenizer_class(copied, set(named.values())), **named}
@@ -244,7 +248,7 @@ def save_hf(out_dir, config: TransformerConfig, params: Mapping, tokenizer: Chec
     hf_config, tensors, auto_class = registry.to_hf(config, params)
     with staged(out_dir, overwrite) as staging:
         if tokenizer:
-            write_hf_tokenizer(tokenizer, staging)
+            write_hf_tokenizer(tokenizer, staging, registry.family_of(config).layout)
         (staging / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
         safetensors.numpy.save_file({k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()},
                                     str(staging / "model.safetensors"), metadata={"format": "pt"})

@@ -14,6 +14,9 @@ from jaxlm.data.settings import DataConfig
 Document = Sequence[Sequence[int]]
 # how a family's rows are laid out (jaxlm.families names one per family)
 LAYOUTS = ("nsp_pairs", "sop_pairs", "sentence_rows", "causal", "t5_chunks", "bart_rows")
+# layout -> the roles of the tokens before and after a text in its rows (T5's eos is added by span corruption)
+FRAMES = {"nsp_pairs": ("cls", "sep"), "sop_pairs": ("cls", "sep"), "sentence_rows": ("cls", "sep"),
+          "bart_rows": ("bos", "eos"), "t5_chunks": (None, "eos"), "causal": (None, None)}
 
 
 class Row(NamedTuple):
@@ -65,7 +68,7 @@ def build_rows(layout: str, documents: Sequence[Document], rng: np.random.Genera
         return (Row(x.tokens, x.len_a, x.is_random_next) for x in instances)
     if layout in ("sentence_rows", "bart_rows"):
         # BART frames rows with BOS/EOS and keeps documents apart; RoBERTa/SpanBERT: [CLS] ... [SEP]
-        first, last = (special["bos"], special["eos"]) if layout == "bart_rows" else (special["cls"], special["sep"])
+        first, last = (special[role] for role in FRAMES[layout])
         rows = sentence_rows(iter(documents), seq - 2, sep_id=None if layout == "bart_rows" else special["sep"],
                              cross_documents=layout == "sentence_rows")
         return (Row(np.r_[first, tokens, last].astype(np.int32), sentence_starts=starts + 1) for tokens, starts in rows)

@@ -101,7 +101,9 @@ def test_a_runs_tokenizer_reads_text_as_its_training_did(tmp_path):
     t5 = run_with_tokenizer(tmp_path / "t5", spiece, {"preset": "t5-small", "vocab_size": 1020})
     tokenizer = store.checkpoint_config(t5)[1]
     assert tokenizer.load().vocab_size == 1020
-    store.write_hf_tokenizer(tokenizer, tmp_path / "t5-hf")
+    store.write_hf_tokenizer(tokenizer, tmp_path / "t5-hf", "t5_chunks")
     theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "t5-hf"))
     assert len(theirs) == 1020 and theirs.convert_tokens_to_ids("<extra_id_0>") == 1019
-    assert theirs(text, add_special_tokens=False)["input_ids"] == tokenizer.load().encode(text)
+    ids = tokenizer.load().encode(text)
+    assert theirs(text, add_special_tokens=False)["input_ids"] == ids
+    assert theirs(text)["input_ids"] == [*ids, theirs.eos_token_id]  # T5's inputs end with </s>, as span corruption's

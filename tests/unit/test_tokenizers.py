@@ -10,6 +10,7 @@ from oracles import bpe
 from oracles.bpe import Gpt2Oracle
 from oracles.wordpiece import WordPieceOracle, basic_tokenize
 
+from jaxlm import families
 from jaxlm.corpora.models import bert_vocab_path, gpt2_tokenizer_dir, minilm_dir, sentencepiece_test_dir
 from jaxlm.corpora.registry import fetch_austen, fetch_demo_corpus
 from jaxlm.data.tokenizers.bpe import Gpt2Tokenizer
@@ -384,6 +385,13 @@ def roberta_like_bpe(directory):
     return directory
 
 
+# (family, vocabulary) -> the roles of the tokens before and after a text with special tokens; none where unlisted
+FRAMED = {("t5", "botchan_en_unigram_1000.model"): (None, "eos"),
+          ("albert", "botchan_en_unigram_1000.model"): ("cls", "sep"),
+          ("roberta", "roberta"): ("cls", "sep"), ("roberta", "vocab.txt"): ("cls", "sep"),
+          ("t5", "vocab.txt"): ("cls", "sep")}
+
+
 @pytest.mark.parametrize("family,vocab,sentinels", [
     ("t5", "botchan_en_unigram_1000.model", 20), ("albert", "botchan_en_unigram_1000.model", 0),
     ("llama", "botchan_en_bpe_1000.model", 0), ("gpt2", "gpt2", 0), ("llama", "gpt2", 0), ("roberta", "gpt2", 0),
@@ -400,7 +408,7 @@ def test_an_exported_tokenizer_gives_transformers_the_runs_ids(tmp_path, lines, 
     tokenizer = CheckpointTokenizer(location, lowercase=False, sentinels=sentinels)
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "config.json").write_text(json.dumps({"model_type": family}))  # what picks a class
-    write_hf_tokenizer(tokenizer, tmp_path / "out")
+    write_hf_tokenizer(tokenizer, tmp_path / "out", families.get(family).layout)
     theirs, ours = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "out")), tokenizer.load()
     texts = TRICKY + WHITESPACE + lines[::40]  # "<|endoftext|>" as text: our tokenizers read no special token in it
     encoded = theirs(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
@@ -409,5 +417,13 @@ def test_an_exported_tokenizer_gives_transformers_the_runs_ids(tmp_path, lines, 
     roles = special_ids(ours)
     assert theirs.convert_tokens_to_ids([f"<extra_id_{i}>" for i in range(sentinels)]) == roles["sentinels"]
     assert theirs.eos_token_id == roles["eos"] and theirs.pad_token_id == roles["pad"]
-    if vocab == "roberta":  # RoBERTa's class, with its template
-        assert theirs("Hello")["input_ids"] == [roles["cls"], *ours.encode("Hello"), roles["sep"]]
+    # with special tokens a text is framed as the family's rows were: by the template of the tokenizer.json made from
+    # a SentencePiece model, or by BERT's and RoBERTa's classes
+    before, after = FRAMED.get((family, vocab), (None, None))
+    expected = [roles[r] for r in [before] if r] + ours.encode("Hello") + [roles[r] for r in [after] if r]
+    assert theirs("Hello")["input_ids"] == expected
+    if (family, vocab) == ("albert", "botchan_en_unigram_1000.model"):  # a pair, as ALBERT's rows hold one
+        pair, first = theirs("Hello", "world", return_token_type_ids=True), ours.encode("Hello")
+        second = ours.encode("world")
+        assert pair["input_ids"] == [roles["cls"], *first, roles["sep"], *second, roles["sep"]]
+        assert pair["token_type_ids"] == [0] * (len(first) + 2) + [1] * (len(second) + 1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sentencepiece import sentencepiece_model_pb2
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 Trainer, Piece = sentencepiece_model_pb2.TrainerSpec, sentencepiece_model_pb2.ModelProto.SentencePiece
 WORD_MARKER = "▁"
@@ -73,3 +73,16 @@ def to_tokenizers(path, sentinels: int = 0) -> Tokenizer:
     tokenizer.add_special_tokens([AddedToken(f"<extra_id_{i}>", special=True, normalized=False)
                                   for i in reversed(range(sentinels))])
     return tokenizer
+
+
+def frame(tokenizer: Tokenizer, first: int | None, last: int | None) -> None:
+    """Makes `add_special_tokens=True` put the tokens `first` and `last` (ids, None for none) around a text; a pair
+    as BERT frames one, `first` A `last` B `last`, with B and its `last` of token type 1."""
+    if first is None and last is None:
+        return
+    ends = {i: tokenizer.id_to_token(i) for i in (first, last) if i is not None}
+    before, after = [ends[first]] if first is not None else [], [ends[last]] if last is not None else []
+    single = " ".join([*before, "$A", *after])
+    pair = " ".join([single, "$B:1", *[f"{t}:1" for t in after]])
+    tokenizer.post_processor = processors.TemplateProcessing(single=single, pair=pair,
+                                                             special_tokens=[(t, i) for i, t in ends.items()])
