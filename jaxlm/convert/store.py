@@ -20,7 +20,7 @@ from jaxlm.convert import registry
 from jaxlm.data.sources import resolve_vocab
 from jaxlm.data.tokenizers.load import NAME_IN_A_DIRECTORY, load_tokenizer
 from jaxlm.data.tokenizers.roles import special_ids
-from jaxlm.data.layouts import FRAMES
+from jaxlm.data.layouts import FRAMES, PAIRED
 from jaxlm.data.tokenizers.spm_json import frame, to_tokenizers
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.presets import model_config
@@ -123,11 +123,13 @@ def write_hf_tokenizer(tokenizer: CheckpointTokenizer, target, layout: str = "ca
         return
     loaded = tokenizer.load()
     roles = special_ids(loaded)
+    segments = False  # whether the generic class must return token_type_ids, as the family's model reads them
     if "spiece.model" in copied and not {"tokenizer.json", "vocab.txt"} & set(copied):
         converted = to_tokenizers(target / "spiece.model", tokenizer.sentinels)
         frame(converted, *(roles[role] if role else None for role in FRAMES[layout]))
         converted.save(str(target / "tokenizer.json"))
         copied.append("tokenizer.json")
+        segments = layout in PAIRED
     for ours, theirs in (("encoder.json", "vocab.json"), ("vocab.bpe", "merges.txt")):
         if ours in copied and theirs not in copied:
             shutil.copyfile(target / ours, target / theirs)
@@ -136,6 +138,8 @@ def write_hf_tokenizer(tokenizer: CheckpointTokenizer, target, layout: str = "ca
     settings = {"tokenizer_class": hf_tokenizer_class(copied, set(named.values())), **named}
     if settings["tokenizer_class"] == "BertTokenizer":
         settings["do_lower_case"] = tokenizer.lowercase
+    if segments:
+        settings["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
     if roles["sentinels"]:
         settings["additional_special_tokens"] = loaded.convert_ids_to_tokens(roles["sentinels"])
     (target / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")

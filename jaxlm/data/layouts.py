@@ -14,6 +14,7 @@ from jaxlm.data.settings import DataConfig
 Document = Sequence[Sequence[int]]
 # how a family's rows are laid out (jaxlm.families names one per family)
 LAYOUTS = ("nsp_pairs", "sop_pairs", "sentence_rows", "causal", "t5_chunks", "bart_rows")
+PAIRED = ("nsp_pairs", "sop_pairs")  # the layouts whose rows hold two segments, told apart by token types 0 and 1
 # layout -> the roles of the tokens before and after a text in its rows (T5's eos is added by span corruption)
 FRAMES = {"nsp_pairs": ("cls", "sep"), "sop_pairs": ("cls", "sep"), "sentence_rows": ("cls", "sep"),
           "bart_rows": ("bos", "eos"), "t5_chunks": (None, "eos"), "causal": (None, None)}
@@ -61,7 +62,7 @@ def build_rows(layout: str, documents: Sequence[Document], rng: np.random.Genera
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; known: {', '.join(LAYOUTS)}")
     seq = settings.max_seq_length
-    if layout in ("nsp_pairs", "sop_pairs"):
+    if layout in PAIRED:
         instances = create_instances(documents, seq, rng, cls_id=special["cls"], sep_id=special["sep"],
                                      short_seq_prob=settings.short_seq_prob, dupe_factor=settings.dupe_factor,
                                      random_next_prob=0.5 if layout == "nsp_pairs" else 0.0)
