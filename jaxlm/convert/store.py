@@ -123,13 +123,12 @@ def write_hf_tokenizer(tokenizer: CheckpointTokenizer, target, layout: str = "ca
         return
     loaded = tokenizer.load()
     roles = special_ids(loaded)
-    segments = False  # whether the generic class must return token_type_ids, as the family's model reads them
-    if "spiece.model" in copied and not {"tokenizer.json", "vocab.txt"} & set(copied):
+    from_spiece = "spiece.model" in copied and not {"tokenizer.json", "vocab.txt"} & set(copied)
+    if from_spiece:
         converted = to_tokenizers(target / "spiece.model", tokenizer.sentinels)
         frame(converted, *(roles[role] if role else None for role in FRAMES[layout]))
         converted.save(str(target / "tokenizer.json"))
         copied.append("tokenizer.json")
-        segments = layout in PAIRED
     for ours, theirs in (("encoder.json", "vocab.json"), ("vocab.bpe", "merges.txt")):
         if ours in copied and theirs not in copied:
             shutil.copyfile(target / ours, target / theirs)
@@ -138,7 +137,7 @@ def write_hf_tokenizer(tokenizer: CheckpointTokenizer, target, layout: str = "ca
     settings = {"tokenizer_class": hf_tokenizer_class(copied, set(named.values())), **named}
     if settings["tokenizer_class"] == "BertTokenizer":
         settings["do_lower_case"] = tokenizer.lowercase
-    if segments:
+    if from_spiece and layout in PAIRED:  # the generic class returns token_type_ids only when told to
         settings["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
     if roles["sentinels"]:
         settings["additional_special_tokens"] = loaded.convert_ids_to_tokens(roles["sentinels"])
