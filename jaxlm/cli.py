@@ -27,7 +27,7 @@ from jaxlm.data.tokenizers import tokenize_cli, trainer_cli
 from jaxlm.eval import sweep
 from jaxlm.parallel import distributed
 from jaxlm.sentence_embedding import embed_file
-from jaxlm.train import aot, compile_cache, hlo_cost
+from jaxlm.train import aot, checkpoint, compile_cache, hlo_cost
 from jaxlm.train.bench import bench, compile_only, format_table
 from jaxlm.train.profile import PROFILED_STEPS, format_profile
 from jaxlm.train.faults import TrainingStopped
@@ -415,6 +415,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    checkpoint.quiet_failed_writes()
     try:
         args.handler(args)
     except (ConfigError, OSError, ValueError) as err:

@@ -4,6 +4,8 @@ checkpoint path to (manager, step)."""
 from __future__ import annotations
 
 import contextlib
+import logging
+import sys
 from typing import Callable, Iterator
 
 import jax
@@ -119,9 +121,33 @@ def open_checkpoint(path: epath.PathLike, step: int | None = None
         mngr.close()
 
 
-def stored_tree(mngr: ocp.CheckpointManager, step: int, item: str = "state"):
-    """The tree metadata (shapes, dtypes) of one item of a step, without reading its arrays."""
-    return ocp.PyTreeCheckpointer().metadata(mngr.directory / str(step) / item).item_metadata.tree
+def quiet_failed_writes() -> None:
+    """A failed save is reported once, by the caller. Orbax logs it again from each of its threads with
+    the traceback: keep the first line of those records. TensorStore's callbacks then find the save's
+    event loop closed and print that as unraisable: drop those."""
+    logging.getLogger("absl").addFilter(_orbax_error_in_one_line)
+    if sys.unraisablehook is not _skip_closed_loop:
+        _skip_closed_loop.passes_on_to = sys.unraisablehook
+        sys.unraisablehook = _skip_closed_loop
+
+
+def _orbax_error_in_one_line(record: logging.LogRecord) -> bool:
+    if record.levelno >= logging.ERROR and record.exc_info and "/orbax/" in record.pathname:
+        record.msg, record.args = (record.getMessage().strip().splitlines() or [""])[0], ()
+        record.exc_info = record.exc_text = None
+    return True
+
+
+def _skip_closed_loop(unraisable) -> None:
+    error = unraisable.exc_value
+    if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+        _skip_closed_loop.passes_on_to(unraisable)
+
+
+def stored_tree(mngr: ocp.CheckpointManager, step: int):
+    """The tree metadata (shapes, dtypes) of a step's state, without reading its arrays. Read through the
+    handler: a Checkpointer would look for step metadata inside the item and warn that there is none."""
+    return ocp.PyTreeCheckpointHandler().metadata(mngr.directory / str(step) / "state").tree
 
 
 def restore_params(path: epath.PathLike, abstract_params, step: int | None = None):
