@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import pathlib
 
 import jax
+from jax._src import compilation_cache as jax_cache  # private: the decompression its reads use
 
-from jaxlm.train.storage import run_path
+from jaxlm.train.storage import in_cloud, run_path
 
 IN_RUN_DIR = "run_dir"  # train.compile_cache: <run_dir>/compile-cache
 OFF = "off"
@@ -21,7 +23,23 @@ def enable(train) -> None:
         return
     in_run_dir = train.compile_cache == IN_RUN_DIR
     where = run_path(train.run_dir) / "compile-cache" if in_run_dir else run_path(train.compile_cache)
+    if not in_cloud(where):  # an object in a bucket is written whole or not at all
+        drop_cut_short(pathlib.Path(where))
     jax.config.update("jax_compilation_cache_dir", str(where))
+
+
+def drop_cut_short(directory: pathlib.Path) -> list[pathlib.Path]:
+    """Remove the cache's entries that do not decompress, and return them. JAX writes an entry in place and never
+    replaces one, so a write cut short (a full disk, a kill) would otherwise be read, warned about and compiled
+    again on every restart."""
+    broken = []
+    for entry in sorted(directory.glob("*-cache")) if directory.is_dir() else []:
+        try:
+            jax_cache.decompress_executable(entry.read_bytes())
+        except Exception:  # zstd and zlib raise their own kinds for a truncated stream
+            entry.unlink(missing_ok=True)
+            broken.append(entry)
+    return broken
 
 
 @dataclasses.dataclass
