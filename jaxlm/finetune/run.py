@@ -220,6 +220,9 @@ def initial_params(setup: Setup, source: Source, state) -> tuple[dict, list[str]
     return {**state.params, **restored}, shared
 
 
+START_AGAIN = "start the fine-tune again in an empty train.run_dir"
+
+
 def prepare_run_dir(config: RunConfig, source: Source) -> tuple[pathlib.Path, RunConfig]:
     """The run directory with the source's tokenizer copied into it; the config then names that copy,
     so the run's checkpoints are self-contained (`jaxlm predict`, `jaxlm embed` read them alone)."""
@@ -263,67 +266,73 @@ def finetune(config: RunConfig, source: Source) -> dict:
     writer = MetricsWriter(run_dir, 0, the_plan.total_steps, active=is_main)
     writer.message(f"{task.name} on {len(the_plan.records['train'])} training records "
                    f"({len(the_plan.rows['train'])} rows), {the_plan.total_steps} steps of "
-                   f"{config.train.global_batch}; {count_params(state.params) / 1e6:.2f}M parameters, {', '.join(restored)} from {source.path}")
+                   f"{config.train.global_batch}; {count_params(state.params) / 1e6:.2f}M parameters, "
+                   f"{', '.join(restored)} from {source.path}")
     writer.message(f"train step memory: {memory_summary(compiled_train)}")
 
     def save(step: int, scores: dict | None) -> None:
-        checkpoint.save(mngr, step, {"params": state.params}, {"step": step, "epoch": step / the_plan.steps_per_epoch},
-                        resolved, {k: float(v) for k, v in scores.items()} if scores is not None else None)
+        position = {"step": step, "epoch": step / the_plan.steps_per_epoch}
+        metrics = {k: float(v) for k, v in scores.items()} if scores is not None else None
+        with checkpoint.stop_if_writing_fails(mngr, step, START_AGAIN):
+            checkpoint.save(mngr, step, {"params": state.params}, position, resolved, metrics)
 
-    best, best_step, stale = None, None, 0
-    if has_dev:  # where the dev metric starts, before any training
-        best_scores = dev_scores = evaluate(the_plan, runner, state.params, "dev")[0]
-        writer.write(0, dev_scores, split="eval")
-        metric = metric or next(iter(dev_scores))
-        if metric not in dev_scores:
-            raise ConfigError(f"finetune.metric={metric!r}: {task.name} reports {', '.join(dev_scores)}")
-    mngr = (checkpoint.best_manager(run_dir / "checkpoints", metric) if has_dev
-            else checkpoint.manager(run_dir / "checkpoints", keep=1))
-    rows, size = the_plan.rows["train"], config.train.global_batch
-    step = 0
-    while step < the_plan.total_steps:
-        epoch, within = divmod(step, the_plan.steps_per_epoch)
-        order = np.random.default_rng([config.train.seed, epoch]).permutation(len(rows))
-        indices = order[within * size:(within + 1) * size]
-        batch = global_batch(setup, local_rows(batch_rows(rows, indices, size)))
-        state, metrics = compiled_train(state, batch, rng)
-        step += 1
-        if step % config.train.log_every == 0 or step == the_plan.total_steps:
-            writer.write(step, {k: float(v) for k, v in jax.device_get(metrics).items()})
-        writer.advance(1)
-        at_eval = step % the_plan.eval_every == 0 or step == the_plan.total_steps
-        if has_dev and at_eval:
-            dev_scores = evaluate(the_plan, runner, state.params, "dev")[0]
-            writer.write(step, dev_scores, split="eval")
-            value = rank_value(dev_scores[metric], task.lower_is_better)
-            if best is None or value > best:
-                best, best_step, best_scores, stale = value, step, dev_scores, 0
-                save(step, {metric: value})
+    try:  # the progress bar closed before a failure is reported
+        best, best_step, stale = None, None, 0
+        if has_dev:  # where the dev metric starts, before any training
+            best_scores = dev_scores = evaluate(the_plan, runner, state.params, "dev")[0]
+            writer.write(0, dev_scores, split="eval")
+            metric = metric or next(iter(dev_scores))
+            if metric not in dev_scores:
+                raise ConfigError(f"finetune.metric={metric!r}: {task.name} reports {', '.join(dev_scores)}")
+        mngr = (checkpoint.best_manager(run_dir / "checkpoints", metric) if has_dev
+                else checkpoint.manager(run_dir / "checkpoints", keep=1))
+        rows, size = the_plan.rows["train"], config.train.global_batch
+        step = 0
+        while step < the_plan.total_steps:
+            epoch, within = divmod(step, the_plan.steps_per_epoch)
+            order = np.random.default_rng([config.train.seed, epoch]).permutation(len(rows))
+            indices = order[within * size:(within + 1) * size]
+            batch = global_batch(setup, local_rows(batch_rows(rows, indices, size)))
+            state, metrics = compiled_train(state, batch, rng)
+            step += 1
+            if step % config.train.log_every == 0 or step == the_plan.total_steps:
+                writer.write(step, {k: float(v) for k, v in jax.device_get(metrics).items()})
+            writer.advance(1)
+            at_eval = step % the_plan.eval_every == 0 or step == the_plan.total_steps
+            if has_dev and at_eval:
+                dev_scores = evaluate(the_plan, runner, state.params, "dev")[0]
+                writer.write(step, dev_scores, split="eval")
+                value = rank_value(dev_scores[metric], task.lower_is_better)
+                if best is None or value > best:
+                    best, best_step, best_scores, stale = value, step, dev_scores, 0
+                    save(step, {metric: value})
+                else:
+                    stale += 1
+                    if settings.early_stopping and stale >= settings.early_stopping:
+                        writer.message(f"early stopping at step {step}: dev {metric} has not improved for {stale} "
+                                       f"evaluations (best {best_scores[metric]:.4f} at step {best_step})")
+                        break
+        if not has_dev:
+            best_step = step
+            save(step, None)
+        with checkpoint.stop_if_writing_fails(mngr, step, START_AGAIN):  # an asynchronous save failed
+            mngr.wait_until_finished()
+        summary = {"task": task.name, "metric": metric, "best_step": best_step, "steps": step,
+                   "train_records": len(the_plan.records["train"])}
+        if has_dev:
+            summary["dev"] = best_scores
+            summary["dev_baseline"] = task.baseline(the_plan.ctx, the_plan.records["train"], the_plan.records["dev"])
+        if "test" in the_plan.rows:
+            if best_step != step:
+                params = checkpoint.restore_params(run_dir / "checkpoints", setup.abstract.params, best_step)
             else:
-                stale += 1
-                if settings.early_stopping and stale >= settings.early_stopping:
-                    writer.message(f"early stopping at step {step}: dev {metric} has not improved for {stale} "
-                                   f"evaluations (best {best_scores[metric]:.4f} at step {best_step})")
-                    break
-    if not has_dev:
-        best_step = step
-        save(step, None)
-    mngr.wait_until_finished()
-    summary = {"task": task.name, "metric": metric, "best_step": best_step, "steps": step,
-               "train_records": len(the_plan.records["train"])}
-    if has_dev:
-        summary["dev"] = best_scores
-        summary["dev_baseline"] = task.baseline(the_plan.ctx, the_plan.records["train"], the_plan.records["dev"])
-    if "test" in the_plan.rows:
-        if best_step != step:
-            params = checkpoint.restore_params(run_dir / "checkpoints", setup.abstract.params, best_step)
-        else:
-            params = state.params
-        summary["test"], predictions = evaluate(the_plan, runner, params, "test")
-        summary["test_baseline"] = task.baseline(the_plan.ctx, the_plan.records["train"], the_plan.records["test"])
-        if is_main:
-            write_jsonl(run_dir / "test_predictions.jsonl", predictions)
-    writer.close()
+                params = state.params
+            summary["test"], predictions = evaluate(the_plan, runner, params, "test")
+            summary["test_baseline"] = task.baseline(the_plan.ctx, the_plan.records["train"], the_plan.records["test"])
+            if is_main:
+                write_jsonl(run_dir / "test_predictions.jsonl", predictions)
+    finally:
+        writer.close()
     mngr.close()
     if is_main:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

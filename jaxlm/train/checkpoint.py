@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import warnings
 from typing import Callable, Iterator
 
 import jax
@@ -13,6 +14,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
+from jaxlm.train.faults import TrainingStopped
 from jaxlm.train.storage import run_path
 
 ITEMS = ("state", "data", "config")
@@ -36,6 +38,22 @@ def save(mngr: ocp.CheckpointManager, step: int, state, data_position: dict, con
     return mngr.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position),
         config=ocp.args.JsonSave(config)), metrics=metrics, force=True)
+
+
+@contextlib.contextmanager
+def stop_if_writing_fails(mngr: ocp.CheckpointManager, step: int, then: str) -> Iterator[None]:
+    """A save or a wait for saves in the block that fails (a full disk, permission denied) stops the run in one
+    line: what the file system said, the checkpoints kept, and `then`, what to do."""
+    try:
+        yield
+    except Exception as err:  # Orbax passes on whatever the file system raised
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        if len(reason) > 200:  # Orbax's messages name every layer; the last says what the file system said
+            reason = reason.rsplit(": ", 1)[-1]
+        kept = ", ".join(map(str, mngr.all_steps())) or "none"
+        raise TrainingStopped(f"writing checkpoints to {mngr.directory} failed by step {step} ({reason}); the "
+                              f"committed ones are kept (steps: {kept}). Free space or fix the permissions, "
+                              f"then {then}") from None
 
 
 def restore(mngr: ocp.CheckpointManager, abstract_state, step: int | None = None):
@@ -124,8 +142,10 @@ def open_checkpoint(path: epath.PathLike, step: int | None = None
 def quiet_failed_writes() -> None:
     """A failed save is reported once, by the caller. Orbax logs it again from each of its threads with
     the traceback: keep the first line of those records. TensorStore's callbacks then find the save's
-    event loop closed and print that as unraisable: drop those."""
+    event loop closed and print that as unraisable, and at exit Python warns of the save's coroutines that
+    never ran (jaxlm has none of its own): drop those."""
     logging.getLogger("absl").addFilter(_orbax_error_in_one_line)
+    warnings.filterwarnings("ignore", message="coroutine '.*' was never awaited", category=RuntimeWarning)
     if sys.unraisablehook is not _skip_closed_loop:
         _skip_closed_loop.passes_on_to = sys.unraisablehook
         sys.unraisablehook = _skip_closed_loop

@@ -147,30 +147,13 @@ def restore_or_init(setup: Setup, mngr, rng, warn):
     return state, 0, "initialised from scratch"
 
 
+RESUME = "run the same command to resume"
+
+
 def save(mngr, step: int, state, resolved: dict) -> None:
-    """A checkpoint of `step`; a failed write (disk full, permission denied) stops the run, the older
-    checkpoints kept."""
-    try:
+    """A checkpoint of `step`; a failed write stops the run, the older checkpoints kept."""
+    with checkpoint.stop_if_writing_fails(mngr, step, RESUME):
         checkpoint.save(mngr, step, state, {"step": step}, resolved)
-    except Exception as err:  # Orbax passes on whatever the file system raised
-        raise save_failed(mngr, step, err) from None
-
-
-def wait_for_saves(mngr, step: int) -> None:
-    try:
-        mngr.wait_until_finished()
-    except Exception as err:  # an asynchronous save failed; likewise
-        raise save_failed(mngr, step, err) from None
-
-
-def save_failed(mngr, step: int, err: Exception) -> faults.TrainingStopped:
-    reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-    if len(reason) > 200:  # Orbax's messages name every layer; the last says what the file system said
-        reason = reason.rsplit(": ", 1)[-1]
-    kept = ", ".join(map(str, mngr.all_steps())) or "none"
-    return faults.TrainingStopped(
-        f"writing checkpoints to {mngr.directory} failed by step {step} ({reason}); the committed ones are kept "
-        f"(steps: {kept}). Free space or fix the permissions, then run the same command to resume")
 
 
 def train(config: RunConfig) -> dict:
@@ -252,7 +235,8 @@ def train(config: RunConfig) -> dict:
                     watchdog.beat()
             if pending is not None:
                 check(*pending)
-            wait_for_saves(mngr, step)
+            with checkpoint.stop_if_writing_fails(mngr, step, RESUME):  # an asynchronous save failed
+                mngr.wait_until_finished()
             if stopping:
                 writer.message(f"stopped at step {step} on {stop.reason}: checkpoint {step} saved in "
                                f"{mngr.directory}; run the same command to resume")

@@ -16,6 +16,7 @@ import time
 import jax
 import numpy as np
 import pytest
+import yaml
 from etils import epath
 
 from conftest import ROOT, free_port, kill_when, run_cli, write_config
@@ -51,12 +52,12 @@ def config(tmp_path, prepared_dir, name: str, optim=None, workers: int = 0, mesh
                                    "train": TRAIN | {"run_dir": str(tmp_path / name)} | train}, f"{name}.yaml")
 
 
-def start(config_path, log, env_extra=None, file_limit_kib: int = 0) -> subprocess.Popen:
-    """`jaxlm train CONFIG` as a child on 8 simulated devices, its output in `log`; with `file_limit_kib`,
-    no file it writes may grow past that (bash's ulimit -f: RLIMIT_FSIZE)."""
+def start(config_path, log, env_extra=None, file_limit_kib: int = 0, command: str = "train") -> subprocess.Popen:
+    """`jaxlm train CONFIG` (or another `command`) as a child on 8 simulated devices, its output in `log`; with
+    `file_limit_kib`, no file it writes may grow past that (bash's ulimit -f: RLIMIT_FSIZE)."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8",
                **(env_extra or {}))
-    command = [sys.executable, "-m", "jaxlm.cli", "train", str(config_path)]
+    command = [sys.executable, "-m", "jaxlm.cli", command, str(config_path)]
     if file_limit_kib:
         command = ["bash", "-c", f'ulimit -f {file_limit_kib} && exec "$@"', "bash", *command]
     # a process group of its own, so that a test can signal it whole as a terminal's Ctrl-C does
@@ -295,6 +296,19 @@ def test_a_checkpoint_that_cannot_be_written_stops_the_run_and_keeps_the_older_o
     assert committed(run_dir) == [10]
     assert sorted(p.relative_to(run_dir) for p in (run_dir / "checkpoints").rglob("*")
                   if not str(p.relative_to(run_dir / "checkpoints")).startswith("20")) == before
+
+    # a fine-tune of that run stops as plainly when its checkpoint cannot be written
+    tuned = tmp_path / "tuned.yaml"
+    tuned.write_text(yaml.safe_dump({
+        "mesh": unsharded, "train": {"global_batch": 16, "run_dir": str(tmp_path / "tuned")},
+        "finetune": {"task": "sequence_classification", "init_from": str(run_dir), "train": "polarity:train[:32]",
+                     "epochs": 1, "max_length": 32}}))
+    with open(tmp_path / "tuned-log", "w") as log:
+        assert start(tuned, log, file_limit_kib=256, command="finetune").wait(timeout=300) == 1
+    output = (tmp_path / "tuned-log").read_text()
+    assert "Traceback" not in output, output[-3000:]
+    last = output.strip().splitlines()[-1]
+    assert "failed by step 2 (File too large" in last and last.endswith("again in an empty train.run_dir"), output[-3000:]
 
 
 @pytest.mark.parametrize("mode", ["stop", "skip"])
