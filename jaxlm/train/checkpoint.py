@@ -1,6 +1,6 @@
-"""Orbax checkpoints of a run: train state, data position and resolved config, async, kept K; resuming
-from the newest one that restores, past saves cut off or files broken; and the one resolver from any
-checkpoint path to (manager, step)."""
+"""Orbax checkpoints of a run: train state, data position and resolved config, async, kept K; a failed write
+reported once, in one line; resuming from the newest one that restores, past saves cut off or files broken;
+and the one resolver from any checkpoint path to (manager, step)."""
 from __future__ import annotations
 
 import contextlib
