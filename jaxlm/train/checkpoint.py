@@ -142,9 +142,10 @@ def open_checkpoint(path: epath.PathLike, step: int | None = None
 def quiet_failed_writes() -> None:
     """A failed save is reported once, by the caller. Orbax logs it again from each of its threads with
     the traceback: keep the first line of those records. TensorStore's callbacks then find the save's
-    event loop closed and print that as unraisable, and at exit Python warns of the save's coroutines that
-    never ran (jaxlm has none of its own): drop those."""
+    event loop closed and print that as unraisable, and asyncio logs the save's failed tasks and warns of
+    its coroutines that never ran, as they are collected (jaxlm has no asyncio of its own): drop those."""
     logging.getLogger("absl").addFilter(_orbax_error_in_one_line)
+    logging.getLogger("asyncio").addFilter(_no_unretrieved_task)
     warnings.filterwarnings("ignore", message="coroutine '.*' was never awaited", category=RuntimeWarning)
     if sys.unraisablehook is not _skip_closed_loop:
         _skip_closed_loop.passes_on_to = sys.unraisablehook
@@ -156,6 +157,10 @@ def _orbax_error_in_one_line(record: logging.LogRecord) -> bool:
         record.msg, record.args = (record.getMessage().strip().splitlines() or [""])[0], ()
         record.exc_info = record.exc_text = None
     return True
+
+
+def _no_unretrieved_task(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("Task exception was never retrieved")
 
 
 def _skip_closed_loop(unraisable) -> None:
