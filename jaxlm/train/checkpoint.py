@@ -160,7 +160,8 @@ def _orbax_error_in_one_line(record: logging.LogRecord) -> bool:
 
 
 def _no_unretrieved_task(record: logging.LogRecord) -> bool:
-    return not record.getMessage().startswith("Task exception was never retrieved")
+    """False for asyncio's 'Task exception was never retrieved' and its kin (Future, _GatheringFuture)."""
+    return not record.getMessage().split("\n", 1)[0].endswith("exception was never retrieved")
 
 
 def _skip_closed_loop(unraisable) -> None:
