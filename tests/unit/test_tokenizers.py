@@ -221,7 +221,12 @@ def test_train_sentencepiece_on_austen(tmp_path, lines, model_type):
     # `tokenizers`' precompiled NFKC composes a + U+0323 + U+0302 into another character than sentencepiece
     # does, which byte fallback shows (an unknown piece would hide it)
     texts = [t for t in TRICKY if "\u0323" not in t] + lines[::5]
-    assert [e.ids for e in to_tokenizers(path).encode_batch(texts)] == [tok.encode(t) for t in texts]
+    # the model differs from run to run (sentencepiece samples its sentences with a clock seed), and where two
+    # segmentations score the same (for "---", "--" + "-" and "-" + "--") the two implementations may pick either
+    score = sentencepiece.SentencePieceProcessor(model_file=str(path)).GetScore
+    for theirs, ours in zip((e.ids for e in to_tokenizers(path).encode_batch(texts)), map(tok.encode, texts)):
+        assert theirs == ours or (sorted(theirs) == sorted(ours) and tok.decode(theirs) == tok.decode(ours)
+                                  and sum(map(score, theirs)) == pytest.approx(sum(map(score, ours)))), (theirs, ours)
 
 
 # ---------------------------------------------------------------- WordPiece offsets
