@@ -239,7 +239,7 @@ def train(config: RunConfig) -> dict:
                 mngr.wait_until_finished()
             if stopping:
                 writer.message(f"stopped at step {step} on {stop.reason}: checkpoint {step} saved in "
-                               f"{mngr.directory}; run the same command to resume")
+                               f"{mngr.directory}; {RESUME}")
                 return {"step": step, "stopped": stop.reason}
             final = evaluate(setup, compiled_eval, state.params, valid, watchdog.beat)
             writer.write(step, final, split="eval")

@@ -308,7 +308,8 @@ def test_a_checkpoint_that_cannot_be_written_stops_the_run_and_keeps_the_older_o
     output = (tmp_path / "tuned-log").read_text()
     assert "Traceback" not in output, output[-3000:]
     last = output.strip().splitlines()[-1]
-    assert "failed by step 2 (File too large" in last and last.endswith("again in an empty train.run_dir"), output[-3000:]
+    assert "failed by step 2 (File too large" in last, output[-3000:]
+    assert last.endswith("again in an empty train.run_dir"), output[-3000:]
 
 
 @pytest.mark.parametrize("mode", ["stop", "skip"])
