@@ -241,6 +241,35 @@ def prepare_run_dir(config: RunConfig, source: Source) -> tuple[pathlib.Path, Ru
     return run_dir, dataclasses.replace(config, data=dataclasses.replace(config.data, vocab=str(tokenizer_dir)))
 
 
+def train_batch(the_plan: Plan, step: int) -> dict:
+    """The training rows of `step`: each epoch a permutation of the rows drawn from (seed, epoch)."""
+    rows, size = the_plan.rows["train"], the_plan.config.train.global_batch
+    epoch, within = divmod(step, the_plan.steps_per_epoch)
+    order = np.random.default_rng([the_plan.config.train.seed, epoch]).permutation(len(rows))
+    return batch_rows(rows, order[within * size:(within + 1) * size], size)
+
+
+@dataclasses.dataclass
+class BestDev:
+    """The best dev scores so far (before any, the untrained model's, which no checkpoint holds) and how
+    many evaluations have passed since they last improved."""
+    metric: str
+    lower_is_better: bool
+    scores: dict
+    step: int | None = None
+    value: float | None = None
+    stale: int = 0
+
+    def offer(self, step: int, scores: dict) -> bool:
+        """Takes `scores` if they beat the best; whether they did."""
+        value = rank_value(scores[self.metric], self.lower_is_better)
+        if self.value is not None and value <= self.value:
+            self.stale += 1
+            return False
+        self.step, self.value, self.scores, self.stale = step, value, scores, 0
+        return True
+
+
 def finetune(config: RunConfig, source: Source) -> dict:
     """Fine-tunes `config.finetune.task` from `source`; returns the summary (best dev and test metrics,
     baselines), also written to RUN/summary.json. A multi-process run starts `jax.distributed` first
@@ -277,50 +306,43 @@ def finetune(config: RunConfig, source: Source) -> dict:
             checkpoint.save(mngr, step, {"params": state.params}, position, resolved, metrics)
 
     try:  # the progress bar closed before a failure is reported
-        best, best_step, stale = None, None, 0
+        best = None
         if has_dev:  # where the dev metric starts, before any training
-            best_scores = dev_scores = evaluate(the_plan, runner, state.params, "dev")[0]
+            dev_scores = evaluate(the_plan, runner, state.params, "dev")[0]
             writer.write(0, dev_scores, split="eval")
             metric = metric or next(iter(dev_scores))
             if metric not in dev_scores:
                 raise ConfigError(f"finetune.metric={metric!r}: {task.name} reports {', '.join(dev_scores)}")
+            best = BestDev(metric, task.lower_is_better, dev_scores)
         mngr = (checkpoint.best_manager(run_dir / "checkpoints", metric) if has_dev
                 else checkpoint.manager(run_dir / "checkpoints", keep=1))
-        rows, size = the_plan.rows["train"], config.train.global_batch
         step = 0
         while step < the_plan.total_steps:
-            epoch, within = divmod(step, the_plan.steps_per_epoch)
-            order = np.random.default_rng([config.train.seed, epoch]).permutation(len(rows))
-            indices = order[within * size:(within + 1) * size]
-            batch = global_batch(setup, local_rows(batch_rows(rows, indices, size)))
+            batch = global_batch(setup, local_rows(train_batch(the_plan, step)))
             state, metrics = compiled_train(state, batch, rng)
             step += 1
             if step % config.train.log_every == 0 or step == the_plan.total_steps:
                 writer.write(step, {k: float(v) for k, v in jax.device_get(metrics).items()})
             writer.advance(1)
-            at_eval = step % the_plan.eval_every == 0 or step == the_plan.total_steps
-            if has_dev and at_eval:
-                dev_scores = evaluate(the_plan, runner, state.params, "dev")[0]
-                writer.write(step, dev_scores, split="eval")
-                value = rank_value(dev_scores[metric], task.lower_is_better)
-                if best is None or value > best:
-                    best, best_step, best_scores, stale = value, step, dev_scores, 0
-                    save(step, {metric: value})
-                else:
-                    stale += 1
-                    if settings.early_stopping and stale >= settings.early_stopping:
-                        writer.message(f"early stopping at step {step}: dev {metric} has not improved for {stale} "
-                                       f"evaluations (best {best_scores[metric]:.4f} at step {best_step})")
-                        break
+            if best is None or not (step % the_plan.eval_every == 0 or step == the_plan.total_steps):
+                continue
+            dev_scores = evaluate(the_plan, runner, state.params, "dev")[0]
+            writer.write(step, dev_scores, split="eval")
+            if best.offer(step, dev_scores):
+                save(step, {metric: best.value})
+            elif settings.early_stopping and best.stale >= settings.early_stopping:
+                writer.message(f"early stopping at step {step}: dev {metric} has not improved for {best.stale} "
+                               f"evaluations (best {best.scores[metric]:.4f} at step {best.step})")
+                break
+        best_step = best.step if has_dev else step
         if not has_dev:
-            best_step = step
             save(step, None)
         with checkpoint.stop_if_writing_fails(mngr, step, START_AGAIN):  # an asynchronous save failed
             mngr.wait_until_finished()
         summary = {"task": task.name, "metric": metric, "best_step": best_step, "steps": step,
                    "train_records": len(the_plan.records["train"])}
         if has_dev:
-            summary["dev"] = best_scores
+            summary["dev"] = best.scores
             summary["dev_baseline"] = task.baseline(the_plan.ctx, the_plan.records["train"], the_plan.records["dev"])
         if "test" in the_plan.rows:
             if best_step != step:
