@@ -87,3 +87,14 @@ def test_the_norm_layers_take_their_backward_pass_when_built_for_gpus(monkeypatc
         y = layers.norm(X, SCALE, BIAS, EPS, True, jnp.float32)
         np.testing.assert_allclose(y, written_out(X, SCALE, BIAS, True), rtol=1e-6, atol=1e-6)
     assert len(calls) == 1
+
+
+def test_statistics_from_one_read_hold_rows_far_from_zero():
+    """The GPU's forward pass takes the variance as E[x^2] - mean^2 in float32: rows whose mean lies over eight
+    deviations from 0 keep it within 1e-5 of the two-pass formula, and a constant row's stays 0, not negative."""
+    rows = jnp.concatenate([X + 8 * 3, jnp.full((1, 16, 64), 5.0)])
+    for x in (rows, rows.astype(jnp.bfloat16)):
+        (mean, rstd), (mean2, rstd2) = layers._statistics_in_one_read(x, EPS, True), layers._statistics(x, EPS, True)
+        np.testing.assert_allclose(mean, mean2, rtol=1e-6)
+        np.testing.assert_allclose(rstd[:-1], rstd2[:-1], rtol=1e-5)
+        np.testing.assert_array_equal(rstd[-1], jax.lax.rsqrt(jnp.float32(EPS)))
