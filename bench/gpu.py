@@ -107,11 +107,17 @@ CASES = {
     # T5's queries, keys and values (cross-attention's keys and values) as separate matmuls, as before
     # model.fused_projections stacked their kernels into one
     "t5unfused": (T5_CONFIG, [*T5, "model.fused_projections=false"], "t5"),
+    # XLA's dot merger back (jaxlm.train.loop.GPU_XLA_OPTIONS turns it off): the queries', keys' and values'
+    # projections as one GEMM, sliced for the attention (CASE_XLA_FLAGS)
+    "bert512dotmerger": ("configs/bert-base.yaml", _bert(32, 512), "bert512"),
+    "gpt2dotmerger": ("configs/gpt2-small.yaml", _gpt2(16), "gpt2"),
 }
 DEFAULT_CASES = "bert128,bert512,gpt2,t5"
 # XLA flags a case adds to XLA_FLAGS, in its compile and its timed process (JAX's compilation cache keys them)
-CASE_XLA_FLAGS = {"bert128notriton": "--xla_disable_hlo_passes=triton-softmax-rewriter",
-                  "t5notriton": "--xla_disable_hlo_passes=triton-softmax-rewriter",
+# (a case that names --xla_disable_hlo_passes decides every pass: jaxlm's own choice, dot-merger, steps aside)
+CASE_XLA_FLAGS = {**dict.fromkeys(("bert128notriton", "t5notriton"),
+                                  "--xla_disable_hlo_passes=triton-softmax-rewriter,dot-merger"),
+                  **dict.fromkeys(("bert512dotmerger", "gpt2dotmerger"), "--xla_disable_hlo_passes="),
                   **dict.fromkeys(("bert128cublas", "gpt2cublas", "t5cublas"), "--xla_gpu_enable_triton_gemm=false")}
 TRAIN_STEPS, TRAIN_LOG_EVERY = 100, 25  # `jaxlm train`'s rate: the mean of its logged rates after the first
 

@@ -101,8 +101,8 @@ def write_config(directory: pathlib.Path, extra: dict | None = None, name: str =
 
 def run_cli(*args, devices: int = 8, check: bool = True, timeout: float = 900, env_extra=None):
     """`jaxlm ARGS` in a fresh process with `devices` simulated CPU devices."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **(env_extra or {}))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    env.update(env_extra or {})
     proc = subprocess.run([sys.executable, "-m", "jaxlm.cli", *map(str, args)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import time
 from typing import Callable
 
@@ -85,18 +86,37 @@ def compile_eval(setup: Setup):
         evaluate = jax.jit(make_eval_step(setup.objective),
                            in_shardings=(setup.shardings.params, setup.batch_shardings),
                            out_shardings=replicated(setup.mesh))
-        return evaluate.lower(setup.abstract.params, batch_structs(setup)).compile()
+        return evaluate.lower(setup.abstract.params, batch_structs(setup)).compile(
+            project_xla_options(setup.mesh.devices.flat) or None)
+
+
+# XLA options jaxlm sets for the train step on GPUs. XLA's dot merger makes projections of one input into one GEMM
+# below a size (16k tokens a step: BERT-512's, GPT-2's query, key and value), whose output the attention then takes
+# as slices copied out with the bias added, and whose input needs the three gradients concatenated. The model
+# stacks projections itself where that pays (model.fused_projections). On compile-only H100 plans, without the
+# merger: BERT-512's step bound 17.74 -> 16.62 ms (47.4 -> 45.1 GB moved), GPT-2's 22.62 -> 21.50 ms.
+GPU_XLA_OPTIONS = {"xla_disable_hlo_passes": "dot-merger"}
+
+
+def project_xla_options(devices) -> dict:
+    """GPU_XLA_OPTIONS on GPUs, less any that XLA_FLAGS already sets (the user's flags win); nothing elsewhere."""
+    if devices[0].platform != "gpu":
+        return {}
+    user = os.environ.get("XLA_FLAGS", "")
+    return {name: value for name, value in GPU_XLA_OPTIONS.items() if f"--{name}=" not in user}
 
 
 def compile_steps(setup: Setup, with_eval: bool = True, compiler_options: dict | None = None):
-    """AOT-compiled train (and eval) steps with explicit shardings; the state is donated. `compiler_options`
-    (XLA's debug options by name) apply to the train step."""
+    """AOT-compiled train (and eval) steps with explicit shardings; the state is donated. The project's XLA
+    options (`project_xla_options`) apply to both, `compiler_options` (XLA's debug options by name) to the train
+    step."""
+    compiler_options = project_xla_options(setup.mesh.devices.flat) | (compiler_options or {})
     rng = jax.ShapeDtypeStruct((), dropout_key(setup.config.train).dtype, sharding=replicated(setup.mesh))
     train_step = make_train_step(setup.objective, setup.optimizer, setup.schedule, setup.config.optim.grad_accum)
     with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
         train = jax.jit(train_step, in_shardings=(setup.shardings, setup.batch_shardings, replicated(setup.mesh)),
                         out_shardings=(setup.shardings, replicated(setup.mesh)), donate_argnums=0)
-        compiled_train = train.lower(setup.abstract, batch_structs(setup), rng).compile(compiler_options)
+        compiled_train = train.lower(setup.abstract, batch_structs(setup), rng).compile(compiler_options or None)
     return compiled_train, compile_eval(setup) if with_eval else None
 
 

@@ -57,6 +57,19 @@ def test_cudnn_attention_compiles_into_the_plan():
                                                                          rel=0.01)
 
 
+def test_the_projections_stay_separate_gemms_on_gpus():
+    """jaxlm turns XLA's dot merger off for GPUs (loop.GPU_XLA_OPTIONS): the queries', keys' and values'
+    projections of bert-tiny stay three GEMMs each way, the same FLOPs; XLA_FLAGS that name the passes decide."""
+    case = ("configs/bert-tiny.yaml", "model.dtype=bfloat16", "model.attention_kernel=cudnn")
+    ours = _plan(*case)[1]["plan"]["classes"]
+    merged = json.loads(run_cli("compile", *case, "--topology", "h100", "--plan", "--json", devices=1,
+                                env_extra={**PLUGIN, "XLA_FLAGS": "--xla_disable_hlo_passes="}).stdout.splitlines()[-1])
+    theirs = merged["plan"]["classes"]
+    assert ours["matmuls"]["launches"] > theirs["matmuls"]["launches"]
+    assert ours["matmuls"]["gflop"] == pytest.approx(theirs["matmuls"]["gflop"])
+    assert ours["norms and elementwise"]["gb"] < theirs["norms and elementwise"]["gb"]
+
+
 def test_eight_gpus_split_the_batch_and_all_reduce():
     _, one = _plan("configs/bert-tiny.yaml")
     _, eight = _plan("configs/bert-tiny.yaml", topology="h100:8")
