@@ -345,8 +345,12 @@ def _backward(q, k, v, bias, keys, segments, seed, out, stats, do, scale, causal
     )(seed, q, k, v, bias, keys, segments, do, stats, delta)
     if stored:  # XLA's batched matmul for dq and its sum over the batch for the bias, both reading ds
         ds, = stored_ds
-        dq = jnp.einsum("bhqk,bkhd->bqhd", ds, k, preferred_element_type=jnp.float32) * scale
-        return dq.astype(q.dtype), dk, dv, jnp.sum(ds, axis=0, keepdims=True, dtype=jnp.float32).astype(bias.dtype)
+        # written in the queries' dtype by the matmul itself (float32 accumulation): in float32 it wrote twice the
+        # bytes, which each of the two transposes XLA makes for the projection's GEMMs then read. The scale (1 in
+        # T5) goes into the keys in float32, each rounded once, rather than into a bfloat16 constant.
+        scaled = k if scale == 1 else (k.astype(jnp.float32) * scale).astype(k.dtype)
+        dq = jnp.einsum("bhqk,bkhd->bqhd", ds, scaled, preferred_element_type=q.dtype)
+        return dq, dk, dv, jnp.sum(ds, axis=0, keepdims=True, dtype=jnp.float32).astype(bias.dtype)
 
     fused = bias is not None and BIAS_GRADIENT == "fused"
     chunks = math.gcd(batch, BIAS_CHUNKS) if fused else batch
