@@ -80,17 +80,7 @@ def batch_structs(setup: Setup) -> dict:
             for k, v in setup.objective.batch_shapes(setup.config.train.global_batch).items()}
 
 
-def compile_eval(setup: Setup):
-    """The AOT-compiled held-out step: (params, batch) -> summed stats, replicated."""
-    with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
-        evaluate = jax.jit(make_eval_step(setup.objective),
-                           in_shardings=(setup.shardings.params, setup.batch_shardings),
-                           out_shardings=replicated(setup.mesh))
-        return evaluate.lower(setup.abstract.params, batch_structs(setup)).compile(
-            project_xla_options(setup.mesh.devices.flat) or None)
-
-
-# XLA options jaxlm sets for the train step on GPUs. XLA's dot merger makes projections of one input into one GEMM
+# XLA options jaxlm sets for its compiled steps on GPUs. XLA's dot merger makes projections of one input into one GEMM
 # below a size (16k tokens a step: BERT-512's, GPT-2's query, key and value), whose output the attention then takes
 # as slices copied out with the bias added, and whose input needs the three gradients concatenated. The model
 # stacks projections itself where that pays (model.fused_projections). On compile-only H100 plans, without the
@@ -104,6 +94,16 @@ def project_xla_options(devices) -> dict:
         return {}
     user = os.environ.get("XLA_FLAGS", "")
     return {name: value for name, value in GPU_XLA_OPTIONS.items() if f"--{name}=" not in user}
+
+
+def compile_eval(setup: Setup):
+    """The AOT-compiled held-out step: (params, batch) -> summed stats, replicated."""
+    with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+        evaluate = jax.jit(make_eval_step(setup.objective),
+                           in_shardings=(setup.shardings.params, setup.batch_shardings),
+                           out_shardings=replicated(setup.mesh))
+        return evaluate.lower(setup.abstract.params, batch_structs(setup)).compile(
+            project_xla_options(setup.mesh.devices.flat) or None)
 
 
 def compile_steps(setup: Setup, with_eval: bool = True, compiler_options: dict | None = None):
