@@ -334,8 +334,10 @@ def finetune(config: RunConfig, source: Source) -> dict:
                 writer.message(f"early stopping at step {step}: dev {metric} has not improved for {best.stale} "
                                f"evaluations (best {best.scores[metric]:.4f} at step {best.step})")
                 break
-        best_step = best.step if has_dev else step
-        if not has_dev:
+        if has_dev:
+            best_step = best.step
+        else:
+            best_step = step
             save(step, None)
         with checkpoint.stop_if_writing_fails(mngr, step, START_AGAIN):  # an asynchronous save failed
             mngr.wait_until_finished()
