@@ -10,20 +10,72 @@ import jax.numpy as jnp
 LOSS_SCOPE = "cross_entropy"  # the ops under it are what `jaxlm bench --profile` counts as the loss
 
 
+def _merge_partial_softmaxes(a, b):
+    """Two partial (largest logit, sum of exp(logit - largest), first index of the largest) as one: associative,
+    with (-inf, 0, any) as its identity, so that XLA may reduce a row in any order and split."""
+    (top_a, total_a, at_a), (top_b, total_b, at_b) = a, b
+    # exp of minus the gap scales the smaller partial's sum: one exp per merge, and none of -inf - -inf
+    scale = jnp.exp(jnp.where(top_a == top_b, 0.0, -jnp.abs(top_a - top_b)))
+    total = jnp.where(top_a >= top_b, total_a + total_b * scale, total_a * scale + total_b)
+    at = jnp.where(top_a > top_b, at_a, jnp.where(top_b > top_a, at_b, jnp.minimum(at_a, at_b)))
+    return jnp.maximum(top_a, top_b), total, at
+
+
+def softmax_statistics(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(log-sum-exp, argmax) over the last axis of float32 `logits` in one read of them: a reduce over running
+    (largest, sum of exp below it, index) triples, where logsumexp and argmax read the logits twice apart (the
+    sum after the largest) and a third time for the argmax, each a full pass over GPT-2's [tokens, 50k]."""
+    axis = logits.ndim - 1
+    index = jax.lax.broadcasted_iota(jnp.int32, logits.shape, axis)
+    start = (jnp.array(-jnp.inf, jnp.float32), jnp.array(0.0, jnp.float32), jnp.array(jnp.iinfo(jnp.int32).max))
+    top, total, at = jax.lax.reduce((logits, jnp.ones_like(logits), index), start, _merge_partial_softmaxes, (axis,))
+    return top + jnp.log(total), at
+
+
+def _is_label(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    vocabulary = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    return vocabulary == labels[..., None]
+
+
+def _sums_and_residuals(logits, labels, weights):
+    log_z, best = softmax_statistics(logits)
+    vocabulary = logits.shape[-1]
+    picked = jnp.take_along_axis(logits, jnp.clip(labels, 0, vocabulary - 1)[..., None], axis=-1, mode="clip")
+    # a label outside the vocabulary (an ignored position's -1 or -100) picks nothing, as `_is_label` finds none
+    label_logit = jnp.where((labels >= 0) & (labels < vocabulary), picked[..., 0], 0.0)
+    per_token = log_z - label_logit
+    sums = (jnp.sum(per_token * weights), jnp.sum((best == labels).astype(jnp.float32) * weights), jnp.sum(weights))
+    return sums, (logits, labels, weights, log_z, per_token)
+
+
+@jax.custom_vjp
+def _cross_entropy_sums(logits, labels, weights):
+    """(loss sum, correct-prediction sum, weight sum) of float32 logits, int32 labels and float32 weights."""
+    return _sums_and_residuals(logits, labels, weights)[0]
+
+
+def _cross_entropy_gradient(residuals, cotangents):
+    """The logits' gradient from one more read of them (softmax minus the label's indicator, elementwise, which
+    XLA fuses with its consumer) and the weights'; the correct-prediction count is flat, without a gradient."""
+    logits, labels, weights, log_z, per_token = residuals
+    loss_cotangent, _, count_cotangent = cotangents
+    softmax_minus_label = jnp.exp(logits - log_z[..., None]) - _is_label(logits, labels)
+    return ((loss_cotangent * weights)[..., None] * softmax_minus_label, None,
+            loss_cotangent * per_token + count_cotangent)
+
+
+_cross_entropy_sums.defvjp(_sums_and_residuals, _cross_entropy_gradient)
+
+
 @jax.named_scope(LOSS_SCOPE)
 def weighted_cross_entropy(logits: jax.Array, labels: jax.Array, weights: jax.Array | None = None):
-    """(loss sum, correct-prediction sum, weight sum) of softmax cross-entropy over the last axis."""
-    logits = logits.astype(jnp.float32)
+    """(loss sum, correct-prediction sum, weight sum) of softmax cross-entropy over the last axis.
+
+    The forward pass reads the logits once (`softmax_statistics`) and the backward pass once more. The label's
+    logit is gathered: its own gradient is the backward pass's elementwise comparison, not the gather's scatter
+    into a zeroed array the size of the logits."""
     weights = jnp.ones(labels.shape, jnp.float32) if weights is None else weights.astype(jnp.float32)
-    log_z = jax.nn.logsumexp(logits, axis=-1)
-    # The label's logit picked by comparison, not take_along_axis: its gradient is then an elementwise select
-    # that fuses into the softmax's, where a gather's is a scatter into a zeroed array the size of the logits.
-    vocabulary = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
-    is_label = vocabulary == labels[..., None].astype(jnp.int32)
-    label_logit = jnp.sum(jnp.where(is_label, logits, 0.0), axis=-1)
-    loss = (log_z - label_logit) * weights
-    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32) * weights
-    return jnp.sum(loss), jnp.sum(correct), jnp.sum(weights)
+    return _cross_entropy_sums(logits.astype(jnp.float32), labels.astype(jnp.int32), weights)
 
 
 def chunked_prediction_stats(name: str, head: Callable[[jax.Array], jax.Array], hidden: jax.Array,

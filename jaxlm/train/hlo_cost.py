@@ -5,7 +5,8 @@ time they bound. It reads a GPU's HLO, where matmuls are dots (TPU's writes many
 A kernel is an instruction the device launches: a fusion, a custom call (a library GEMM), a collective, an
 unfused op; those inside a loop count once per known trip. Its FLOPs are those of the dots it contains. Its
 bytes are what it reads and writes: of an operand it only slices, the slices; of a buffer it updates in
-place, the update (a scanned layer's share of the stacked weights); of anything else, all of it, though a
+place, the update (a scanned layer's share of the stacked weights); of one it only gathers from
+(through slices and conversions), the elements gathered; of anything else, all of it, though a
 kernel may read less. Its roofline time is the larger of its FLOPs at the device's dense bf16 peak (float32
 dots at half of it, as TF32 runs, or at the CUDA cores' rate at HIGHEST precision; FP8 at twice) and its
 bytes at the memory bandwidth; a collective's bytes cross the links between GPUs instead, and a library call
@@ -25,6 +26,7 @@ NOT_KERNELS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast",
                "partition-id", "replica-id", "add-dependency", "domain", "async-update"}
 CONTROL = {"call", "while", "async-start"}  # launch what their computations hold (a conditional: one branch)
 SLICES = {"slice", "dynamic-slice"}
+PASSING_TO_GATHERS = {"slice", "convert", "reshape"}  # ops between a parameter and a gather that read no more of it
 ELEMENT_BITS = {"pred": 8, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "s16": 16, "u16": 16, "f16": 16, "bf16": 16,
                 "s32": 32, "u32": 32, "f32": 32, "s64": 64, "u64": 64, "f64": 64, "c64": 64, "c128": 128}
 # A dot's rate relative to the bf16 peak, by its left operand's element type (fp8 types all start "f8"); float32
@@ -92,8 +94,9 @@ class Module:
         return next((n for n in self.computations.get(computation, ()) if self.instructions[n].number == number), None)
 
     def read_bytes(self, kernel: Instruction, index: int) -> float:
-        """Bytes a kernel reads of its operand `index`: the slices it takes of it, nothing of a buffer it
-        updates in place (a scanned layer's stacked weights and activations), else all of it."""
+        """Bytes a kernel reads of its operand `index`: the slices it takes of it, the elements it gathers of it,
+        nothing of a buffer it updates in place (a scanned layer's stacked weights and activations), else all
+        of it."""
         operand = kernel.operands[index]
         if operand not in self.instructions:
             return 0.0
@@ -103,11 +106,35 @@ class Module:
             return 0.0
         parameter = self.parameter(kernel.calls[0], index) if kernel.opcode == "fusion" and kernel.calls else None
         aliases = self._aliases(parameter) if parameter else set()
+        whole = shape_bytes(self.instructions[operand].shape)
+        gathered = (math.prod(arrays(kernel.shape)[0][1]) if index == 0 and kernel.opcode == "gather"
+                    else self._gathered_elements(aliases) if parameter else None)
+        if gathered is not None:
+            return min(whole, gathered * ELEMENT_BITS.get(arrays(self.instructions[operand].shape)[0][0], 8) / 8)
         uses = [self.instructions[u] for a in aliases for u in self.users.get(a, ())
                 if self.instructions[u].opcode != "bitcast"]
         if uses and all(u.opcode in SLICES | {"dynamic-update-slice"} and u.operands[0] in aliases for u in uses):
             return sum(shape_bytes(u.shape) for u in uses if u.opcode in SLICES)
-        return shape_bytes(self.instructions[operand].shape)
+        return whole
+
+    def _gathered_elements(self, names: set[str]) -> int | None:
+        """Elements the gathers read of a fusion's parameter (`names`: it and its bitcasts), where every use of it
+        reaches a gather's operand through slices and type conversions (a label's logit picked from the logits);
+        None where any use reads it otherwise."""
+        total = 0
+        for name in names:
+            for user in self.users.get(name, ()):
+                use = self.instructions[user]
+                if use.opcode == "gather" and use.operands[0] == name:
+                    total += math.prod(arrays(use.shape)[0][1])
+                elif use.opcode in PASSING_TO_GATHERS:
+                    found = self._gathered_elements(self._aliases(user))
+                    if found is None:
+                        return None
+                    total += found
+                elif use.opcode != "bitcast":
+                    return None
+        return total
 
     def _aliases(self, name: str) -> set[str]:
         """`name` and the bitcasts of it."""

@@ -201,3 +201,50 @@ def test_a_collective_counts_once_at_the_link_and_a_conditional_its_costliest_br
     result = hlo_cost.plan(ASYNC_HLO, 1e12, 1e12, link_bandwidth=1e9)
     assert result["classes"]["collectives"]["ms"] == pytest.approx(2 * 4096 / 1e9 * 1e3)  # a ring sends it twice
     assert hlo_cost.plan(ASYNC_HLO, 1e12, 1e12)["classes"]["collectives"]["ms"] == 0  # no link figure: untimed
+
+
+GATHER_HLO = """HloModule step, is_scheduled=true
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %s = f32[] add(%x, %y)
+}
+
+%picks (p0: bf16[64,1000], p1: s32[64,2]) -> f32[64,1,1] {
+  %p0 = bf16[64,1000]{1,0} parameter(0)
+  %b = bf16[64,1,1000]{2,1,0} bitcast(%p0)
+  %s = bf16[64,1,999]{2,1,0} slice(%b), slice={[0:64], [0:1], [0:999]}
+  %c = f32[64,1,999]{2,1,0} convert(%s)
+  %r = f32[64,999]{1,0} bitcast(%c)
+  %p1 = s32[64,2]{1,0} parameter(1)
+  ROOT %g = f32[64,1,1]{2,1,0} gather(%r, %p1), offset_dims={1,2}, collapsed_slice_dims={}, start_index_map={0,1}, index_vector_dim=1, slice_sizes={1,1}
+}
+
+%picks_and_sums (q0: bf16[64,1000], q1: s32[64,2]) -> (f32[64,1,1], f32[]) {
+  %q0 = bf16[64,1000]{1,0} parameter(0)
+  %d = f32[64,1000]{1,0} convert(%q0)
+  %q1 = s32[64,2]{1,0} parameter(1)
+  %h = f32[64,1,1]{2,1,0} gather(%d, %q1), offset_dims={1,2}, collapsed_slice_dims={}, start_index_map={0,1}, index_vector_dim=1, slice_sizes={1,1}
+  %z = f32[] constant(0)
+  %t = f32[] reduce(%d, %z), dimensions={0,1}, to_apply=%add
+  ROOT %o = (f32[64,1,1]{2,1,0}, f32[]) tuple(%h, %t)
+}
+
+ENTRY %main (x: bf16[64,1000], i: s32[64,2]) -> (f32[64,1,1], (f32[64,1,1], f32[])) {
+  %x = bf16[64,1000]{1,0} parameter(0)
+  %i = s32[64,2]{1,0} parameter(1)
+  %picked = f32[64,1,1]{2,1,0} fusion(%x, %i), kind=kLoop, calls=%picks
+  %both = (f32[64,1,1]{2,1,0}, f32[]) fusion(%x, %i), kind=kInput, calls=%picks_and_sums
+  ROOT %out = (f32[64,1,1]{2,1,0}, (f32[64,1,1]{2,1,0}, f32[])) tuple(%picked, %both)
+}
+"""
+
+
+def test_a_kernel_reads_what_it_gathers_of_an_operand_it_only_gathers_from():
+    """A label's logit picked through a slice and a conversion reads 64 of the 64,000 logits; read by a reduce as
+    well, all of them."""
+    found = {k["name"]: k["bytes"] for k in hlo_cost.kernels(GATHER_HLO)}
+    indices, picked = 64 * 2 * 4, 64 * 4
+    assert found["picked"] == 64 * 2 + indices + picked
+    assert found["both"] == 64 * 1000 * 2 + indices + picked + 4

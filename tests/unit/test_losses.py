@@ -1,5 +1,6 @@
-"""The weighted cross-entropy against optax's: sums, accuracy and gradients; the causal LM's chunked logits
-against its whole logits: the same loss and gradients in less memory."""
+"""The weighted cross-entropy against optax's: sums, accuracy and gradients; its one-read statistics against
+logsumexp and argmax; the causal LM's chunked logits against its whole logits: the same loss and gradients in
+less memory."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,7 +9,8 @@ import optax
 from jaxlm import families
 from jaxlm.data.settings import DataConfig
 from jaxlm.models.presets import model_config
-from jaxlm.objectives.losses import weighted_cross_entropy
+from jaxlm.objectives.losses import softmax_statistics, weighted_cross_entropy
+from jaxlm.train import hlo_cost
 
 
 def test_weighted_cross_entropy_and_its_gradient_equal_optax():
@@ -70,3 +72,57 @@ def test_chunked_logits_need_less_memory_in_the_compiled_step():
     whole, chunked = temp_bytes(causal_objective(0, 256)), temp_bytes(causal_objective(8, 256))
     logits = 8 * 256 * 2048 * 4
     assert whole > 2 * logits and chunked < whole - logits, (whole, chunked)
+
+
+def test_softmax_statistics_in_one_read_equal_logsumexp_and_the_first_argmax():
+    keys = jax.random.split(jax.random.key(3), 2)
+    logits = jax.random.normal(keys[0], (6, 5000)) * 20
+    logits = logits.at[0, 7].set(1e3).at[0, 4000].set(1e3)  # a tie: the first index wins, as in jnp.argmax
+    logits = logits.at[1, :4000].set(-jnp.inf)  # masked entries
+    logits = logits.at[2].set(-3.0)  # a constant row
+    logits = logits.at[3].add(-1e4)  # far from 0
+    log_z, best = jax.jit(softmax_statistics)(logits)
+    np.testing.assert_allclose(log_z, jax.nn.logsumexp(logits, axis=-1), rtol=1e-6)
+    np.testing.assert_array_equal(best, jnp.argmax(logits, axis=-1))
+    assert best[0] == 7 and best[2] == 0
+
+
+def test_the_weights_gradient_equals_optax():
+    keys = jax.random.split(jax.random.key(4), 3)
+    logits = jax.random.normal(keys[0], (8, 300)) * 3
+    labels = jax.random.randint(keys[1], (8,), 0, 300)
+    weights = jax.random.uniform(keys[2], (8,))
+
+    def ours(weights):
+        loss, _, count = weighted_cross_entropy(logits, labels, weights)
+        return loss / count
+
+    def reference(weights):
+        per_token = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+        return jnp.sum(per_token * weights) / jnp.sum(weights)
+
+    np.testing.assert_allclose(jax.grad(ours)(weights), jax.grad(reference)(weights), rtol=1e-5, atol=1e-7)
+
+
+def test_the_loss_reads_the_logits_once_and_its_gradient_once_more():
+    """The compiled kernels' bytes (`hlo_cost`, of XLA's CPU fusions): the forward pass one read of the logits,
+    where logsumexp, the label's logit and argmax took five; with the gradient, one read and one write more."""
+    logits, labels, weights = jnp.zeros((512, 4096)), jnp.zeros((512,), jnp.int32), jnp.ones((512,))
+
+    def moved(fn) -> float:
+        kernels = hlo_cost.kernels(jax.jit(fn).lower(logits).compile().as_text())
+        return sum(k["bytes"] for k in kernels) / logits.nbytes
+
+    assert moved(lambda x: weighted_cross_entropy(x, labels, weights)) < 1.05
+    assert moved(jax.grad(lambda x: weighted_cross_entropy(x, labels, weights)[0])) < 3.05
+
+
+def test_labels_outside_the_vocabulary_with_no_weight_add_nothing():
+    logits = jax.random.normal(jax.random.key(5), (4, 50))
+    labels, weights = jnp.array([3, -100, 50, -1]), jnp.array([1.0, 0.0, 0.0, 0.0])
+    loss, correct, count = weighted_cross_entropy(logits, labels, weights)
+    expected = optax.softmax_cross_entropy_with_integer_labels(logits[:1], labels[:1])[0]
+    np.testing.assert_allclose(loss, expected, rtol=1e-6)
+    assert count == 1 and correct == (jnp.argmax(logits[0]) == 3)
+    gradient = jax.grad(lambda x: weighted_cross_entropy(x, labels, weights)[0])(logits)
+    assert np.isfinite(gradient).all() and not np.asarray(gradient[1:]).any()
