@@ -6,7 +6,7 @@ A kernel is an instruction the device launches: a fusion, a custom call (a libra
 unfused op; those inside a loop count once per known trip. Its FLOPs are those of the dots it contains. Its
 bytes are what it reads and writes: of an operand it only slices, the slices; of a buffer it updates in
 place, the update (a scanned layer's share of the stacked weights); of one it only gathers from
-(through slices and conversions), the elements gathered; of anything else, all of it, though a
+(through slices and elementwise ops), the elements gathered; of anything else, all of it, though a
 kernel may read less. Its roofline time is the larger of its FLOPs at the device's dense bf16 peak (float32
 dots at half of it, as TF32 runs, or at the CUDA cores' rate at HIGHEST precision; FP8 at twice) and its
 bytes at the memory bandwidth; a collective's bytes cross the links between GPUs instead, and a library call
@@ -26,7 +26,9 @@ NOT_KERNELS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast",
                "partition-id", "replica-id", "add-dependency", "domain", "async-update"}
 CONTROL = {"call", "while", "async-start"}  # launch what their computations hold (a conditional: one branch)
 SLICES = {"slice", "dynamic-slice"}
-PASSING_TO_GATHERS = {"slice", "convert", "reshape"}  # ops between a parameter and a gather that read no more of it
+# ops between a parameter and a gather that read no more of it than the gather takes: elementwise ones and slices
+PASSING_TO_GATHERS = {"slice", "reshape", "convert", "add", "subtract", "multiply", "divide", "maximum", "minimum",
+                      "negate", "exponential", "select", "compare"}
 ELEMENT_BITS = {"pred": 8, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "s16": 16, "u16": 16, "f16": 16, "bf16": 16,
                 "s32": 32, "u32": 32, "f32": 32, "s64": 64, "u64": 64, "f64": 64, "c64": 64, "c128": 128}
 # A dot's rate relative to the bf16 peak, by its left operand's element type (fp8 types all start "f8"); float32
@@ -119,21 +121,24 @@ class Module:
 
     def _gathered_elements(self, names: set[str]) -> int | None:
         """Elements the gathers read of a fusion's parameter (`names`: it and its bitcasts), where every use of it
-        reaches a gather's operand through slices and type conversions (a label's logit picked from the logits);
-        None where any use reads it otherwise."""
-        total = 0
+        reaches a gather's operand through slices and elementwise ops (a label's logit picked from the logits, which
+        a bias is added to); None where any use reads it otherwise or none reaches a gather (the fusion's result).
+        """
+        total = None
         for name in names:
             for user in self.users.get(name, ()):
                 use = self.instructions[user]
+                if use.opcode == "bitcast":
+                    continue  # among `names`
                 if use.opcode == "gather" and use.operands[0] == name:
-                    total += math.prod(arrays(use.shape)[0][1])
+                    found = math.prod(arrays(use.shape)[0][1])
                 elif use.opcode in PASSING_TO_GATHERS:
                     found = self._gathered_elements(self._aliases(user))
-                    if found is None:
-                        return None
-                    total += found
-                elif use.opcode != "bitcast":
+                else:
                     return None
+                if found is None:
+                    return None
+                total = (total or 0) + found
         return total
 
     def _aliases(self, name: str) -> set[str]:
