@@ -6,6 +6,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from jaxlm.parallel.logical import target_platform
+
 
 LOSS_SCOPE = "cross_entropy"  # the ops under it are what `jaxlm bench --profile` counts as the loss
 
@@ -38,9 +40,10 @@ def _is_label(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 
 def _sums_and_residuals(logits, labels, weights):
+    """The sums and what the gradient needs of them, the logits read once (the label's logit gathered)."""
     log_z, best = softmax_statistics(logits)
     vocabulary = logits.shape[-1]
-    picked = jnp.take_along_axis(logits, jnp.clip(labels, 0, vocabulary - 1)[..., None], axis=-1, mode="clip")
+    picked = jnp.take_along_axis(logits, labels[..., None], axis=-1, mode="clip")
     # a label outside the vocabulary (an ignored position's -1 or -100) picks nothing, as `_is_label` finds none
     label_logit = jnp.where((labels >= 0) & (labels < vocabulary), picked[..., 0], 0.0)
     per_token = log_z - label_logit
@@ -67,15 +70,25 @@ def _cross_entropy_gradient(residuals, cotangents):
 _cross_entropy_sums.defvjp(_sums_and_residuals, _cross_entropy_gradient)
 
 
+def _two_pass_sums(logits, labels, weights):
+    """`_cross_entropy_sums` as written: logsumexp, the label's logit by comparison (its gradient an elementwise
+    select that fuses into the softmax's) and argmax, differentiated by JAX. XLA's CPU backend runs these reductions
+    in about half the time of `softmax_statistics`'s merges (a [2048, 30522] step: 0.23 against 0.41 s)."""
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    label_logit = jnp.sum(jnp.where(_is_label(logits, labels), logits, 0.0), axis=-1)
+    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+    return jnp.sum((log_z - label_logit) * weights), jnp.sum(correct * weights), jnp.sum(weights)
+
+
 @jax.named_scope(LOSS_SCOPE)
 def weighted_cross_entropy(logits: jax.Array, labels: jax.Array, weights: jax.Array | None = None):
     """(loss sum, correct-prediction sum, weight sum) of softmax cross-entropy over the last axis.
 
-    The forward pass reads the logits once (`softmax_statistics`) and the backward pass once more. The label's
-    logit is gathered: its own gradient is the backward pass's elementwise comparison, not the gather's scatter
-    into a zeroed array the size of the logits."""
+    Built for a GPU, the forward pass reads the logits once (`softmax_statistics`) and the backward pass once more
+    (`_cross_entropy_sums`); elsewhere logsumexp, the label's logit and argmax read them apart (`_two_pass_sums`)."""
     weights = jnp.ones(labels.shape, jnp.float32) if weights is None else weights.astype(jnp.float32)
-    return _cross_entropy_sums(logits.astype(jnp.float32), labels.astype(jnp.int32), weights)
+    sums = _cross_entropy_sums if target_platform() == "gpu" else _two_pass_sums
+    return sums(logits.astype(jnp.float32), labels.astype(jnp.int32), weights)
 
 
 def chunked_prediction_stats(name: str, head: Callable[[jax.Array], jax.Array], hidden: jax.Array,

@@ -5,15 +5,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from jaxlm import families
 from jaxlm.data.settings import DataConfig
 from jaxlm.models.presets import model_config
+from jaxlm.objectives import losses
 from jaxlm.objectives.losses import softmax_statistics, weighted_cross_entropy
 from jaxlm.train import hlo_cost
 
 
-def test_weighted_cross_entropy_and_its_gradient_equal_optax():
+@pytest.fixture(params=["cpu", "gpu"])
+def built_for(request, monkeypatch):
+    """The loss as built for a CPU (two passes) and for a GPU (`softmax_statistics`, one read), both run here."""
+    monkeypatch.setattr(losses, "target_platform", lambda: request.param)
+    return request.param
+
+
+def test_weighted_cross_entropy_and_its_gradient_equal_optax(built_for):
     keys = jax.random.split(jax.random.key(0), 3)
     logits = (jax.random.normal(keys[0], (4, 16, 1000)) * 3).astype(jnp.bfloat16)
     labels = jax.random.randint(keys[1], (4, 16), 0, 1000)
@@ -87,7 +96,7 @@ def test_softmax_statistics_in_one_read_equal_logsumexp_and_the_first_argmax():
     assert best[0] == 7 and best[2] == 0
 
 
-def test_the_weights_gradient_equals_optax():
+def test_the_weights_gradient_equals_optax(built_for):
     keys = jax.random.split(jax.random.key(4), 3)
     logits = jax.random.normal(keys[0], (8, 300)) * 3
     labels = jax.random.randint(keys[1], (8,), 0, 300)
@@ -104,9 +113,11 @@ def test_the_weights_gradient_equals_optax():
     np.testing.assert_allclose(jax.grad(ours)(weights), jax.grad(reference)(weights), rtol=1e-5, atol=1e-7)
 
 
-def test_the_loss_reads_the_logits_once_and_its_gradient_once_more():
-    """The compiled kernels' bytes (`hlo_cost`, of XLA's CPU fusions): the forward pass one read of the logits,
-    where logsumexp, the label's logit and argmax took five; with the gradient, one read and one write more."""
+def test_the_loss_built_for_a_gpu_reads_the_logits_once_and_its_gradient_once_more(monkeypatch):
+    """The compiled kernels' bytes (`hlo_cost`, of XLA's CPU fusions of the GPU's formulation): the forward pass
+    one read of the logits, where logsumexp, the label's logit and argmax took five; with the gradient, one read
+    and one write more."""
+    monkeypatch.setattr(losses, "target_platform", lambda: "gpu")
     logits, labels, weights = jnp.zeros((512, 4096)), jnp.zeros((512,), jnp.int32), jnp.ones((512,))
 
     def moved(fn) -> float:
@@ -117,7 +128,7 @@ def test_the_loss_reads_the_logits_once_and_its_gradient_once_more():
     assert moved(jax.grad(lambda x: weighted_cross_entropy(x, labels, weights)[0])) < 3.05
 
 
-def test_labels_outside_the_vocabulary_with_no_weight_add_nothing():
+def test_labels_outside_the_vocabulary_with_no_weight_add_nothing(built_for):
     logits = jax.random.normal(jax.random.key(5), (4, 50))
     labels, weights = jnp.array([3, -100, 50, -1]), jnp.array([1.0, 0.0, 0.0, 0.0])
     loss, correct, count = weighted_cross_entropy(logits, labels, weights)
