@@ -34,6 +34,11 @@ def softmax_statistics(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
     return top + jnp.log(total), at
 
 
+def _weighted_sums(per_token: jax.Array, correct: jax.Array, weights: jax.Array) -> tuple:
+    """(loss sum, correct-prediction sum, weight sum) of per-token losses and correct (boolean) predictions."""
+    return jnp.sum(per_token * weights), jnp.sum(correct.astype(jnp.float32) * weights), jnp.sum(weights)
+
+
 def _is_label(logits: jax.Array, labels: jax.Array) -> jax.Array:
     vocabulary = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
     return vocabulary == labels[..., None]
@@ -47,8 +52,7 @@ def _sums_and_residuals(logits, labels, weights):
     # a label outside the vocabulary (an ignored position's -1 or -100) picks nothing, as `_is_label` finds none
     label_logit = jnp.where((labels >= 0) & (labels < vocabulary), picked[..., 0], 0.0)
     per_token = log_z - label_logit
-    sums = (jnp.sum(per_token * weights), jnp.sum((best == labels).astype(jnp.float32) * weights), jnp.sum(weights))
-    return sums, (logits, labels, weights, log_z, per_token)
+    return _weighted_sums(per_token, best == labels, weights), (logits, labels, weights, log_z, per_token)
 
 
 @jax.custom_vjp
@@ -76,8 +80,7 @@ def _two_pass_sums(logits, labels, weights):
     in about half the time of `softmax_statistics`'s merges (a [2048, 30522] step: 0.23 against 0.41 s)."""
     log_z = jax.nn.logsumexp(logits, axis=-1)
     label_logit = jnp.sum(jnp.where(_is_label(logits, labels), logits, 0.0), axis=-1)
-    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
-    return jnp.sum((log_z - label_logit) * weights), jnp.sum(correct * weights), jnp.sum(weights)
+    return _weighted_sums(log_z - label_logit, jnp.argmax(logits, axis=-1) == labels, weights)
 
 
 @jax.named_scope(LOSS_SCOPE)
