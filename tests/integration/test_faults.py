@@ -227,11 +227,15 @@ def test_sigkill_during_a_step_a_save_and_an_evaluation_then_a_truncated_checkpo
     run_dir = tmp_path / "killed"
     checkpoints = run_dir / "checkpoints"
 
-    def in_a_step(after=rng.randint(12, 18)):  # once checkpoint 10 is committed
+    # once checkpoint 10 is committed, 5 steps or more before the save of step 20 begins: a poll that lags a
+    # few steps on a loaded machine must not reach that save, whose temporary directory would stay behind
+    def in_a_step(after=rng.randint(12, 15)):
         return 10 in committed(run_dir) and len(losses(run_dir)) >= after
 
-    def in_a_save():  # a save of this run in flight: Orbax's temporary directory of step 20
-        return any(p.name.startswith("20.") for p in unfinished(checkpoints))
+    left_behind = []  # the temporary directories there before this run began
+
+    def in_a_save():  # a save of this run in flight: a new temporary directory of step 20
+        return any(p.name.startswith("20.") and p not in left_behind for p in unfinished(checkpoints))
 
     def in_an_evaluation(pause=rng.uniform(0.0, 0.2)):  # the step-25 evaluation has begun, checkpoint 20 committed
         if 25 not in losses(run_dir) or 20 not in committed(run_dir):  # its save may still be writing at step 25
@@ -240,6 +244,7 @@ def test_sigkill_during_a_step_a_save_and_an_evaluation_then_a_truncated_checkpo
         return True
 
     for moment in (in_a_step, in_a_save, in_an_evaluation):
+        left_behind[:] = unfinished(checkpoints)
         with open(tmp_path / f"{moment.__name__}.log", "w") as log:
             proc = start(path, log)
             kill_when(proc, moment)

@@ -113,7 +113,7 @@ def _bert(kernel: str, batch: int):
 @pytest.fixture(scope="module")
 def splash_bert():
     from jaxlm.train.aot import compile_for_topology
-    return {batch: compile_for_topology(_bert("splash", batch), TOPOLOGY) for batch in (16, 64)}
+    return {batch: compile_for_topology(_bert("splash", batch), TOPOLOGY) for batch in (16, 256)}
 
 
 @tpu
@@ -130,11 +130,13 @@ def test_bert_train_step_with_splash_compiles_to_the_pallas_kernel(splash_bert):
 
 @tpu
 def test_memory_analysis_numbers_scale_with_the_batch(splash_bert):
-    small, big = splash_bert[16]["memory"], splash_bert[64]["memory"]
+    small, big = splash_bert[16]["memory"], splash_bert[256]["memory"]
     assert small["temp"] > 0 and small["argument"] > 0 and small["generated_code"] > 0
-    # 4x the rows per chip (4 -> 16): the growth is at least a few [12 more rows, 128, 128] bf16 activations
-    # (8.4 -> 10.3 MiB; the embedding table is no longer rematerialised per batch, which grew with it)
-    assert big["temp"] - small["temp"] > 4 * (12 * 128 * 128 * 2), (small, big)
+    # 16x the rows per chip (4 -> 64): the growth is at least a few [60 more rows, 128, 128] bf16 activations
+    # (9.0 -> 19.1 MiB). A smaller step tells little: at 4 -> 16 rows the parameter-sized buffers (the 8192-row
+    # table's gradient, the fsdp gathers) dominate, and the compiler's packing of them moved temp by 1.3 MiB when
+    # the Dense bias gradient went to float32, as much as the activations grew.
+    assert big["temp"] - small["temp"] > 4 * (60 * 128 * 128 * 2), (small, big)
     # same parameters and optimiser state, a few more bytes of batch
     assert big["argument"] > small["argument"] and big["argument"] - small["argument"] < 0.1 * small["argument"]
 
