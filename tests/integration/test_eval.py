@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, kill_when, run_cli, write_config
+from conftest import ROOT, kill_when, run_cli, write_config, xla_flags
 from jaxlm.eval import results
 from jaxlm.train.metrics import read_jsonl
 
@@ -86,7 +86,7 @@ def test_a_run_trained_on_8_devices_evaluates_the_same_on_1_and_4(trained, tmp_p
 
 
 def _env():
-    return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags())
 
 
 def test_watch_evaluates_each_checkpoint_once_while_the_run_trains_and_leaves_it_unaffected(
@@ -182,7 +182,7 @@ def test_two_processes_evaluate_as_one(trained, tmp_path):
     out = tmp_path / "eval"
     env = dict(os.environ, JAXLM_TOTAL_DEVICES="4", JAXLM_COMMAND="eval",
                JAXLM_BIN=str(ROOT / ".venv" / "bin" / "jaxlm"))
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = xla_flags(None)
     proc = subprocess.run(["bash", str(ROOT / "launch" / "local_multiprocess.sh"), "2", str(run_dir),
                            "--select", "latest", "--out", str(out)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from etils import epath
 
-from conftest import ROOT, free_port, kill_when, run_cli, write_config
+from conftest import ROOT, free_port, kill_when, run_cli, write_config, xla_flags
 from jaxlm import config as config_lib
 from jaxlm.train import checkpoint
 from jaxlm.train.checkpoint import unfinished
@@ -55,7 +55,7 @@ def config(tmp_path, prepared_dir, name: str, optim=None, workers: int = 0, mesh
 def start(config_path, log, env_extra=None, file_limit_kib: int = 0, command: str = "train") -> subprocess.Popen:
     """`jaxlm train CONFIG` (or another `command`) as a child on 8 simulated devices, its output in `log`; with
     `file_limit_kib`, no file it writes may grow past that (bash's ulimit -f: RLIMIT_FSIZE)."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8",
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(),
                **(env_extra or {}))
     command = [sys.executable, "-m", "jaxlm.cli", command, str(config_path)]
     if file_limit_kib:
@@ -128,7 +128,7 @@ def test_sigterm_stops_two_processes_at_one_step_and_the_run_moves_between_one_a
     is stopped again, and finishes as 2 x 4: the losses are the uninterrupted run's."""
     path, run_dir = config(tmp_path, prepared_dir, "pair"), tmp_path / "pair"
     env = dict(os.environ, JAXLM_TOTAL_DEVICES="8", JAXLM_BIN=str(ROOT / ".venv" / "bin" / "jaxlm"))
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = xla_flags(None)
 
     def two_processes(log, stop_after: int | None):
         launcher = subprocess.Popen(["bash", str(ROOT / "launch" / "local_multiprocess.sh"), "2", str(path)],

@@ -5,7 +5,7 @@ import subprocess
 import jax
 import numpy as np
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli, xla_flags
 from jaxlm import config as config_lib
 from jaxlm.train import checkpoint
 from jaxlm.train.loop import build
@@ -24,7 +24,7 @@ def test_two_processes_train_and_restore_on_one(tiny_config, tmp_path):
     multi = tiny_config({**EXTRA, "train": {**EXTRA["train"], "run_dir": str(multi_dir)}}, "multi.yaml")
     single = tiny_config({**EXTRA, "train": {**EXTRA["train"], "run_dir": str(single_dir)}}, "single.yaml")
     env = dict(os.environ, JAXLM_TOTAL_DEVICES="8", JAXLM_BIN=str(ROOT / ".venv" / "bin" / "jaxlm"))
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = xla_flags(None)
     proc = subprocess.run(["bash", str(ROOT / "launch" / "local_multiprocess.sh"), "2", str(multi)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]

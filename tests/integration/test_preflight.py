@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, free_port, write_config
+from conftest import ROOT, free_port, write_config, xla_flags
 
 JAXLM = str(ROOT / ".venv" / "bin" / "jaxlm")
 
@@ -18,7 +18,7 @@ def processes(config, count: int, ids=None, overrides=None, cwd=None, extra=()):
     for index in ids if ids is not None else range(count):
         env = dict(os.environ, JAX_PLATFORMS="cpu", JAXLM_COORDINATOR=f"127.0.0.1:{port}",
                    JAXLM_NUM_PROCESSES=str(count), JAXLM_PROCESS_ID=str(index), JAXLM_LOCAL_DEVICE_COUNT="4")
-        env.pop("XLA_FLAGS", None)
+        env["XLA_FLAGS"] = xla_flags(None)
         args = [JAXLM, "preflight", str(config), *extra, *((overrides or {}).get(index, []))]
         started.append(subprocess.Popen(args, cwd=(cwd or {}).get(index, ROOT), env=env, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True))

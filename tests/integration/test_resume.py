@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 
-from conftest import ROOT, kill_when, run_cli
+from conftest import ROOT, kill_when, run_cli, xla_flags
 from jaxlm.train import compile_cache
 from jaxlm.train.metrics import read_jsonl
 
@@ -31,7 +31,7 @@ def test_sigkill_then_resume_matches_uninterrupted(tiny_config, tmp_path, monkey
     killed = tiny_config(extra | {"train": {**extra["train"], "run_dir": str(tmp_path / "killed")}}, "b.yaml")
     run_cli("train", straight)
 
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8", **CACHE_ALL)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(), **CACHE_ALL)
     proc = subprocess.Popen([sys.executable, "-m", "jaxlm.cli", "train", str(killed)], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     checkpoints = tmp_path / "killed" / "checkpoints"
