@@ -2,8 +2,8 @@
 import os
 
 # LLVM at -O1, not XLA's default -O2, for every program the suite compiles, here and in the processes it starts:
-# the suite is mostly compiles of small models (a family's train step and initialiser: 29 -> 25 s of backend
-# compile on two cores), and what the steps spend in XLA's own kernels is the same (bert-tiny: 733 and 750 ms)
+# many tests mostly compile small models (a family's train step and initialiser: 29 -> 25 s of backend compile
+# on two cores), and the steps run as fast (bert-tiny: 733 and 750 ms)
 COMPILE_FASTER = "--xla_backend_optimization_level=1"
 
 
