@@ -107,7 +107,7 @@ CASES = {
     # T5's queries, keys and values (cross-attention's keys and values) as separate matmuls, as before
     # model.fused_projections stacked their kernels into one
     "t5unfused": (T5_CONFIG, [*T5, "model.fused_projections=false"], "t5"),
-    # XLA's dot merger back (jaxlm.train.loop.GPU_XLA_OPTIONS turns it off): the queries', keys' and values'
+    # XLA's dot merger back (jaxlm.parallel.xla_options.GPU_XLA_OPTIONS turns it off): the queries', keys' and values'
     # projections as one GEMM, sliced for the attention (CASE_XLA_FLAGS)
     "bert512dotmerger": ("configs/bert-base.yaml", _bert(32, 512), "bert512"),
     "gpt2dotmerger": ("configs/gpt2-small.yaml", _gpt2(16), "gpt2"),

@@ -13,6 +13,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxlm import families
 from jaxlm.convert import store
 from jaxlm.models.config import TransformerConfig
+from jaxlm.parallel.xla_options import project_xla_options
 
 POOLINGS = ("mean", "cls")
 LENGTH_MULTIPLE = 8
@@ -107,7 +108,7 @@ def embed(config: TransformerConfig, params, token_ids: Sequence[Sequence[int]],
     mesh = Mesh(np.asarray(devices), ("data",))
     rows, replicated = NamedSharding(mesh, PartitionSpec("data")), NamedSharding(mesh, PartitionSpec())
     compute = jax.jit(pooled_fn(config, pooling, normalize), in_shardings=(replicated, rows, rows),
-                      out_shardings=rows)
+                      out_shardings=rows, compiler_options=project_xla_options(devices) or None)
     params = jax.device_put(params, replicated)
     batch = round_up(batch_size, len(devices))
     order = sorted(range(len(token_ids)), key=lambda i: len(token_ids[i]))

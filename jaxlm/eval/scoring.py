@@ -20,6 +20,7 @@ from jaxlm.models.heads import gather_positions
 from jaxlm.config import MeshConfig
 from jaxlm.parallel.mesh import batch_shards, logical_sharding, make_mesh, replicated, tree_shardings
 from jaxlm.parallel.rules import rules_for
+from jaxlm.parallel.xla_options import project_xla_options
 from jaxlm.sentence_embedding import position_limit as table_positions
 
 # Sequence lengths are padded up to one of these (capped at the model's positions): few shapes, few compiles.
@@ -179,7 +180,8 @@ def compiled_scorer(config: TransformerConfig, mesh: Mesh, rules: tuple) -> Call
         picked = jnp.take_along_axis(log_probs, batch["targets"][..., None], axis=-1)[..., 0]
         return picked * batch["weights"]
 
-    jitted = jax.jit(score, out_shardings=replicated(mesh))
+    jitted = jax.jit(score, out_shardings=replicated(mesh),
+                     compiler_options=project_xla_options(mesh.devices.flat) or None)
 
     def run(params, batch):
         with jax.set_mesh(mesh), nn.logical_axis_rules(rules):

@@ -26,6 +26,7 @@ from jaxlm.finetune.features import Rows, batch_rows
 from jaxlm.finetune.optim import slanted_triangular, ulmfit
 from jaxlm.finetune.tasks import TASKS, Context, Task
 from jaxlm.parallel.mesh import replicated
+from jaxlm.parallel.xla_options import project_xla_options
 from jaxlm.train import checkpoint
 from jaxlm.train.loop import Setup, batch_structs, build, compile_steps, global_batch, memory_summary
 from jaxlm.train.metrics import MetricsWriter, plot_curves
@@ -176,7 +177,8 @@ class Runner:
         with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
             fn = jax.jit(task.outputs(setup.objective), in_shardings=(setup.shardings.params, setup.batch_shardings),
                          out_shardings=replicated(setup.mesh))
-            self.compiled = fn.lower(setup.abstract.params, batch_structs(setup)).compile()
+            self.compiled = fn.lower(setup.abstract.params, batch_structs(setup)).compile(
+                project_xla_options(setup.mesh.devices.flat) or None)
 
     def outputs(self, params, rows: Rows):
         pieces = []

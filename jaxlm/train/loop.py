@@ -4,7 +4,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import time
 from typing import Callable
 
@@ -23,6 +22,7 @@ from jaxlm.objectives import Objective
 from jaxlm.parallel import distributed
 from jaxlm.parallel.mesh import logical_sharding, make_mesh, replicated
 from jaxlm.parallel.rules import Rules, rules_for
+from jaxlm.parallel.xla_options import project_xla_options
 from jaxlm.train import checkpoint, compile_cache, faults, flops
 from jaxlm.train.preflight import check_batch, preflight
 from jaxlm.train.metrics import MetricsWriter, plot_curves
@@ -78,22 +78,6 @@ def build(config: RunConfig, devices=None, objective: Objective | None = None,
 def batch_structs(setup: Setup) -> dict:
     return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=setup.batch_shardings[k])
             for k, v in setup.objective.batch_shapes(setup.config.train.global_batch).items()}
-
-
-# XLA options jaxlm sets for its compiled steps on GPUs. XLA's dot merger makes projections of one input into one GEMM
-# below a size (16k tokens a step: BERT-512's, GPT-2's query, key and value), whose output the attention then takes
-# as slices copied out with the bias added, and whose input needs the three gradients concatenated. The model
-# stacks projections itself where that pays (model.fused_projections). On compile-only H100 plans, without the
-# merger: BERT-512's step bound 17.74 -> 16.62 ms (47.4 -> 45.1 GB moved), GPT-2's 22.62 -> 21.50 ms.
-GPU_XLA_OPTIONS = {"xla_disable_hlo_passes": "dot-merger"}
-
-
-def project_xla_options(devices) -> dict:
-    """GPU_XLA_OPTIONS on GPUs, less any that XLA_FLAGS already sets (the user's flags win); nothing elsewhere."""
-    if devices[0].platform != "gpu":
-        return {}
-    user = os.environ.get("XLA_FLAGS", "")
-    return {name: value for name, value in GPU_XLA_OPTIONS.items() if f"--{name}=" not in user}
 
 
 def compile_eval(setup: Setup):

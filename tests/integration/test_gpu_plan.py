@@ -58,7 +58,7 @@ def test_cudnn_attention_compiles_into_the_plan():
 
 
 def test_the_projections_stay_separate_gemms_on_gpus():
-    """jaxlm turns XLA's dot merger off for GPUs (loop.GPU_XLA_OPTIONS): the queries', keys' and values'
+    """jaxlm turns XLA's dot merger off for GPUs (xla_options.GPU_XLA_OPTIONS): the queries', keys' and values'
     projections of bert-tiny stay three GEMMs each way, the same FLOPs; XLA_FLAGS that name the passes decide."""
     case = ("configs/bert-tiny.yaml", "model.dtype=bfloat16", "model.attention_kernel=cudnn")
     ours = _plan(*case)[1]["plan"]["classes"]

@@ -2,7 +2,6 @@
 up) as one matmul of their stacked kernels create the separate projections' parameters and give their outputs, loss
 and gradients; on a CPU they stay separate. Nor does XLA merge them on GPUs (its dot merger is off there)."""
 import dataclasses
-import types
 
 import flax.linen as nn
 import jax
@@ -15,7 +14,6 @@ from jaxlm.convert.names import flatten
 from jaxlm.data.settings import DataConfig
 from jaxlm.models.presets import PRESETS, model_config
 from jaxlm.nn import layers
-from jaxlm.train import loop
 
 DATA = DataConfig(max_seq_length=16, max_predictions=3)
 # bert: queries, keys and values with biases; llama-gqa: grouped heads, so keys and values alone, and the gated
@@ -63,12 +61,3 @@ def test_fused_projections_match_the_separate_ones(case, monkeypatch):
     for path, grad in grads.items():
         assert np.abs(grad).max() > 0 or "bias" in path, path
         np.testing.assert_allclose(grad, separate_grads[path], rtol=1e-4, atol=1e-6, err_msg=path)
-
-
-def test_xla_merges_no_dots_on_gpus_unless_xla_flags_name_the_passes(monkeypatch):
-    gpu = types.SimpleNamespace(platform="gpu")
-    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-    assert loop.project_xla_options([gpu]) == {"xla_disable_hlo_passes": "dot-merger"}
-    assert loop.project_xla_options(jax.devices()) == {}  # the CPU's
-    monkeypatch.setenv("XLA_FLAGS", "--xla_disable_hlo_passes=")  # the user's choice of passes: none disabled
-    assert loop.project_xla_options([gpu]) == {}
