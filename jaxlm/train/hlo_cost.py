@@ -43,6 +43,7 @@ _ARRAY = re.compile(r"\b([a-z]\w*?)\[([\d,]*)\]")
 _TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 _LHS_CONTRACTING = re.compile(r"lhs_contracting_dims=\{([\d,]*)\}")
 _GEMM_CONTRACTING = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
+_EPILOGUE = re.compile(r'"epilogue":"(\w+)"')  # a library GEMM's: what it does to its result before writing it
 _HIGHEST = re.compile(r'operand_precision=\{highest|"operand_precision":\["HIGHEST"')
 
 
@@ -163,8 +164,10 @@ class Module:
 
 def kernels(hlo_text: str) -> list[dict]:
     """Every kernel the step launches: {"name", "class", "launches", "flops", "bf16_equivalent_flops",
-    "bytes"}, of all its launches; the second weighs each dot by its rate (DOT_RATE). A loop's body and
-    condition count once per known trip (once when unknown); of a conditional's branches, the costliest."""
+    "bytes", "epilogue"}, of all its launches; the second weighs each dot by its rate (DOT_RATE); the last
+    names a library GEMM's epilogue (BIAS, BIAS_GELU_AUX, ...; DEFAULT: none) and is None for other kernels.
+    A loop's body and condition count once per known trip (once when unknown); of a conditional's branches, the
+    costliest."""
     module = Module(hlo_text)
     instructions = module.instructions
 
@@ -194,9 +197,10 @@ def _kernel(name: str, module: Module, launches: int) -> dict:
         total, weighted = total + count, weighted + count / rate
     own = module.instructions[name]
     moved = module.written_bytes(own) + sum(module.read_bytes(own, i) for i in range(len(own.operands)))
+    epilogue = _EPILOGUE.search(own.attributes) if own.opcode == "custom-call" else None
     return {"name": name, "class": op_class(name, module.instructions, module.computations), "launches": launches,
             "flops": total * launches, "bf16_equivalent_flops": weighted * launches, "bytes": moved * launches,
-            "link_factor": LINK_FACTOR.get(own.opcode, 1.0)}
+            "link_factor": LINK_FACTOR.get(own.opcode, 1.0), "epilogue": epilogue.group(1) if epilogue else None}
 
 
 def timed_kernels(hlo_text: str, peak_flops: float, bandwidth: float, link_bandwidth: float | None) -> list[dict]:
@@ -217,7 +221,8 @@ def plan(hlo_text: str, peak_flops: float, bandwidth: float, link_bandwidth: flo
          top: int = 8) -> dict:
     """Per class: kernel launches, GFLOP, GB moved and roofline milliseconds (per kernel the larger of its
     FLOPs at `peak_flops` and its bytes at `bandwidth`; a collective's bytes at `link_bandwidth`, untimed
-    without it), with the totals and the `top` costliest kernels."""
+    without it), with the totals, the `top` costliest kernels, and the launches of library GEMMs by epilogue
+    (the bias or activation fused into a GEMM's write)."""
     per_class = {c: defaultdict(float) for c in PLAN_CLASSES}
     found = timed_kernels(hlo_text, peak_flops, bandwidth, link_bandwidth)
     for k in found:
@@ -231,8 +236,12 @@ def plan(hlo_text: str, peak_flops: float, bandwidth: float, link_bandwidth: flo
     classes = {c: {key: row[key] for key in keys} for c, row in per_class.items()}
     total = {key: sum(row[key] for row in classes.values()) for key in keys}
     costliest = sorted(found, key=lambda k: -k["ms"])[:top]
+    epilogues = defaultdict(int)
+    for k in found:
+        if k["epilogue"]:
+            epilogues[k["epilogue"]] += k["launches"]
     return {"peak_flops": peak_flops, "bandwidth": bandwidth, "link_bandwidth": link_bandwidth,
-            "classes": classes, "total": total,
+            "classes": classes, "total": total, "gemm_epilogues": dict(sorted(epilogues.items())),
             "top": [{key: k[key] for key in ("name", "class", "launches", "ms", "compute_ms", "memory_ms")}
                     for k in costliest]}
 
@@ -264,6 +273,9 @@ def format_plan(result: dict, model_gflop: float | None = None) -> str:
     if model_gflop:
         lines.append(f"model FLOPs (the MFU formula): {model_gflop:.1f} GFLOP per step; the HLO's dots: "
                      f"{result['total']['gflop']:.1f}")
+    if result.get("gemm_epilogues"):
+        lines.append("library GEMMs by epilogue: " + ", ".join(f"{name} {count}"
+                                                              for name, count in result["gemm_epilogues"].items()))
     lines.append("costliest kernels: " + ", ".join(f"{k['name']} ({k['class']}) {k['ms']:.3f} ms"
                                                    for k in result["top"]))
     return "\n".join(lines)

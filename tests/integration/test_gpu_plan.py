@@ -17,7 +17,7 @@ PLUGIN = {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / gpu_targets.PLUGI
                                                       os.environ.get("PYTHONPATH", "")) if p)}
 
 
-@functools.cache  # the same plan (bert-tiny on one H100) is read by two tests: compiled once
+@functools.cache  # the same plan (bert-tiny or gpt2-tiny on one H100) is read by several tests: compiled once
 def _plan(config, *overrides, topology="h100", xla_flags=None):
     proc = run_cli("compile", config, *overrides, "--topology", topology, "--plan", "--json", devices=1,
                    env_extra=PLUGIN if xla_flags is None else {**PLUGIN, "XLA_FLAGS": xla_flags})
@@ -25,7 +25,8 @@ def _plan(config, *overrides, topology="h100", xla_flags=None):
 
 
 @pytest.mark.parametrize("config, overrides, tolerance", [
-    ("configs/bert-tiny.yaml", [], 0.01), ("configs/gpt2-tiny.yaml", [], 0.01), ("configs/t5-tiny.yaml", [], 0.1),
+    ("configs/bert-tiny.yaml", [], 0.01), ("configs/gpt2-tiny.yaml", ["model.dtype=bfloat16"], 0.01),
+    ("configs/t5-tiny.yaml", [], 0.1),
     # our Pallas (Triton) flash kernels lower for an H100 inside the real step; their dots are not the HLO's
     ("configs/t5-tiny.yaml", ["model.attention_kernel=flash"], 0.25)])
 def test_plan_of_the_real_step_on_an_h100(config, overrides, tolerance):
@@ -41,6 +42,7 @@ def test_plan_of_the_real_step_on_an_h100(config, overrides, tolerance):
     assert plan["classes"]["collectives"]["launches"] == 0  # one device
     assert plan["total"]["ms"] == pytest.approx(sum(row["ms"] for row in plan["classes"].values()))
     assert result["memory"]["temp"] > 0
+    assert plan["gemm_epilogues"] and "library GEMMs by epilogue: " in out
 
 
 def test_cudnn_attention_compiles_into_the_plan():
@@ -55,6 +57,17 @@ def test_cudnn_attention_compiles_into_the_plan():
     assert xla["plan"]["classes"]["attention"]["gflop"] > 0
     assert cudnn["plan"]["classes"]["matmuls"]["gflop"] == pytest.approx(xla["plan"]["classes"]["matmuls"]["gflop"],
                                                                          rel=0.01)
+
+
+def test_gpt2s_tanh_gelu_is_applied_by_the_gemm_before_it():
+    """In bfloat16 on a GPU, the first GEMM of each of GPT-2's MLPs adds its bias and applies the tanh GELU as it
+    writes (cuBLASLt's BIAS_GELU_AUX epilogue, also keeping the pre-activation for the backward pass), where a
+    separate kernel would read and write the [tokens, 4 x hidden] activation once more; the other GEMMs with a
+    bias add it as they write."""
+    _, result = _plan("configs/gpt2-tiny.yaml", "model.dtype=bfloat16")
+    layers = config_lib.load(ROOT / "configs/gpt2-tiny.yaml").model.num_layers
+    epilogues = result["plan"]["gemm_epilogues"]
+    assert epilogues.get("BIAS_GELU_AUX") == layers and epilogues.get("BIAS", 0) >= 3 * layers, epilogues
 
 
 def test_the_projections_stay_separate_gemms_on_gpus():

@@ -47,7 +47,7 @@ ENTRY %main (a: bf16[128,64], b: bf16[64,32], c: f8e4m3fn[128,64], d: f8e4m3fn[6
   %d = f8e4m3fn[64,32]{1,0} parameter(3)
   %f1 = bf16[128,32]{1,0} fusion(%a, %b), kind=kCustom, calls=%gemm_bf16, metadata={op_name="jit(step)/jvp(M)/dense/dot_general"}
   %f2 = bf16[128,32]{1,0} fusion(%c, %d), kind=kCustom, calls=%gemm_fp8, metadata={op_name="jit(step)/jvp(M)/dense/dot_general"}
-  %g = (bf16[128,32]{1,0}, s8[4194304]{0}) custom-call(%a, %b), custom_call_target="__cublas$gemm", metadata={op_name="jit(step)/jvp(M)/out/dot_general"}, backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
+  %g = (bf16[128,32]{1,0}, s8[4194304]{0}) custom-call(%a, %b), custom_call_target="__cublas$gemm", metadata={op_name="jit(step)/jvp(M)/out/dot_general"}, backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]},"epilogue":"BIAS_GELU_AUX"}}
   %q = bf16[2,64,4,32]{3,2,1,0} parameter(4)
   %att = (bf16[2,64,4,32]{3,2,1,0}, u8[0]{0}) custom-call(%q, %q, %q), custom_call_target="__cudnn$fmhaSoftmax", metadata={op_name="jit(step)/jvp(M)/attention_core/dot_product_attention"}, backend_config={"cudnn_fmha_backend_config":{"bmm1_dot_dimension_numbers":{"lhs_contracting_dimensions":["3"]}}}
   ROOT %t = (bf16[128,32]{1,0}, bf16[128,32]{1,0}) tuple(%f1, %f2)
@@ -64,6 +64,8 @@ def test_element_type_sets_the_rate():
     assert found["f1"]["bytes"] == (128 * 64 + 64 * 32 + 128 * 32) * 2
     assert found["f2"]["bytes"] == 128 * 64 + 64 * 32 + 128 * 32 * 2
     assert found["g"]["flops"] == flops and found["g"]["class"] == "matmuls"  # a cuBLAS call
+    assert found["g"]["epilogue"] == "BIAS_GELU_AUX" and found["att"]["epilogue"] is found["f1"]["epilogue"] is None
+    assert hlo_cost.plan(GPU_HLO, 1e12, 1e9)["gemm_epilogues"] == {"BIAS_GELU_AUX": 1}
     # cuDNN's attention: its bytes (three inputs and the output), no FLOPs read from its config's dimensions
     assert found["att"]["flops"] == 0 and found["att"]["class"] == "attention"
     assert found["att"]["bytes"] == 4 * 2 * 64 * 4 * 32 * 2
