@@ -224,8 +224,11 @@ def plan(hlo_text: str, peak_flops: float, bandwidth: float, link_bandwidth: flo
     without it), with the totals, the `top` costliest kernels, and the launches of library GEMMs by epilogue
     (the bias or activation fused into a GEMM's write)."""
     per_class = {c: defaultdict(float) for c in PLAN_CLASSES}
+    epilogues = defaultdict(int)
     found = timed_kernels(hlo_text, peak_flops, bandwidth, link_bandwidth)
     for k in found:
+        if k["epilogue"]:
+            epilogues[k["epilogue"]] += k["launches"]
         row = per_class[k["class"]]
         row["launches"] += k["launches"]
         row["gflop"] += k["flops"] / 1e9
@@ -236,10 +239,6 @@ def plan(hlo_text: str, peak_flops: float, bandwidth: float, link_bandwidth: flo
     classes = {c: {key: row[key] for key in keys} for c, row in per_class.items()}
     total = {key: sum(row[key] for row in classes.values()) for key in keys}
     costliest = sorted(found, key=lambda k: -k["ms"])[:top]
-    epilogues = defaultdict(int)
-    for k in found:
-        if k["epilogue"]:
-            epilogues[k["epilogue"]] += k["launches"]
     return {"peak_flops": peak_flops, "bandwidth": bandwidth, "link_bandwidth": link_bandwidth,
             "classes": classes, "total": total, "gemm_epilogues": dict(sorted(epilogues.items())),
             "top": [{key: k[key] for key in ("name", "class", "launches", "ms", "compute_ms", "memory_ms")}

@@ -1,6 +1,6 @@
 """model.fused_projections: on GPUs, with XLA's attention, queries, keys and values (and the gated MLP's gate and
 up) as one matmul of their stacked kernels create the separate projections' parameters and give their outputs, loss
-and gradients; on a CPU they stay separate. Nor does XLA merge them on GPUs (its dot merger is off there)."""
+and gradients; on a CPU they stay separate. (That XLA's dot merger is off on GPUs: test_xla_options.)"""
 import dataclasses
 
 import flax.linen as nn

@@ -64,7 +64,8 @@ def test_element_type_sets_the_rate():
     assert found["f1"]["bytes"] == (128 * 64 + 64 * 32 + 128 * 32) * 2
     assert found["f2"]["bytes"] == 128 * 64 + 64 * 32 + 128 * 32 * 2
     assert found["g"]["flops"] == flops and found["g"]["class"] == "matmuls"  # a cuBLAS call
-    assert found["g"]["epilogue"] == "BIAS_GELU_AUX" and found["att"]["epilogue"] is found["f1"]["epilogue"] is None
+    assert found["g"]["epilogue"] == "BIAS_GELU_AUX"
+    assert found["att"]["epilogue"] is None and found["f1"]["epilogue"] is None
     assert hlo_cost.plan(GPU_HLO, 1e12, 1e9)["gemm_epilogues"] == {"BIAS_GELU_AUX": 1}
     # cuDNN's attention: its bytes (three inputs and the output), no FLOPs read from its config's dimensions
     assert found["att"]["flops"] == 0 and found["att"]["class"] == "attention"
