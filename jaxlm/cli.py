@@ -1,6 +1,10 @@
 """The `jaxlm` command line: parses arguments, loads the config, calls the library."""
 from __future__ import annotations
 
+if __name__ == "__main__":  # `python -m jaxlm.cli`: restarted as the `jaxlm` program is, before jax is imported
+    from jaxlm import host_memory
+    host_memory.restart_with_huge_pages()
+
 import argparse
 import json
 import os

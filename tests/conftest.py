@@ -1,6 +1,8 @@
 """Test session setup: 8 simulated CPU devices, set before JAX is imported anywhere."""
 import os
 
+from jaxlm import host_memory
+
 # LLVM at -O1, not XLA's default -O2, for every program the suite compiles, here and in the processes it starts:
 # many tests mostly compile small models (a family's train step and initialiser: 29 -> 25 s of backend compile
 # on two cores), and the steps run as fast (bert-tiny: 733 and 750 ms)
@@ -16,6 +18,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + xla_flags()).strip()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# the processes the suite starts (its xdist workers and each `jaxlm` command) begin with huge pages for XLA's
+# host memory, as the `jaxlm` program restarts itself to (jaxlm/host_memory.py); here, before they start
+os.environ.update(host_memory.environment() or {})
 
 import functools
 import gc
