@@ -3,7 +3,7 @@ from __future__ import annotations
 
 if __name__ == "__main__":  # `python -m jaxlm.cli`: restarted as the `jaxlm` program is, before jax is imported
     from jaxlm import host_memory
-    host_memory.restart_with_huge_pages()
+    host_memory.restart_with_huge_pages(module="jaxlm.cli")
 
 import argparse
 import json

@@ -2,20 +2,21 @@
 `glibc.malloc.hugetlb` tunable, which glibc reads only when a process starts, so `jaxlm` restarts itself once
 with it. Standard library only: this runs before anything heavy is imported.
 
-Why: XLA on a CPU allocates a program's temporaries from a thread's glibc arena; one larger than such an arena's
-64 MB heap is mapped for the run and unmapped after it, and the next run faults it in again, 4 KB at a time
-(bert-tiny's train step: 306 MiB a step, about 100,000 page faults). With the tunable glibc asks the kernel for
-2 MB pages on those mappings (`madvise`), where the kernel lends huge pages on request."""
+Why: glibc serves an allocation above its mmap threshold (32 MiB at most) with a mapping of its own, unmapped
+when it is freed. XLA on a CPU allocates a program's temporaries for each run (bert-tiny's train step: 306 MiB),
+so every step faulted them in again, 4 KB at a time (about 100,000 page faults a step). With the tunable glibc
+asks the kernel for 2 MB pages on those mappings (`madvise`), where the kernel lends huge pages on request."""
 from __future__ import annotations
 
 import os
 import pathlib
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 HUGE_PAGES = "glibc.malloc.hugetlb=1"
 FIRST_GLIBC_WITH_IT = (2, 35)
 KERNEL_SETTING = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled")
+RESTARTED = "JAXLM_RESTARTED_WITH_HUGE_PAGES"  # set for the restarted process alone: it never restarts again
 
 
 def glibc_version() -> tuple[int, int] | None:
@@ -55,15 +56,30 @@ def environment() -> dict | None:
     return with_huge_pages(os.environ, glibc_version(), kernel_huge_pages())
 
 
-def restart_with_huge_pages() -> None:
+def own_command(orig_argv: Sequence[str], script: str, module: str | None) -> tuple[str, list[str]] | None:
+    """The file and arguments that start this program again: the console script `script` by its own path, where
+    the interpreter was started on it (the process keeps its name), or the interpreter with its arguments,
+    where their first `-m` runs `module`; None where another program runs it (a debugger, a profiler)."""
+    if len(orig_argv) > 1 and orig_argv[1] == script and os.path.isfile(script):
+        return script, list(orig_argv[1:])
+    if module is not None and "-m" in orig_argv and orig_argv[orig_argv.index("-m") + 1:][:1] == [module]:
+        return sys.executable, list(orig_argv)
+    return None
+
+
+def restart_with_huge_pages(module: str | None = None) -> None:
     """Replaces this process (same pid, arguments, streams) by one started with the tunable, where it would
-    change something; returns where it would not, or where the restart fails."""
-    env = environment()
-    if env is None:
+    change something and this program is the process's own (a console script, or `python -m module`); returns
+    otherwise, and where the restart fails."""
+    if os.environ.pop(RESTARTED, None) or getattr(sys, "frozen", False) or not sys.executable:
         return
+    env, command = environment(), own_command(sys.orig_argv, sys.argv[0], module)
+    if env is None or command is None:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
     try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.execve(sys.executable, sys.orig_argv, env)
-    except OSError:
+        os.execve(*command, {**env, RESTARTED: "1"})
+    except (OSError, TypeError, ValueError):
         return

@@ -20,7 +20,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # the processes the suite starts (its xdist workers and each `jaxlm` command) begin with huge pages for XLA's
 # host memory, as the `jaxlm` program restarts itself to (jaxlm/host_memory.py); here, before they start
-os.environ.update(host_memory.environment() or {})
+if (with_huge_pages := host_memory.environment()) is not None:
+    os.environ["GLIBC_TUNABLES"] = with_huge_pages["GLIBC_TUNABLES"]
 
 import functools
 import gc
