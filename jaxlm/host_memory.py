@@ -13,7 +13,8 @@ import pathlib
 import sys
 from collections.abc import Mapping, Sequence
 
-HUGE_PAGES = "glibc.malloc.hugetlb=1"
+TUNABLE = "glibc.malloc.hugetlb"
+HUGE_PAGES = f"{TUNABLE}=1"
 FIRST_GLIBC_WITH_IT = (2, 35)
 KERNEL_SETTING = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled")
 RESTARTED = "JAXLM_RESTARTED_WITH_HUGE_PAGES"  # set for the restarted process alone: it never restarts again
@@ -22,7 +23,7 @@ RESTARTED = "JAXLM_RESTARTED_WITH_HUGE_PAGES"  # set for the restarted process a
 def glibc_version() -> tuple[int, int] | None:
     """This process's glibc as (major, minor); None under another C library or OS."""
     try:
-        name, version = os.confstr("CS_GNU_LIBC_VERSION").split()
+        _, version = os.confstr("CS_GNU_LIBC_VERSION").split()
         major, minor = version.split(".")[:2]
         return int(major), int(minor)
     except (AttributeError, OSError, TypeError, ValueError):
@@ -43,10 +44,9 @@ def with_huge_pages(env: Mapping[str, str], glibc: tuple[int, int] | None, mode:
     it, a kernel that lends huge pages only on request not in that mode (`always` gives them unasked), or a
     GLIBC_TUNABLES that already sets it (the user's choice stands)."""
     tunables = env.get("GLIBC_TUNABLES", "")
-    name = HUGE_PAGES.split("=")[0]
     if glibc is None or glibc < FIRST_GLIBC_WITH_IT or mode != "madvise":
         return None
-    if any(setting.split("=")[0] == name for setting in tunables.split(":")):
+    if any(setting.split("=")[0] == TUNABLE for setting in tunables.split(":")):
         return None
     return {**env, "GLIBC_TUNABLES": f"{tunables}:{HUGE_PAGES}" if tunables else HUGE_PAGES}
 
@@ -62,7 +62,8 @@ def own_command(orig_argv: Sequence[str], script: str, module: str | None) -> tu
     where their first `-m` runs `module`; None where another program runs it (a debugger, a profiler)."""
     if len(orig_argv) > 1 and orig_argv[1] == script and os.path.isfile(script):
         return script, list(orig_argv[1:])
-    if module is not None and "-m" in orig_argv and orig_argv[orig_argv.index("-m") + 1:][:1] == [module]:
+    first_module = orig_argv.index("-m") + 1 if "-m" in orig_argv else None
+    if module is not None and first_module is not None and orig_argv[first_module:first_module + 1] == [module]:
         return sys.executable, list(orig_argv)
     return None
 
