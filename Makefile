@@ -4,6 +4,7 @@ PY := $(VENV)/bin/python
 JAXLM := $(VENV)/bin/jaxlm
 DEMO_CONFIG ?= configs/bert-tiny.yaml
 # pytest-xdist workers, a test file each, handed out in collection order (tests/integration, the slowest, first)
+# (a third on two cores only made every test slower: README, Tests)
 TEST_WORKERS ?= 2
 
 .PHONY: install demo test bench clean-demo
