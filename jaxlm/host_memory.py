@@ -62,8 +62,8 @@ def own_command(orig_argv: Sequence[str], script: str, module: str | None) -> tu
     where their first `-m` runs `module`; None where another program runs it (a debugger, a profiler)."""
     if len(orig_argv) > 1 and orig_argv[1] == script and os.path.isfile(script):
         return script, list(orig_argv[1:])
-    first_module = orig_argv.index("-m") + 1 if "-m" in orig_argv else None
-    if module is not None and first_module is not None and orig_argv[first_module:first_module + 1] == [module]:
+    after_first_m = orig_argv[orig_argv.index("-m") + 1:] if "-m" in orig_argv else []
+    if module is not None and after_first_m[:1] == [module]:
         return sys.executable, list(orig_argv)
     return None
 
