@@ -34,6 +34,7 @@ import time
 
 import jax
 import pytest
+from jax.experimental.compilation_cache import compilation_cache
 import yaml
 
 from jaxlm import families
@@ -80,11 +81,14 @@ def _shared_between_workers(tmp_path_factory):
     """One directory for every process the tests start, under both xdist workers: it holds the tests' vocabulary
     and JAX's compilation cache. A `jaxlm` run that compiles what an earlier test's run compiled loads it (the
     tiny BERT's steps: 15-25 s on two cores, 2-3 s loaded), where each run would otherwise keep its own in its run
-    directory. This process's JAX was configured at import, so its own compilations stay where they were."""
+    directory. The tests' own process uses it too: a test that builds its step again (a fresh `jax.jit`, which
+    JAX's in-memory cache does not know) loads what an earlier build compiled."""
     global shared_dir
     base = tmp_path_factory.getbasetemp()
     shared_dir = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     os.environ["JAX_COMPILATION_CACHE_DIR"] = str(shared_dir / "compile-cache")
+    jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+    compilation_cache.reset_cache()  # JAX decides whether it has a cache at its first compile, maybe at collection
 
 
 @functools.cache
