@@ -34,8 +34,8 @@ import time
 
 import jax
 import pytest
-from jax.experimental.compilation_cache import compilation_cache
 import yaml
+from jax.experimental.compilation_cache import compilation_cache
 
 from jaxlm import families
 from jaxlm.convert.names import flatten
