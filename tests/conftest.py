@@ -86,8 +86,8 @@ def _shared_between_workers(tmp_path_factory):
     global shared_dir
     base = tmp_path_factory.getbasetemp()
     shared_dir = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(shared_dir / "compile-cache")
-    jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+    cache = os.environ["JAX_COMPILATION_CACHE_DIR"] = str(shared_dir / "compile-cache")
+    jax.config.update("jax_compilation_cache_dir", cache)
     compilation_cache.reset_cache()  # JAX decides whether it has a cache at its first compile, maybe at collection
 
 
