@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
-from conftest import VOCAB_SIZE, run_cli  # noqa: E402
+from conftest import TINY, VOCAB_SIZE, run_cli  # noqa: E402
 from jaxlm import config as config_lib  # noqa: E402
 from jaxlm.cli import main  # noqa: E402
 from jaxlm.convert import registry, store  # noqa: E402
@@ -209,7 +209,8 @@ def test_converted_bert_restores_as_init_from(converted):
 def test_training_run_initialised_from_a_conversion_exports_the_same_weights(tmp_path, tiny_config, capsys):
     """A run with train.init_from=<converted BERT> and a zero learning rate keeps the weights; to-hf of the
     run directory gives back the original tensors."""
-    model = hf_model("bert", tmp_path / "hf", vocab_size=VOCAB_SIZE, num_attention_heads=2, intermediate_size=256)
+    model = hf_model("bert", tmp_path / "hf", vocab_size=VOCAB_SIZE, num_attention_heads=2, intermediate_size=256,
+                     num_hidden_layers=TINY["model"]["num_layers"])
     assert cli(capsys, "convert", "from-hf", tmp_path / "hf", tmp_path / "init")[0] == 0
     config = tiny_config({"train": {"init_from": str(tmp_path / "init"), "steps": 1, "eval_batches": 1},
                           "optim": {"peak_lr": 0.0}})

@@ -26,7 +26,7 @@ from jaxlm.train.step import dropout_key
 SEQ, PREDS, TARGET, BATCH, STEPS, VOCAB = 32, 6, 8, 16, 12, 2000
 PAD, UNK, CLS, SEP, MASK = range(5)
 SPECIALS = (PAD, UNK, CLS, SEP, MASK)
-SMALL = dict(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position_embeddings=64,
+SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_position_embeddings=64,
              vocab_size=VOCAB, dtype="float32", hidden_dropout=0.0, attention_dropout=0.0)
 FAMILIES = {
     "bert": ("bert-base", {}),
@@ -36,7 +36,7 @@ FAMILIES = {
     "spanbert": ("spanbert-base", {}),
     "gpt2": ("gpt2-small", {}),
     "llama": ("llama-tiny", {"num_kv_heads": 1}),
-    "t5": ("t5-small", {"head_size": 16, "num_decoder_layers": 2, "eos_token_id": SEP, "decoder_start_token_id": PAD}),
+    "t5": ("t5-small", {"head_size": 16, "eos_token_id": SEP, "decoder_start_token_id": PAD}),
     "bart": ("bart-base", {"position_offset": 2, "max_position_embeddings": 66, "pad_token_id": PAD,
                            "eos_token_id": SEP, "decoder_start_token_id": SEP}),
 }

@@ -9,8 +9,8 @@ from conftest import VOCAB_SIZE, austen_vocab
 from jaxlm.cli import main
 
 CONFIG = "configs/bert-tiny.yaml"
-COMMON = ["data.corpus=[demo:austen]", "data.max_seq_length=64", "data.max_predictions=10", "data.dupe_factor=1",
-          "train.steps=60", "train.global_batch=16", "train.log_every=20", "train.eval_every=30",
+COMMON = ["model.num_layers=1", "data.corpus=[demo:austen]", "data.max_seq_length=64", "data.max_predictions=10",
+          "data.dupe_factor=1", "train.steps=60", "train.global_batch=16", "train.log_every=20", "train.eval_every=30",
           "train.eval_batches=8", "train.checkpoint_every=1000", "optim.warmup_steps=10"]
 
 

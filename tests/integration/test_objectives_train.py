@@ -2,10 +2,10 @@
 train` with its configs/<family>-tiny.yaml on real text, and the held-out loss falls well below its
 value at step 0 (the trainer evaluates before the first step).
 
-To keep 7 runs cheap the WordPiece families use a 2,000-piece vocabulary that `jaxlm tokenizer
-train` learns from the same novels first; T5 keeps its config's real SentencePiece model. BERT
-reads the novels through our TFDS builder (`tfds:jaxlm_demo_corpus/austen`), the others from the
-text file."""
+To keep 7 runs cheap their models are one layer deep (as the other tests' tiny models: conftest's TINY) and the
+WordPiece families use a 2,000-piece vocabulary that `jaxlm tokenizer train` learns from the same novels first;
+T5 keeps its config's real SentencePiece model. BERT reads the novels through our TFDS builder
+(`tfds:jaxlm_demo_corpus/austen`), the others from the text file."""
 from __future__ import annotations
 
 import json
@@ -17,8 +17,8 @@ from jaxlm.corpora.registry import fetch_austen
 
 FAMILIES = ("bert", "roberta", "albert", "spanbert", "gpt2", "t5", "bart")
 VOCAB = 2000
-COMMON = ["data.max_seq_length=64", "data.max_predictions=10", "data.dupe_factor=1", "train.steps=60",
-          "train.global_batch=16", "train.log_every=20", "train.eval_every=1000", "train.eval_batches=8",
+COMMON = ["model.num_layers=1", "data.max_seq_length=64", "data.max_predictions=10", "data.dupe_factor=1",
+          "train.steps=60", "train.global_batch=16", "train.log_every=20", "train.eval_every=1000", "train.eval_batches=8",
           "train.checkpoint_every=1000", "optim.warmup_steps=10"]
 
 
