@@ -18,8 +18,8 @@ from jaxlm.corpora.registry import fetch_austen
 FAMILIES = ("bert", "roberta", "albert", "spanbert", "gpt2", "t5", "bart")
 VOCAB = 2000
 COMMON = ["model.num_layers=1", "data.max_seq_length=64", "data.max_predictions=10", "data.dupe_factor=1",
-          "train.steps=60", "train.global_batch=16", "train.log_every=20", "train.eval_every=1000", "train.eval_batches=8",
-          "train.checkpoint_every=1000", "optim.warmup_steps=10"]
+          "train.steps=60", "train.global_batch=16", "train.log_every=20", "train.eval_every=1000",
+          "train.eval_batches=8", "train.checkpoint_every=1000", "optim.warmup_steps=10"]
 
 
 @pytest.fixture(scope="module")
