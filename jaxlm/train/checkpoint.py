@@ -190,6 +190,16 @@ def restore_params(path: epath.PathLike, abstract_params, step: int | None = Non
     return restored["state"]["params"]
 
 
+def params_left_out(path: epath.PathLike, abstract_params, step: int | None = None) -> list[str]:
+    """The parameters of another checkpoint (`train.init_from`) that `restore_params` leaves out, since this
+    run's model has none of that name: layers or heads that a shallower model or another objective lacks."""
+    with open_checkpoint(path, step) as (mngr, step):
+        stored = stored_tree(mngr, step).get("params", {})
+    wanted = {jax.tree_util.keystr(key) for key, _ in jax.tree_util.tree_flatten_with_path(abstract_params)[0]}
+    return [name for key, _ in jax.tree_util.tree_flatten_with_path(stored)[0]
+            if (name := jax.tree_util.keystr(key)) not in wanted]
+
+
 def check_state_fits(stored, abstract_state, where: str) -> None:
     """The parameters fit (check_fits), and the optimiser state holds the same arrays."""
     check_fits(stored.get("params", {}), abstract_state.params, where)

@@ -145,10 +145,20 @@ def restore_or_init(setup: Setup, mngr, rng, warn):
         state, position, step = resumed
         return state, int(position["step"]), f"resumed from step {step}"
     state = create_state(setup.objective.init, setup.optimizer, setup.shardings, setup.mesh, setup.rules, rng)
-    if setup.config.train.init_from:
-        params = checkpoint.restore_params(setup.config.train.init_from, setup.abstract.params)
-        return state.replace(params=params), 0, f"initialised from {setup.config.train.init_from}"
+    if source := setup.config.train.init_from:
+        params = checkpoint.restore_params(source, setup.abstract.params)
+        return state.replace(params=params), 0, f"initialised from {source}{left_out(source, setup.abstract.params)}"
     return state, 0, "initialised from scratch"
+
+
+def left_out(source: str, abstract_params, listed: int = 4) -> str:
+    """What of `train.init_from`'s parameters this run does not take, said after "initialised from SOURCE"."""
+    names = checkpoint.params_left_out(source, abstract_params)
+    if not names:
+        return ""
+    more = f" and {len(names) - listed} more" if len(names) > listed else ""
+    return (f", leaving out {len(names)} of its parameters that this model does not have: {', '.join(names[:listed])}"
+            f"{more} (a shallower model, or another objective's heads?)")
 
 
 RESUME = "run the same command to resume"

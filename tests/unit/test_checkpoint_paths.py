@@ -15,6 +15,7 @@ from jaxlm.corpora.models import bert_vocab_path
 from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer
 from jaxlm.models.presets import model_config
 from jaxlm.train import checkpoint
+from jaxlm.train.loop import left_out
 
 CONFIG = model_config("bert-tiny", vocab_size=64, hidden_size=8, num_layers=1, num_heads=2, intermediate_size=16)
 
@@ -57,6 +58,21 @@ def test_a_converted_checkpoint_resolves_to_step_0(tmp_path):
         assert step == 0
     assert float(checkpoint.restore_params(out, abstract())["encoder"]["kernel"][0, 0]) == 3.0
     assert float(store.load_checkpoint(out)[1]["encoder"]["kernel"][0, 0]) == 3.0
+
+
+def test_what_init_from_leaves_out_of_a_deeper_checkpoint_is_named(run_dir, tmp_path):
+    """A checkpoint with a second layer and a head that this model lacks: its parameters are restored, the
+    others named in the "initialised from" line; the run's own shape leaves nothing out."""
+    deeper = {**params(5.0), "layer_1": {"kernel": np.ones((3, 3), np.float32), "bias": np.ones(3, np.float32)},
+              "nsp": {"kernel": np.ones((3, 2), np.float32)}}
+    out = store.save_converted(tmp_path / "deeper", CONFIG, deeper)
+    assert float(checkpoint.restore_params(out, abstract())["encoder"]["kernel"][0, 0]) == 5.0
+    assert checkpoint.params_left_out(out, abstract()) == ["['layer_1']['bias']", "['layer_1']['kernel']",
+                                                           "['nsp']['kernel']"]
+    assert left_out(str(out), abstract(), listed=2) == (
+        ", leaving out 3 of its parameters that this model does not have: ['layer_1']['bias'], ['layer_1']['kernel'] "
+        "and 1 more (a shallower model, or another objective's heads?)")
+    assert checkpoint.params_left_out(run_dir, abstract()) == [] and left_out(str(run_dir), abstract()) == ""
 
 
 def test_an_explicit_step_wins_and_empty_or_missing_paths_are_refused(run_dir, tmp_path):
