@@ -195,9 +195,8 @@ def params_left_out(path: epath.PathLike, abstract_params, step: int | None = No
     run's model has none of that name: layers or heads that a shallower model or another objective lacks."""
     with open_checkpoint(path, step) as (mngr, step):
         stored = stored_tree(mngr, step).get("params", {})
-    wanted = {jax.tree_util.keystr(key) for key, _ in jax.tree_util.tree_flatten_with_path(abstract_params)[0]}
-    return [name for key, _ in jax.tree_util.tree_flatten_with_path(stored)[0]
-            if (name := jax.tree_util.keystr(key)) not in wanted]
+    wanted = leaf_shapes(abstract_params)
+    return [name for name in leaf_shapes(stored) if name not in wanted]
 
 
 def check_state_fits(stored, abstract_state, where: str) -> None:
@@ -211,16 +210,20 @@ def check_state_fits(stored, abstract_state, where: str) -> None:
                          "differ from the run's; resume with the run's own config (its config.json)")
 
 
+def leaf_shapes(tree) -> dict[str, tuple]:
+    """{"['encoder']['kernel']": shape} of every leaf of a parameter tree, in its flattening order."""
+    return {jax.tree_util.keystr(k): tuple(v.shape) for k, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
 def check_fits(stored, abstract, where: str, listed: int = 6) -> None:
     """Raise ValueError naming each parameter the checkpoint lacks or holds with another shape."""
-    have = {jax.tree_util.keystr(k): tuple(v.shape) for k, v in jax.tree_util.tree_flatten_with_path(stored)[0]}
+    have = leaf_shapes(stored)
     problems = []
-    for key, leaf in jax.tree_util.tree_flatten_with_path(abstract)[0]:
-        name = jax.tree_util.keystr(key)
+    for name, shape in leaf_shapes(abstract).items():
         if name not in have:
             problems.append(f"{name} missing")
-        elif have[name] != tuple(leaf.shape):
-            problems.append(f"{name} checkpoint {have[name]} vs config {tuple(leaf.shape)}")
+        elif have[name] != shape:
+            problems.append(f"{name} checkpoint {have[name]} vs config {shape}")
     if problems:
         more = f" (and {len(problems) - listed} more)" if len(problems) > listed else ""
         raise ValueError(f"{where}: the checkpoint does not fit model config: {'; '.join(problems[:listed])}{more}; "
