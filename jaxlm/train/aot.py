@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import pathlib
 import re
 
 import jax
@@ -48,6 +49,26 @@ def parse_bounds(text: str | None) -> tuple[int, ...] | None:
     return bounds + (1,) * (3 - len(bounds))
 
 
+# Off a TPU VM, libtpu asks the VM's metadata for these as it loads and, finding none, logs five lines with an
+# INVALID_ARGUMENT error before it makes the devices. The devices are the topology named, whatever these say:
+# v4, v5e, v5p and v6e topologies gave the same devices, hosts and coordinates with and without them.
+OFF_VM_HOST = {"TPU_ACCELERATOR_TYPE": "v5litepod-4", "TPU_WORKER_HOSTNAMES": "localhost"}
+
+
+@contextlib.contextmanager
+def _off_vm_host_named():
+    """OFF_VM_HOST in the environment while libtpu loads, where it has no TPU (no /dev/accel* or /dev/vfio) and
+    the user set none of them; then taken out again, since the trainer reads TPU_WORKER_HOSTNAMES as a cluster's."""
+    on_a_tpu_vm = any(pathlib.Path("/dev").glob("accel*")) or pathlib.Path("/dev/vfio").exists()
+    added = {} if on_a_tpu_vm or any(name in os.environ for name in OFF_VM_HOST) else OFF_VM_HOST
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+
+
 def topology_devices(topology: str = DEFAULT_TOPOLOGY, *, chips_per_host_bounds=None, num_slices: int = 1) -> list:
     """Compile-only devices for a TPU topology name such as "v5e:2x2", "v5p:2x2x1", "v6e:4x4", or a GPU one
     such as "h100", "h100:8" (one host's GPUs), "h100:2x8" (hosts x GPUs)."""
@@ -66,7 +87,8 @@ def topology_devices(topology: str = DEFAULT_TOPOLOGY, *, chips_per_host_bounds=
     if chips_per_host_bounds is not None:
         kwargs["chips_per_host_bounds"] = tuple(chips_per_host_bounds)
     try:
-        return list(topologies.get_topology_desc(platform="tpu", topology_name=topology, **kwargs).devices)
+        with _off_vm_host_named():
+            return list(topologies.get_topology_desc(platform="tpu", topology_name=topology, **kwargs).devices)
     except Exception as err:  # libtpu raises JaxRuntimeError / RuntimeError with its own text
         text = gpu_targets.first_line(err)
         if "lockfile" in text:

@@ -5,6 +5,7 @@ compile-only devices), with the Pallas kernel found in the HLO and memory number
 The TPU compiles run in this process: conftest's JAX_PLATFORMS=cpu keeps the runtime on the CPU,
 and `get_topology_desc` still loads libtpu for compile-only devices.
 """
+import os
 import pathlib
 
 import flax.linen as nn
@@ -13,6 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
+
+from conftest import run_cli
 
 from jaxlm import config as config_lib
 from jaxlm.config import MeshConfig
@@ -168,10 +171,20 @@ def test_cli_compile_with_xla_has_no_pallas_kernel(monkeypatch, capsys, tmp_path
 
 @tpu
 def test_unknown_topology_says_what_to_use():
-    from jaxlm.train.aot import TopologyError, topology_devices
+    from jaxlm.train.aot import OFF_VM_HOST, TopologyError, topology_devices
 
     with pytest.raises(TopologyError, match=r"unknown or unsupported TPU topology 'v9z:2x2'.*v5e:2x2"):
         topology_devices("v9z:2x2")
+    assert not set(OFF_VM_HOST) & set(os.environ)  # the trainer would take TPU_WORKER_HOSTNAMES for a cluster's
+
+
+@tpu
+def test_the_command_prints_its_line_and_none_of_libtpus_off_vm_complaints():
+    """libtpu loads in this fresh process; off a TPU VM it logged five lines with an INVALID_ARGUMENT error."""
+    proc = run_cli("compile", BASE_CONFIG, *BERT, "--topology", TOPOLOGY, devices=1)
+    assert proc.stdout.startswith("v5e:2x2 (4 x TPU v5 lite, mesh data=1 fsdp=4 tensor=1): per device argument")
+    for complaint in ("INVALID_ARGUMENT", "TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE"):
+        assert complaint not in proc.stderr, proc.stderr
 
 
 @tpu
