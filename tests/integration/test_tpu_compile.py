@@ -16,7 +16,6 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from conftest import run_cli
-
 from jaxlm import config as config_lib
 from jaxlm.config import MeshConfig
 from jaxlm.nn.attention import dot_product_attention
