@@ -9,6 +9,11 @@ ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "swiglu", "geglu")
 GATED_ACTIVATIONS = ("swiglu", "geglu")
 POSITION_EMBEDDINGS = ("learned", "rope", "relative")
 REMAT_POLICIES = ("none", "full", "dots")
+POSITIVE_SIZES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                  "max_position_embeddings")
+# 0 means none, or the default the field's comment names
+SIZES_OR_ZERO = ("type_vocab_size", "num_kv_heads", "embedding_size", "head_size", "num_decoder_layers")
+DROPOUTS = ("hidden_dropout", "attention_dropout", "activation_dropout")
 
 
 def check_vocab_multiple(multiple: int, name: str = "model.vocab_multiple") -> None:
@@ -105,6 +110,15 @@ class TransformerConfig:
         return self.num_kv_heads or self.num_heads
 
     def validate(self) -> None:
+        for name in POSITIVE_SIZES:
+            if getattr(self, name) < 1:
+                raise ValueError(f"model.{name}={getattr(self, name)} must be positive")
+        for name in SIZES_OR_ZERO:
+            if getattr(self, name) < 0:
+                raise ValueError(f"model.{name}={getattr(self, name)} must be 0 or positive")
+        for name in DROPOUTS:
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"model.{name}={getattr(self, name)} must lie in [0, 1): the share of values dropped")
         check_vocab_multiple(self.vocab_multiple)
         if self.logits_chunks < 0:
             raise ValueError(f"model.logits_chunks={self.logits_chunks}; use 0 (whole logits) or a number of slices")

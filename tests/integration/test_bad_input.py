@@ -36,6 +36,7 @@ CASES = {
         {"mesh": {"rules": "fsdp_tp", "data": 1, "fsdp": 2, "tensor": 4}}, [],
         [f"{VOCAB_SIZE} along 'vocab'", "split 4 ways (tensor=4)",
          f"whose tensor divides {VOCAB_SIZE}, or other mesh.rules"]),
+    "a model without heads": ({}, ["model.num_heads=0"], ["model.num_heads=0 must be positive"]),
     "logits chunks outside a causal LM": ({}, ["model.logits_chunks=4"], ["model.logits_chunks=4", "leave it at 0"]),
     "flash kernel with a head size Triton cannot tile": (
         {}, ["model.attention_kernel=flash", "model.head_size=24"],
