@@ -278,6 +278,11 @@ def to_dict(config: RunConfig) -> dict:
     return dataclasses.asdict(config)
 
 
+# data settings that are shares of something: (name, whether 0 is allowed, whether 1 is)
+DATA_SHARES = (("mask_prob", False, True), ("short_seq_prob", True, True), ("span_p", False, True),
+               ("noise_density", False, False), ("mask_ratio", True, True), ("valid_fraction", False, False))
+
+
 def validate(config: RunConfig) -> None:
     """Cross-section checks of a pretraining config that need no devices and no data."""
     data, model = config.data, config.model
@@ -296,6 +301,13 @@ def validate(config: RunConfig) -> None:
     if model.logits_chunks and data.max_seq_length % model.logits_chunks:
         raise ConfigError(f"model.logits_chunks={model.logits_chunks} does not divide data.max_seq_length="
                           f"{data.max_seq_length}; choose a divisor")
+    if data.max_predictions < 1:
+        raise ConfigError(f"data.max_predictions={data.max_predictions} must be positive: the masked slots of a row")
+    for name, zero_allowed, one_allowed in DATA_SHARES:
+        value = getattr(data, name)
+        if not 0 <= value <= 1 or (value == 0 and not zero_allowed) or (value == 1 and not one_allowed):
+            interval = f"{'[' if zero_allowed else '('}0, 1{']' if one_allowed else ')'}"
+            raise ConfigError(f"data.{name}={value:g} must lie in {interval}")
     if data.max_predictions > data.max_seq_length:
         raise ConfigError(f"data.max_predictions={data.max_predictions} exceeds data.max_seq_length={data.max_seq_length}")
     if not data.corpus:
@@ -314,6 +326,14 @@ def validate_run(config: RunConfig) -> None:
     train, optim = config.train, config.optim
     if optim.name not in OPTIMIZERS:
         raise ConfigError(f"optim.name={optim.name!r}; choose one of {', '.join(OPTIMIZERS)}")
+    if optim.grad_accum < 1:
+        raise ConfigError(f"optim.grad_accum={optim.grad_accum} must be positive: the micro-batches of a step")
+    for name in ("peak_lr", "end_lr", "warmup_steps", "weight_decay", "eps", "clip_norm"):
+        if getattr(optim, name) < 0:
+            raise ConfigError(f"optim.{name}={getattr(optim, name):g} must be 0 or more")
+    for name in ("b1", "b2"):
+        if not 0 <= getattr(optim, name) < 1:
+            raise ConfigError(f"optim.{name}={getattr(optim, name):g} must lie in [0, 1): a moment's decay")
     if train.global_batch % optim.grad_accum:
         raise ConfigError(f"train.global_batch={train.global_batch} is not divisible by optim.grad_accum={optim.grad_accum}")
     if config.mesh.rules not in RULES:
@@ -330,6 +350,9 @@ def validate_run(config: RunConfig) -> None:
     if train.spike_sigmas < 0 or (train.spike_sigmas > 0 and train.nonfinite != "skip"):
         raise ConfigError(f"train.spike_sigmas={train.spike_sigmas:g}: loss spikes are skipped like non-finite steps; "
                           "set train.nonfinite=skip with it, and a positive value (0 turns it off)")
-    for name in ("steps", "global_batch", "log_every", "checkpoint_every", "eval_every", "max_skipped", "spike_window"):
+    for name in ("steps", "global_batch", "log_every", "checkpoint_every", "eval_every", "max_skipped",
+                 "spike_window", "keep_checkpoints"):
         if getattr(train, name) <= 0:
             raise ConfigError(f"train.{name} must be positive, got {getattr(train, name)}")
+    if train.eval_batches < 0:
+        raise ConfigError(f"train.eval_batches must be 0 (no held-out evaluation) or more, got {train.eval_batches}")

@@ -1,0 +1,55 @@
+"""Sizes, rates and shares out of range are refused before anything is built, in one line that names the key:
+model sizes and dropouts, the optimiser's rates and decays, the train section's counts, the data's shares."""
+import pytest
+
+from jaxlm import config as config_lib
+from jaxlm.config import DATA_SHARES, ConfigError
+from jaxlm.models.config import DROPOUTS, POSITIVE_SIZES, SIZES_OR_ZERO
+from jaxlm.models.presets import PRESETS, model_config
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_is_valid(preset):
+    model_config(preset).validate()
+
+
+@pytest.mark.parametrize(("field", "value", "expected"), [
+    *((name, 0, f"model.{name}=0 must be positive") for name in POSITIVE_SIZES),
+    ("num_layers", -1, "model.num_layers=-1 must be positive"),
+    *((name, -1, f"model.{name}=-1 must be 0 or positive") for name in SIZES_OR_ZERO),
+    *((name, value, f"model.{name}={value} must lie in [0, 1)") for name in DROPOUTS for value in (1.0, -0.1)),
+])
+def test_a_model_size_or_dropout_out_of_range_is_named(field, value, expected):
+    # num_heads=0 once reached `hidden_size % num_heads` first: a ZeroDivisionError's traceback
+    with pytest.raises(ValueError) as refused:
+        model_config("bert-base", **{field: value}).validate()
+    assert str(refused.value).startswith(expected)
+
+
+SHARES = [(name, value, f"data.{name}={value:g} must lie in {'[' if zero else '('}0, 1{']' if one else ')'}")
+          for name, zero, one in DATA_SHARES for value in (-0.1, 1.5, *([] if zero else [0]), *([] if one else [1]))]
+
+
+@pytest.mark.parametrize(("key", "value", "expected"), [
+    ("optim.grad_accum", 0, "optim.grad_accum=0 must be positive"),  # once a ZeroDivisionError
+    *((f"optim.{name}", -1, f"optim.{name}=-1 must be 0 or more")
+      for name in ("peak_lr", "end_lr", "warmup_steps", "weight_decay", "eps", "clip_norm")),
+    *((f"optim.{name}", value, f"optim.{name}={value:g} must lie in [0, 1)") for name in ("b1", "b2")
+      for value in (1.0, -0.1)),
+    ("train.keep_checkpoints", 0, "train.keep_checkpoints must be positive, got 0"),
+    ("train.eval_batches", -1, "train.eval_batches must be 0 (no held-out evaluation) or more, got -1"),
+    ("data.max_predictions", 0, "data.max_predictions=0 must be positive"),
+    *((f"data.{name}", value, expected) for name, value, expected in SHARES),
+])
+def test_an_optimiser_train_or_data_value_out_of_range_is_named(key, value, expected):
+    section, name = key.split(".")
+    with pytest.raises(ConfigError) as refused:
+        config_lib.from_dict({"model": {"preset": "bert-tiny"}, section: {name: value}})
+    assert str(refused.value).startswith(expected)
+
+
+def test_the_edges_that_mean_something_are_accepted():
+    """A zero learning rate (a run that keeps its initial weights), no evaluation, no warm-up, no clipping,
+    and BART's masking ratio of 0 (permutation alone)."""
+    config_lib.from_dict({"model": {"preset": "bert-tiny"}, "optim": {"peak_lr": 0, "warmup_steps": 0, "clip_norm": 0},
+                          "train": {"eval_batches": 0}, "data": {"mask_ratio": 0, "short_seq_prob": 0}})
