@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from jaxlm import families
-from jaxlm.data.settings import DataConfig
+from jaxlm.data.settings import DataConfig, check_data
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.presets import model_config
 from jaxlm.nn.dropout import HASHED
@@ -278,11 +278,6 @@ def to_dict(config: RunConfig) -> dict:
     return dataclasses.asdict(config)
 
 
-# data settings that are shares of something: (name, whether 0 is allowed, whether 1 is)
-DATA_SHARES = (("mask_prob", False, True), ("short_seq_prob", True, True), ("span_p", False, True),
-               ("noise_density", False, False), ("mask_ratio", True, True), ("valid_fraction", False, False))
-
-
 def validate(config: RunConfig) -> None:
     """Cross-section checks of a pretraining config that need no devices and no data."""
     data, model = config.data, config.model
@@ -301,23 +296,12 @@ def validate(config: RunConfig) -> None:
     if model.logits_chunks and data.max_seq_length % model.logits_chunks:
         raise ConfigError(f"model.logits_chunks={model.logits_chunks} does not divide data.max_seq_length="
                           f"{data.max_seq_length}; choose a divisor")
-    if data.max_predictions < 1:
-        raise ConfigError(f"data.max_predictions={data.max_predictions} must be positive: the masked slots of a row")
-    for name, zero_allowed, one_allowed in DATA_SHARES:
-        value = getattr(data, name)
-        if not 0 <= value <= 1 or (value == 0 and not zero_allowed) or (value == 1 and not one_allowed):
-            interval = f"{'[' if zero_allowed else '('}0, 1{']' if one_allowed else ')'}"
-            raise ConfigError(f"data.{name}={value:g} must lie in {interval}")
-    if data.max_predictions > data.max_seq_length:
-        raise ConfigError(f"data.max_predictions={data.max_predictions} exceeds data.max_seq_length={data.max_seq_length}")
+    try:
+        check_data(data)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     if not data.corpus:
         raise ConfigError("data.corpus is empty; name text files or demo corpora (demo:austen, demo:wikipedia, demo:news)")
-    if data.workers < 0:
-        raise ConfigError(f"data.workers={data.workers}: use 0 (batches built in a background thread) or a number "
-                          "of worker processes")
-    if data.undecodable not in ("fail", "skip"):
-        raise ConfigError(f"data.undecodable={data.undecodable!r}; choose fail (stop at a line that is not UTF-8, "
-                          "naming it) or skip (leave such lines out)")
     validate_run(config)
 
 

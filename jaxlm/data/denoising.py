@@ -116,6 +116,14 @@ def bart_target_length(data) -> int:
     return data.max_target_length or data.max_seq_length
 
 
+def check_decoder_length(data, needed: int, what: str) -> None:
+    """ValueError where a set data.max_target_length cannot hold the `needed` tokens of `what`, the longest
+    targets a pretraining transform makes (checked when the transform is built, before any batch)."""
+    if 0 < data.max_target_length < needed:
+        raise ValueError(f"data.max_target_length={data.max_target_length} is shorter than {what}, {needed} "
+                         f"tokens; raise it, or set 0 for exactly that length")
+
+
 def _replace_spans(tokens: np.ndarray, mask: np.ndarray, sentinel_ids: Sequence[int]) -> np.ndarray:
     """T5's `noise_span_to_unique_sentinel` for [rows, length] tokens and masks with the same number of masked
     tokens and spans in every row: each masked span becomes its sentinel; [rows, kept tokens + spans]."""

@@ -6,8 +6,8 @@ from typing import Callable
 
 import numpy as np
 
-from jaxlm.data.denoising import (bart_target_length, infill, permute_sentences, seq2seq_batch, t5_corrupt_rows,
-                                  t5_lengths)
+from jaxlm.data.denoising import (bart_target_length, check_decoder_length, infill, permute_sentences, seq2seq_batch,
+                                  t5_corrupt_rows, t5_input_target_lengths, t5_lengths)
 from jaxlm.data.layouts import Row
 from jaxlm.data.masking import TokenMasker
 from jaxlm.data.packing import causal_batch, sentence_order_pair
@@ -136,6 +136,8 @@ def t5_transform(manifest: dict, table: np.ndarray, data: DataConfig) -> Transfo
     """T5: span corruption of raw chunks, one sentinel per span."""
     special, seq = manifest["special_ids"], manifest["max_seq_length"]
     pad, target = _pad_id(special), t5_lengths(data)[1]
+    exact = t5_input_target_lengths(data.max_seq_length, data.noise_density, data.mean_span_length)[1]
+    check_decoder_length(data, exact, "T5's span-corruption targets")
 
     sentinels = np.asarray(special["sentinels"], np.int64)
 
@@ -153,6 +155,7 @@ def bart_transform(manifest: dict, table: np.ndarray, data: DataConfig) -> Trans
     """BART: sentence permutation then text infilling; the targets are the stored row."""
     special, seq = manifest["special_ids"], manifest["max_seq_length"]
     pad, target = _pad_id(special), bart_target_length(data)
+    check_decoder_length(data, seq, "BART's targets (its stored rows, data.max_seq_length)")
 
     def corrupt(row, rng):
         inner = row.tokens[1:-1]

@@ -14,7 +14,6 @@ from jaxlm.data import tfds_source
 
 PIECE_EXAMPLES = 20000
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
-UNDECODABLE = ("fail", "skip")
 
 
 class Piece(NamedTuple):

@@ -19,9 +19,9 @@ from tqdm.auto import tqdm
 
 from jaxlm import families
 from jaxlm.data.layouts import build_rows, check_roles, record_dtype
-from jaxlm.data.pieces import UNDECODABLE, Piece, is_tfds, piece_documents, plan_pieces, source_documents, source_info
+from jaxlm.data.pieces import Piece, is_tfds, piece_documents, plan_pieces, source_documents, source_info
 from jaxlm.data.records import write_shards
-from jaxlm.data.settings import PREPARATION_FIELDS, DataConfig, data_settings
+from jaxlm.data.settings import PREPARATION_FIELDS, DataConfig, check_data, data_settings
 from jaxlm.data.sources import tfds_dir
 from jaxlm.data.tokenized import Documents, RowSpill, TokenizedCorpus, piece_done, piece_path, tokenize_piece
 from jaxlm.data.tokenizers.roles import special_ids, word_start_table
@@ -77,18 +77,7 @@ class _Shuffled(Sequence):
 
 
 def _check_arguments(data: DataConfig, output_dir: Path, overwrite: bool) -> None:
-    if data.max_seq_length < 5:
-        raise ValueError(f"max_seq_length must be >= 5 ([CLS] A [SEP] B [SEP]), got {data.max_seq_length}")
-    if not 0.0 <= data.short_seq_prob <= 1.0:
-        raise ValueError(f"short_seq_prob must be in [0, 1], got {data.short_seq_prob}")
-    if data.dupe_factor < 1 or data.shard_size < 1:
-        raise ValueError(f"dupe_factor and shard_size must be >= 1, got {data.dupe_factor} and {data.shard_size}")
-    if not 0.0 <= data.valid_fraction < 1.0:
-        raise ValueError(f"valid_fraction must be in [0, 1), got {data.valid_fraction}")
-    if data.piece_mb <= 0:
-        raise ValueError(f"piece_mb must be > 0, got {data.piece_mb}")
-    if data.undecodable not in UNDECODABLE:
-        raise ValueError(f"undecodable must be one of {', '.join(UNDECODABLE)}, got {data.undecodable!r}")
+    check_data(data)
     if output_dir.exists() and not output_dir.is_dir():
         raise FileExistsError(f"output_dir {output_dir} exists and is not a directory")
     if output_dir.is_dir() and any(output_dir.iterdir()) and not overwrite:

@@ -1,4 +1,5 @@
-"""DataConfig: every data setting and its default, written once; prepare, layouts and transforms read it."""
+"""DataConfig: every data setting, its default and its range, written once; prepare, layouts and transforms
+read it."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,6 +8,24 @@ import dataclasses
 PREPARATION_FIELDS = ("max_seq_length", "short_seq_prob", "dupe_factor", "packed", "noise_density",
                       "mean_span_length", "valid_fraction", "seed", "shard_size", "text_field",
                       "undecodable")
+UNDECODABLE = ("fail", "skip")  # data.undecodable: stop at a line that is not UTF-8, naming it, or leave it out
+# settings that are shares of something: (name, whether 0 is allowed, whether 1 is)
+SHARES = (("mask_prob", False, True), ("short_seq_prob", True, True), ("span_p", False, True),
+          ("noise_density", False, False), ("mask_ratio", True, True), ("valid_fraction", False, False))
+# settings that count or measure something: their least value and what it counts
+MINIMUMS = {
+    "max_seq_length": (5, "a row's tokens, [CLS] A [SEP] B [SEP] at the least"),
+    "max_predictions": (1, "the masked slots of a row"),
+    "max_target_length": (0, "the decoder's tokens; 0: the objective's own length"),
+    "sentinels": (0, "the extra ids appended to a SentencePiece vocabulary"),
+    "dupe_factor": (1, "the passes over the corpus, each masked afresh"),
+    "shard_size": (1, "the rows of a stored shard"),
+    "max_span": (1, "SpanBERT's longest span, in words"),
+    "mean_span_length": (1, "T5's mean noise span, in tokens"),
+}
+# settings that must be above zero: what they measure
+ABOVE_ZERO = {"poisson_lambda": "BART's mean span length (0 draws only empty spans)",
+              "piece_mb": "the megabytes of text tokenized as one unit"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,3 +72,27 @@ def data_settings(data: DataConfig | None = None, **overrides) -> DataConfig:
     if unknown:
         raise TypeError(f"unknown data setting(s) {', '.join(unknown)}; see jaxlm.data.settings.DataConfig")
     return dataclasses.replace(data, **overrides)
+
+
+def check_data(data: DataConfig) -> None:
+    """ValueError naming the first data setting out of its range or choices, and what it should be."""
+    for name, (least, meaning) in MINIMUMS.items():
+        if getattr(data, name) < least:
+            raise ValueError(f"data.{name}={getattr(data, name):g} must be {least} or more: {meaning}")
+    for name, meaning in ABOVE_ZERO.items():
+        if not getattr(data, name) > 0:
+            raise ValueError(f"data.{name}={getattr(data, name):g} must be above 0: {meaning}")
+    for name, zero_allowed, one_allowed in SHARES:
+        value = getattr(data, name)
+        if not 0 <= value <= 1 or (value == 0 and not zero_allowed) or (value == 1 and not one_allowed):
+            interval = f"{'[' if zero_allowed else '('}0, 1{']' if one_allowed else ')'}"
+            raise ValueError(f"data.{name}={value:g} must lie in {interval}")
+    if data.max_predictions > data.max_seq_length:
+        raise ValueError(f"data.max_predictions={data.max_predictions} exceeds "
+                         f"data.max_seq_length={data.max_seq_length}")
+    if data.workers < 0:
+        raise ValueError(f"data.workers={data.workers}: use 0 (batches built in a background thread) or a number "
+                         "of worker processes")
+    if data.undecodable not in UNDECODABLE:
+        raise ValueError(f"data.undecodable={data.undecodable!r}; choose fail (stop at a line that is not UTF-8, "
+                         "naming it) or skip (leave such lines out)")

@@ -1,9 +1,12 @@
 """Sizes, rates and shares out of range are refused before anything is built, in one line that names the key:
-model sizes and dropouts, the optimiser's rates and decays, the train section's counts, the data's shares."""
+model sizes and dropouts, the optimiser's rates and decays, the train section's counts, the data's counts and
+shares (the same check for `jaxlm.data.prepare.prepare`)."""
 import pytest
 
 from jaxlm import config as config_lib
-from jaxlm.config import DATA_SHARES, ConfigError
+from jaxlm.config import ConfigError
+from jaxlm.data.prepare import prepare
+from jaxlm.data.settings import ABOVE_ZERO, MINIMUMS, SHARES
 from jaxlm.models.config import DROPOUTS, POSITIVE_SIZES, SIZES_OR_ZERO
 from jaxlm.models.presets import PRESETS, model_config
 
@@ -30,7 +33,7 @@ def test_a_model_size_or_dropout_out_of_range_is_named(field, value, expected):
 INTERVALS = {"mask_prob": ("(0, 1]", [0]), "short_seq_prob": ("[0, 1]", []), "span_p": ("(0, 1]", [0]),
              "noise_density": ("(0, 1)", [0, 1]), "mask_ratio": ("[0, 1]", []), "valid_fraction": ("(0, 1)", [0, 1])}
 SHARES = [(name, value, f"data.{name}={value:g} must lie in {INTERVALS[name][0]}")
-          for name, _, _ in DATA_SHARES for value in (-0.1, 1.5, *INTERVALS[name][1])]
+          for name, _, _ in SHARES for value in (-0.1, 1.5, *INTERVALS[name][1])]
 
 
 @pytest.mark.parametrize(("key", "value", "expected"), [
@@ -41,7 +44,9 @@ SHARES = [(name, value, f"data.{name}={value:g} must lie in {INTERVALS[name][0]}
       for value in (1.0, -0.1)),
     ("train.keep_checkpoints", 0, "train.keep_checkpoints must be positive, got 0"),
     ("train.eval_batches", -1, "train.eval_batches must be 0 (no held-out evaluation) or more, got -1"),
-    ("data.max_predictions", 0, "data.max_predictions=0 must be positive"),
+    *((f"data.{name}", least - 1, f"data.{name}={least - 1} must be {least} or more")
+      for name, (least, _) in MINIMUMS.items()),
+    *((f"data.{name}", value, f"data.{name}={value} must be above 0") for name in ABOVE_ZERO for value in (0, -1)),
     *((f"data.{name}", value, expected) for name, value, expected in SHARES),
 ])
 def test_an_optimiser_train_or_data_value_out_of_range_is_named(key, value, expected):
@@ -49,6 +54,19 @@ def test_an_optimiser_train_or_data_value_out_of_range_is_named(key, value, expe
     with pytest.raises(ConfigError) as refused:
         config_lib.from_dict({"model": {"preset": "bert-tiny"}, section: {name: value}})
     assert str(refused.value).startswith(expected)
+
+
+@pytest.mark.parametrize(("setting", "value", "expected"), [
+    ("mean_span_length", 0, "data.mean_span_length=0 must be 1 or more"),  # once a ZeroDivisionError's traceback
+    ("valid_fraction", 0, "data.valid_fraction=0 must lie in (0, 1)"),  # once prepared data no run could read
+])
+def test_prepare_refuses_what_the_config_refuses(setting, value, expected, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("One sentence.\n\nAnother document.\n")
+    with pytest.raises(ValueError) as refused:
+        prepare([corpus], tmp_path / "prepared", tokenizer=None, **{setting: value})
+    assert str(refused.value).startswith(expected)
+    assert not (tmp_path / "prepared").exists()
 
 
 def test_the_edges_that_mean_something_are_accepted():

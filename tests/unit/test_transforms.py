@@ -4,9 +4,11 @@ import math
 import numpy as np
 import pytest
 
+from jaxlm import families
 from jaxlm.data import denoising, packing, pairs, spans
 from jaxlm.corpora.models import bert_vocab_path
 from jaxlm.corpora.registry import fetch_austen
+from jaxlm.data.settings import DataConfig
 from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer
 
 SEQ, PRED = 512, 80
@@ -241,6 +243,17 @@ def test_causal_packing_never_crosses_documents(documents, packed, tok):
 def test_t5_lengths_match_the_published_numbers():
     assert denoising.t5_input_target_lengths(512, 0.15, 3.0) == (568, 114)
     assert denoising.t5_input_target_lengths(512, 0.5, 3.0)[1] <= 512
+
+
+@pytest.mark.parametrize(("family", "needed"), [("t5", 29), ("bart", 128)])
+def test_a_decoder_shorter_than_the_targets_is_refused_when_the_transform_is_built(family, needed):
+    """Once the first batch failed, after compilation, saying only that an example did not fit."""
+    manifest = {"max_seq_length": 128,
+                "special_ids": {"pad": 0, "eos": 1, "bos": 2, "mask": 3, "sentinels": list(range(4, 104))}}
+    transform = families.get(family).transform
+    with pytest.raises(ValueError, match=f"data.max_target_length={needed - 1} is shorter than .*, {needed} tokens; "):
+        transform(manifest, None, DataConfig(max_target_length=needed - 1))
+    transform(manifest, None, DataConfig(max_target_length=needed))
 
 
 def test_t5_corruption_of_a_batch_of_mixed_lengths_is_each_rows_alone(documents, tok):
