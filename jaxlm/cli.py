@@ -278,7 +278,7 @@ def parser() -> argparse.ArgumentParser:
     def command(parent, name, handler, text):
         sub = parent.add_parser(name, help=text, description=text)
         sub.add_argument("config", help="a YAML file in configs/, e.g. configs/bert-tiny.yaml")
-        sub.add_argument("overrides", nargs="*", help="dotted overrides such as train.steps=100")
+        sub.add_argument("overrides", nargs="*", default=[], help="dotted overrides such as train.steps=100")
         sub.set_defaults(handler=handler)
         return sub
 
@@ -393,7 +393,8 @@ def parser() -> argparse.ArgumentParser:
     text = "a fine-tuned checkpoint's predictions for a file of records: one JSON line per record"
     pred = commands.add_parser("predict", help=text, description=text)
     pred.add_argument("checkpoint", help="a fine-tune's run directory or one of its checkpoints/<step> directories")
-    pred.add_argument("overrides", nargs="*", help="mesh.* and model.* overrides (how it runs, not its shapes)")
+    pred.add_argument("overrides", nargs="*", default=[],
+                      help="mesh.* and model.* overrides (how it runs, not its shapes)")
     pred.add_argument("--input", required=True, help="JSONL, CSV or TSV file (or tfds:..., NAME:SPLIT) with the "
                                                      "task's input fields")
     pred.add_argument("--output", required=True, help="the JSONL file to write")
@@ -417,8 +418,23 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def _chosen_command(top: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The innermost (sub)command's parser that `args` went through; argparse's own parse_args reports an
+    unknown option with the top-level usage, not the usage of the command it was given to."""
+    chosen = top
+    while True:
+        subcommands = [a for a in chosen._actions if isinstance(a, argparse._SubParsersAction)]
+        name = getattr(args, subcommands[0].dest, None) if subcommands else None
+        if name not in (subcommands[0].choices if subcommands else ()):
+            return chosen
+        chosen = subcommands[0].choices[name]
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    top = parser()
+    args, unknown = top.parse_known_args(argv)
+    if unknown:
+        _chosen_command(top, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     checkpoint.quiet_failed_writes()
     try:
         args.handler(args)

@@ -115,3 +115,18 @@ def test_bench_refuses_to_profile_a_compile_only_run(tiny_config, tmp_path):
     proc = run_cli("bench", tiny_config(), "--compile-only", "--profile", str(tmp_path / "trace"), check=False)
     assert proc.returncode == 2 and "--compile-only times nothing" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "trace").exists()
+
+
+@pytest.mark.parametrize("argv", [["train", "c.yaml", "--bogus"], ["data", "show", "c.yaml", "--bogus"],
+                                  ["convert", "to-hf", "a", "b", "--bogus"]])
+def test_an_unknown_option_is_named_with_the_usage_of_its_command(argv, capsys):
+    """argparse alone printed the top-level usage (every command's name) for an option a command lacks."""
+    from jaxlm.cli import main  # in this process: the parser alone, no device
+
+    command = "jaxlm " + " ".join(argv[:2] if argv[0] in ("data", "convert") else argv[:1])
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: {command} [-h]"), err
+    assert err.endswith(f"{command}: error: unrecognized arguments: --bogus\n"), err
