@@ -142,6 +142,8 @@ def cmd_bench_data(args) -> None:
     workers = [None] if args.workers is None else _whole_numbers(args.workers, "--workers")
     if args.repeat < 1:
         raise ConfigError(f"--repeat {args.repeat}: give 1 or more runs of each setting")
+    if args.batches < 1:
+        raise ConfigError(f"--batches {args.batches}: give 1 or more batches to time")
     configs = {path: config_lib.load(path, overrides) for path in paths}
     runs = [{"config": pathlib.Path(path).stem} | bench_data(configs[path], args.batches, workers=count)
             for _ in range(args.repeat) for path in paths for count in workers]

@@ -302,6 +302,11 @@ def validate(config: RunConfig) -> None:
         raise ConfigError(str(err)) from None
     if not data.corpus:
         raise ConfigError("data.corpus is empty; name text files or demo corpora (demo:austen, demo:wikipedia, demo:news)")
+    if config.bench.steps < 1:
+        raise ConfigError(f"bench.steps={config.bench.steps} must be positive: the timed steps")
+    for name in ("warmup", "peak_flops_per_device"):
+        if getattr(config.bench, name) < 0:
+            raise ConfigError(f"bench.{name}={getattr(config.bench, name):g} must be 0 or more")
     validate_run(config)
 
 

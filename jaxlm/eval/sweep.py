@@ -92,6 +92,10 @@ def plan(paths: list[str], task_specs: list[str], select: str = "all", out: str 
         raise ValueError("give at least one run directory, checkpoint or converted checkpoint to evaluate")
     if batch_size < 1:
         raise ValueError(f"--batch-size {batch_size} must be at least 1")
+    if poll <= 0:
+        raise ValueError(f"--poll {poll:g}: give the seconds between looks for new checkpoints, above 0")
+    if idle_timeout < 0:
+        raise ValueError(f"--idle-timeout {idle_timeout:g}: give the seconds to wait for a new checkpoint, 0 or more")
     selection = parse_selection(select)
     task_list = tasks_lib.parse_tasks(task_specs)
     wait = idle_timeout if watch else 0.0

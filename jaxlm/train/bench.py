@@ -50,7 +50,7 @@ def bench(config: RunConfig, profile_dir: str | None = None) -> dict:
     batch, rng = global_batch(setup, local), dropout_key(config.train)
     for _ in range(config.bench.warmup):
         state, metrics = compiled_train(state, batch, rng)
-    jax.block_until_ready(metrics)
+    jax.block_until_ready(state)
     started = time.perf_counter()
     for _ in range(config.bench.steps):
         state, metrics = compiled_train(state, batch, rng)

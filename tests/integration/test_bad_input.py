@@ -130,3 +130,22 @@ def test_an_unknown_option_is_named_with_the_usage_of_its_command(argv, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"usage: {command} [-h]"), err
     assert err.endswith(f"{command}: error: unrecognized arguments: --bogus\n"), err
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["bench", "data", "c.yaml", "--batches", "0"], "jaxlm bench: error: --batches 0: give 1 or more batches to time"),
+    (["eval", "run", "--watch", "--poll", "0"], "jaxlm eval: error: --poll 0: give the seconds between looks"),
+    (["eval", "run", "--watch", "--idle-timeout", "-5"], "jaxlm eval: error: --idle-timeout -5: give the seconds"),
+    (["compile", "configs/bert-tiny.yaml", "--num-slices", "0"],
+     "jaxlm compile: error: --num-slices 0: give 1 or more slices"),
+])
+def test_an_option_out_of_range_is_named_before_anything_is_read(argv, expected, capsys, monkeypatch):
+    """bench data --batches 0 was a ZeroDivisionError's traceback; a negative --poll or --idle-timeout and
+    --num-slices 0 went on, and eval's sleep(-1) would have been a traceback."""
+    from conftest import ROOT
+    from jaxlm.cli import main  # in this process: no model is built and nothing is read
+
+    monkeypatch.chdir(ROOT)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(expected) and err.count("\n") == 1, err

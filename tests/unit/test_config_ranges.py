@@ -1,5 +1,5 @@
 """Sizes, rates and shares out of range are refused before anything is built, in one line that names the key:
-model sizes and dropouts, the optimiser's rates and decays, the train section's counts, the data's counts and
+model sizes and dropouts, the optimiser's rates and decays, the train and bench sections' counts, the data's counts and
 shares (the same check for `jaxlm.data.prepare.prepare`)."""
 import pytest
 
@@ -44,6 +44,9 @@ SHARES = [(name, value, f"data.{name}={value:g} must lie in {INTERVALS[name][0]}
       for value in (1.0, -0.1)),
     ("train.keep_checkpoints", 0, "train.keep_checkpoints must be positive, got 0"),
     ("train.eval_batches", -1, "train.eval_batches must be 0 (no held-out evaluation) or more, got -1"),
+    ("bench.steps", 0, "bench.steps=0 must be positive"),  # once a ZeroDivisionError
+    ("bench.warmup", -1, "bench.warmup=-1 must be 0 or more"),  # once an UnboundLocalError
+    ("bench.peak_flops_per_device", -1, "bench.peak_flops_per_device=-1 must be 0 or more"),
     *((f"data.{name}", least - 1, f"data.{name}={least - 1} must be {least} or more")
       for name, (least, _) in MINIMUMS.items()),
     *((f"data.{name}", value, f"data.{name}={value} must be above 0") for name in ABOVE_ZERO for value in (0, -1)),
