@@ -85,6 +85,8 @@ def cmd_preflight(args) -> None:
 
 
 def cmd_data_show(args) -> None:
+    if args.n < 1:
+        raise ConfigError(f"--n {args.n}: give the number of examples to print, 1 or more")
     config = _load(args)
     tokenizer, train_data, valid = open_data(config)
     data = valid if args.split == "valid" else train_data
@@ -310,6 +312,7 @@ def parser() -> argparse.ArgumentParser:
                        "speed drifts between runs")
     data = commands.add_parser("data", help="inspect the data").add_subparsers(dest="data_command", required=True)
     show = command(data, "show", cmd_data_show, "print examples exactly as the model receives them (JSON lines)")
+    show.set_defaults(label="data show")
     show.add_argument("--n", type=int, default=4, help="how many examples")
     show.add_argument("--split", choices=("train", "valid"), default="train")
 

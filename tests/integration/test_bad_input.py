@@ -136,12 +136,13 @@ def test_an_unknown_option_is_named_with_the_usage_of_its_command(argv, capsys):
     (["bench", "data", "c.yaml", "--batches", "0"], "jaxlm bench: error: --batches 0: give 1 or more batches to time"),
     (["eval", "run", "--watch", "--poll", "0"], "jaxlm eval: error: --poll 0: give the seconds between looks"),
     (["eval", "run", "--watch", "--idle-timeout", "-5"], "jaxlm eval: error: --idle-timeout -5: give the seconds"),
+    (["data", "show", "c.yaml", "--n", "-2"], "jaxlm data show: error: --n -2: give the number of examples"),
     (["compile", "configs/bert-tiny.yaml", "--num-slices", "0"],
      "jaxlm compile: error: --num-slices 0: give 1 or more slices"),
 ])
 def test_an_option_out_of_range_is_named_before_anything_is_read(argv, expected, capsys, monkeypatch):
-    """bench data --batches 0 was a ZeroDivisionError's traceback; a negative --poll or --idle-timeout and
-    --num-slices 0 went on, and eval's sleep(-1) would have been a traceback."""
+    """bench data --batches 0 was a ZeroDivisionError's traceback; a negative --poll or --idle-timeout,
+    --num-slices 0 and data show --n -2 (one example) went on, and eval's sleep(-1) would have been a traceback."""
     from conftest import ROOT
     from jaxlm.cli import main  # in this process: no model is built and nothing is read
 

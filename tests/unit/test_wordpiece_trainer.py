@@ -144,6 +144,8 @@ def test_bad_input():
         train_wordpiece([], 100)
     with pytest.raises(ValueError, match="empty input"):
         train_wordpiece(["   ", "\t\x00"], 100)
+    with pytest.raises(ValueError, match="limit_alphabet 0 keeps no character"):  # once a 5-token vocabulary
+        train_wordpiece(toy_lines(), 100, limit_alphabet=0)
 
 
 def cli_args(argv):

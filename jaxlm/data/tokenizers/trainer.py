@@ -166,6 +166,9 @@ def train_wordpiece(lines: Iterable[str], vocab_size: int, *, lowercase: bool = 
     a piece already in the vocabulary is applied but adds nothing. `progress(size, vocab_size)` is
     called after each piece added.
     """
+    if limit_alphabet < 1:
+        raise ValueError(f"limit_alphabet {limit_alphabet} keeps no character, and every word would be [UNK]; "
+                         "give 1 or more (the default keeps 1000)")
     counts = count_words(lines, lowercase)
     if not counts:
         raise ValueError("cannot train a WordPiece vocabulary on empty input: no words in the text")
