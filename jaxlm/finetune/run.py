@@ -35,6 +35,11 @@ from jaxlm.train.state import count_params, create_state
 from jaxlm.train.step import dropout_key, init_key
 
 SPLITS = ("train", "dev", "test")
+# the finetune section's counts: those that must be positive, and those where 0 means none (no overlap of
+# question-answering windows, no early stopping)
+POSITIVE_SETTINGS = ("max_length", "n_best", "max_answer_length", "max_span_length", "max_target_length",
+                     "num_beams", "evals_per_epoch", "max_query_length")
+SETTINGS_OR_ZERO = ("doc_stride", "early_stopping")
 
 
 # ---------------------------------------------------------------- the plan (no compute)
@@ -84,10 +89,12 @@ def check_settings(config: RunConfig) -> None:
     positions = model.max_position_embeddings - model.position_offset
     if settings.max_length > positions:
         raise ConfigError(f"finetune.max_length={settings.max_length} exceeds the model's {positions} positions")
-    for name in ("max_length", "n_best", "max_answer_length", "max_span_length", "max_target_length",
-                 "num_beams", "evals_per_epoch"):
+    for name in POSITIVE_SETTINGS:
         if getattr(settings, name) <= 0:
             raise ConfigError(f"finetune.{name} must be positive, got {getattr(settings, name)}")
+    for name in SETTINGS_OR_ZERO:
+        if getattr(settings, name) < 0:
+            raise ConfigError(f"finetune.{name} must be 0 or more, got {getattr(settings, name)}")
     if settings.epochs <= 0:
         raise ConfigError(f"finetune.epochs must be positive, got {settings.epochs}")
     if not 0 <= settings.warmup_ratio < 1:

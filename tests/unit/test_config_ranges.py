@@ -7,6 +7,7 @@ from jaxlm import config as config_lib
 from jaxlm.config import ConfigError
 from jaxlm.data.prepare import prepare
 from jaxlm.data.settings import ABOVE_ZERO, MINIMUMS, SHARES
+from jaxlm.finetune.run import POSITIVE_SETTINGS, SETTINGS_OR_ZERO, check_settings
 from jaxlm.models.config import DROPOUTS, POSITIVE_SIZES, SIZES_OR_ZERO
 from jaxlm.models.presets import PRESETS, model_config
 
@@ -70,6 +71,20 @@ def test_prepare_refuses_what_the_config_refuses(setting, value, expected, tmp_p
         prepare([corpus], tmp_path / "prepared", tokenizer=None, **{setting: value})
     assert str(refused.value).startswith(expected)
     assert not (tmp_path / "prepared").exists()
+
+
+@pytest.mark.parametrize(("name", "value", "expected"), [
+    *((name, 0, "must be positive, got 0") for name in POSITIVE_SETTINGS),
+    *((name, -1, "must be 0 or more, got -1") for name in SETTINGS_OR_ZERO),
+])
+def test_a_finetune_count_out_of_range_is_named(name, value, expected):
+    """A negative doc_stride left gaps between question-answering windows, max_query_length=0 dropped the
+    question, a negative early_stopping stopped at the first evaluation that did not improve."""
+    finetune = {"task": "sequence_classification", "init_from": "run", "train": "polarity:train", name: value}
+    config = config_lib.from_dict({"model": {"preset": "bert-tiny"}, "finetune": finetune})
+    with pytest.raises(ConfigError) as refused:
+        check_settings(config)
+    assert str(refused.value) == f"finetune.{name} {expected}"
 
 
 def test_the_edges_that_mean_something_are_accepted():
