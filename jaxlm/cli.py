@@ -428,11 +428,11 @@ def _chosen_command(top: argparse.ArgumentParser, args: argparse.Namespace) -> a
     unknown option with the top-level usage, not the usage of the command it was given to."""
     chosen = top
     while True:
-        subcommands = [a for a in chosen._actions if isinstance(a, argparse._SubParsersAction)]
-        name = getattr(args, subcommands[0].dest, None) if subcommands else None
-        if name not in (subcommands[0].choices if subcommands else ()):
+        subcommands = next((a for a in chosen._actions if isinstance(a, argparse._SubParsersAction)), None)
+        name = getattr(args, subcommands.dest, None) if subcommands else None
+        if name not in getattr(subcommands, "choices", {}):
             return chosen
-        chosen = subcommands[0].choices[name]
+        chosen = subcommands.choices[name]
 
 
 def main(argv: list[str] | None = None) -> int:
