@@ -213,6 +213,8 @@ def typed_values(defaults, values: dict, name: str) -> dict:
             if not isinstance(value, dict):
                 raise ConfigError(f"{where} must be a mapping, got {value!r}")
             value = {str(k): str(v) for k, v in value.items()}
+        elif value is None and isinstance(default, (str, tuple)):  # `key:` or `key=` with nothing after it
+            value = type(default)()
         elif isinstance(default, tuple):
             value = tuple(value) if isinstance(value, (list, tuple)) else (value,)
         elif isinstance(default, bool):
@@ -334,6 +336,10 @@ def validate_run(config: RunConfig) -> None:
         raise ConfigError(f"train.nonfinite={train.nonfinite!r}; choose one of {', '.join(NONFINITE)}")
     if train.dropout_rng not in DROPOUT_RNGS:
         raise ConfigError(f"train.dropout_rng={train.dropout_rng!r}; choose one of {', '.join(DROPOUT_RNGS)}")
+    if not train.run_dir.strip():
+        raise ConfigError("train.run_dir is empty; name the run's directory (its checkpoints, metrics and logs)")
+    if train.time_limit_minutes < 0:
+        raise ConfigError(f"train.time_limit_minutes={train.time_limit_minutes:g} must be 0 (no limit) or more")
     if not train.compile_cache.strip():
         raise ConfigError("train.compile_cache is empty; give run_dir, a directory, or off")
     if train.spike_sigmas < 0 or (train.spike_sigmas > 0 and train.nonfinite != "skip"):

@@ -22,6 +22,7 @@ MINIMUMS = {
     "shard_size": (1, "the rows of a stored shard"),
     "max_span": (1, "SpanBERT's longest span, in words"),
     "mean_span_length": (1, "T5's mean noise span, in tokens"),
+    "seed": (0, "the seed of the split, the shuffles and the masks"),
 }
 # settings that must be above zero: what they measure
 ABOVE_ZERO = {"poisson_lambda": "BART's mean span length (0 draws only empty spans)",

@@ -8,6 +8,7 @@ NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "swiglu", "geglu")
 GATED_ACTIVATIONS = ("swiglu", "geglu")
 POSITION_EMBEDDINGS = ("learned", "rope", "relative")
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")  # model.dtype (compute) and model.param_dtype (storage)
 REMAT_POLICIES = ("none", "full", "dots")
 POSITIVE_SIZES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
                   "max_position_embeddings")
@@ -133,7 +134,8 @@ class TransformerConfig:
                 f"model.num_heads={self.num_heads} is not divisible by model.num_kv_heads={self.num_kv_heads}"
             )
         for name, choices in (("norm", NORMS), ("activation", ACTIVATIONS),
-                              ("position_embedding", POSITION_EMBEDDINGS)):
+                              ("position_embedding", POSITION_EMBEDDINGS), ("dtype", FLOAT_DTYPES),
+                              ("param_dtype", FLOAT_DTYPES)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"model.{name}={getattr(self, name)!r}; choose one of {choices}")
         if self.position_embedding == "rope" and self.head_dim % 2:

@@ -1,6 +1,7 @@
-"""Sizes, rates and shares out of range are refused before anything is built, in one line that names the key:
-model sizes and dropouts, the optimiser's rates and decays, the train and bench sections' counts, the data's counts and
-shares (the same check for `jaxlm.data.prepare.prepare`)."""
+"""Sizes, rates, shares, dtypes and empty paths out of range are refused before anything is built, in one line
+that names the key: model sizes, dropouts and dtypes, the optimiser's rates and decays, the train and bench sections'
+counts, the data's counts and shares (the same check for `jaxlm.data.prepare.prepare`), the finetune section's
+counts."""
 import pytest
 
 from jaxlm import config as config_lib
@@ -22,6 +23,8 @@ def test_every_preset_is_valid(preset):
     ("num_layers", -1, "model.num_layers=-1 must be positive"),
     *((name, -1, f"model.{name}=-1 must be 0 or positive") for name in SIZES_OR_ZERO),
     *((name, value, f"model.{name}={value} must lie in [0, 1)") for name in DROPOUTS for value in (1.0, -0.1)),
+    ("dtype", "float17", "model.dtype='float17'; choose one of ('float32', 'bfloat16', 'float16')"),  # a traceback
+    ("param_dtype", "int8", "model.param_dtype='int8'; choose one of"),
 ])
 def test_a_model_size_or_dropout_out_of_range_is_named(field, value, expected):
     # num_heads=0 once reached `hidden_size % num_heads` first: a ZeroDivisionError's traceback
@@ -45,6 +48,9 @@ SHARES = [(name, value, f"data.{name}={value:g} must lie in {INTERVALS[name][0]}
       for value in (1.0, -0.1)),
     ("train.keep_checkpoints", 0, "train.keep_checkpoints must be positive, got 0"),
     ("train.eval_batches", -1, "train.eval_batches must be 0 (no held-out evaluation) or more, got -1"),
+    ("train.time_limit_minutes", -1, "train.time_limit_minutes=-1 must be 0 (no limit) or more"),
+    ("train.run_dir", None, "train.run_dir is empty"),  # `train.run_dir=` once trained into a directory 'None'
+    ("data.corpus", None, "data.corpus is empty"),
     ("bench.steps", 0, "bench.steps=0 must be positive"),  # once a ZeroDivisionError
     ("bench.warmup", -1, "bench.warmup=-1 must be 0 or more"),  # once an UnboundLocalError
     ("bench.peak_flops_per_device", -1, "bench.peak_flops_per_device=-1 must be 0 or more"),
