@@ -11,6 +11,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxlm import families
+from jaxlm.corpora.text import utf8_lines
 from jaxlm.convert.store import checkpoint_config, load_checkpoint
 from jaxlm.parallel.mesh import batch_shards
 
@@ -442,7 +443,7 @@ def read_prompts(path) -> list[str]:
     path = pathlib.Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no prompt file {path}")
-    prompts = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    prompts = [line for line in utf8_lines(path) if line.strip()]
     if not prompts:
         raise ValueError(f"{path} holds no prompts (one per line)")
     return prompts

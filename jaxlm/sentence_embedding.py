@@ -12,6 +12,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxlm import families
 from jaxlm.convert import store
+from jaxlm.corpora.text import utf8_lines
 from jaxlm.models.config import TransformerConfig
 from jaxlm.parallel.xla_options import project_xla_options
 
@@ -30,7 +31,7 @@ def read_sentences(path) -> list[str]:
     path = pathlib.Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"input file {path} does not exist")
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = utf8_lines(path)
     blank = [str(i + 1) for i, line in enumerate(lines) if not line.strip()]
     if blank:
         more = f" and {len(blank) - 5} more" if len(blank) > 5 else ""

@@ -27,6 +27,18 @@ def split_sentences(text: str) -> list[str]:
     return [s for s in sentences if s]
 
 
+def utf8_lines(path: pathlib.Path) -> list[str]:
+    """A UTF-8 text file's lines; a ValueError names the first line that is not UTF-8."""
+    data = pathlib.Path(path).read_bytes()
+    try:
+        return data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        newline = b"\n"
+        number, column = data.count(newline, 0, err.start) + 1, err.start - data.rfind(newline, 0, err.start) - 1
+        raise ValueError(f"{path}:{number}: not UTF-8 (byte {column} of the line: {err.reason}); save the file "
+                         "as UTF-8") from None
+
+
 def format_documents(documents: Iterable[list[str]]) -> str:
     """BERT pretraining text: one sentence per line, a blank line between non-empty documents."""
     return "\n\n".join("\n".join(doc) for doc in documents if doc) + "\n"

@@ -11,6 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
+from jaxlm.corpora.text import utf8_lines
 from jaxlm.eval.scoring import Item
 
 # BIG-bench's own defaults for JSON tasks (bigbench/api/json_task.py).
@@ -89,10 +90,7 @@ def read_lines(path: pathlib.Path) -> list[str]:
     """The non-blank lines of a text file."""
     if not path.is_file():
         raise FileNotFoundError(f"ppl:{path}: no such file; give a text file with one sequence per line")
-    try:
-        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except UnicodeDecodeError:
-        raise ValueError(f"ppl:{path} is not UTF-8 text; give a text file with one sequence per line") from None
+    lines = [line for line in utf8_lines(path) if line.strip()]
     if not lines:
         raise ValueError(f"ppl:{path} holds no text; give one sequence per line")
     return lines

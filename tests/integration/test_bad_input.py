@@ -150,3 +150,19 @@ def test_an_option_out_of_range_is_named_before_anything_is_read(argv, expected,
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(expected) and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("reader", ["generate prompts", "embed sentences", "eval ppl lines"])
+def test_a_line_that_is_not_utf8_is_named_with_its_file_and_number(reader, tmp_path):
+    """The three readers of one-line-per-item text once said only "'utf-8' codec can't decode byte 0xc3 ..."."""
+    from jaxlm import generate, sentence_embedding  # in this process: readers of text, no model
+    from jaxlm.eval import tasks
+
+    read = {"generate prompts": generate.read_prompts, "embed sentences": sentence_embedding.read_sentences,
+            "eval ppl lines": tasks.read_lines}[reader]
+    path = tmp_path / "lines.txt"
+    path.write_bytes(b"a fine line\nsecond \xc3\x28 line\n")
+    with pytest.raises(ValueError) as refused:
+        read(path)
+    assert str(refused.value) == (f"{path}:2: not UTF-8 (byte 7 of the line: invalid continuation byte); "
+                                  "save the file as UTF-8")
