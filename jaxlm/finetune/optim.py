@@ -117,11 +117,8 @@ def slanted_triangular(total_steps: int, peak_lr: float, cut_frac: float = 0.1, 
     return schedule
 
 
-def ulmfit(params, *, train_layers: int = -1, layer_lr_decay: float = 1.0,
-           unfreeze_every: int = 0) -> optax.GradientTransformation:
-    """The three together, to chain after the optimiser. `train_layers`: -1 every group trains, 0 the
-    head only, k the head and the last k layers; `layer_lr_decay`: the per-layer factor (1: none);
-    `unfreeze_every`: steps per gradual-unfreezing stage (0: none)."""
+def check_ulmfit(train_layers: int, layer_lr_decay: float, unfreeze_every: float) -> None:
+    """ValueError naming the first of ULMFiT's settings (`ulmfit`'s arguments) out of its range."""
     if train_layers < -1:
         raise ValueError(f"finetune.train_layers={train_layers}: use -1 (every layer), 0 (the head only) or the "
                          "number of top layers to train")
@@ -129,6 +126,14 @@ def ulmfit(params, *, train_layers: int = -1, layer_lr_decay: float = 1.0,
         raise ValueError(f"finetune.layer_lr_decay={layer_lr_decay} must be in (0, 1] (ULMFiT uses 1/2.6)")
     if unfreeze_every < 0:
         raise ValueError(f"finetune.unfreeze_every={unfreeze_every} must not be negative")
+
+
+def ulmfit(params, *, train_layers: int = -1, layer_lr_decay: float = 1.0,
+           unfreeze_every: int = 0) -> optax.GradientTransformation:
+    """The three together, to chain after the optimiser. `train_layers`: -1 every group trains, 0 the
+    head only, k the head and the last k layers; `layer_lr_decay`: the per-layer factor (1: none);
+    `unfreeze_every`: steps per gradual-unfreezing stage (0: none)."""
+    check_ulmfit(train_layers, layer_lr_decay, unfreeze_every)
     parts = []
     if train_layers >= 0:
         parts.append(train_top_groups(params, train_layers + 1))

@@ -23,7 +23,7 @@ from jaxlm.data.sources import resolve_vocab
 from jaxlm.eval.sources import Source, eval_config, open_source, source_tokenizer
 from jaxlm.finetune import data as task_data
 from jaxlm.finetune.features import Rows, batch_rows
-from jaxlm.finetune.optim import slanted_triangular, ulmfit
+from jaxlm.finetune.optim import check_ulmfit, slanted_triangular, ulmfit
 from jaxlm.finetune.tasks import TASKS, Context, Task
 from jaxlm.parallel.mesh import replicated
 from jaxlm.parallel.xla_options import project_xla_options
@@ -99,6 +99,7 @@ def check_settings(config: RunConfig) -> None:
         raise ConfigError(f"finetune.epochs must be positive, got {settings.epochs}")
     if not 0 <= settings.warmup_ratio < 1:
         raise ConfigError(f"finetune.warmup_ratio must be in [0, 1), got {settings.warmup_ratio}")
+    check_ulmfit(settings.train_layers, settings.layer_lr_decay, settings.unfreeze_every)
     if settings.schedule not in ("linear", "slanted_triangular"):
         raise ConfigError(f"finetune.schedule={settings.schedule!r}; choose linear or slanted_triangular")
     TASKS[settings.task].check_settings(settings)

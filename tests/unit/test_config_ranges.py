@@ -93,6 +93,15 @@ def test_a_finetune_count_out_of_range_is_named(name, value, expected):
     assert str(refused.value) == f"finetune.{name} {expected}"
 
 
+@pytest.mark.parametrize(("name", "value"), [("train_layers", -2), ("layer_lr_decay", 0), ("unfreeze_every", -1)])
+def test_a_ulmfit_setting_out_of_range_is_named_whether_or_not_ulmfit_runs(name, value):
+    """train_layers=-2 and unfreeze_every=-1 once fine-tuned every layer from the start, silently."""
+    finetune = {"task": "sequence_classification", "init_from": "run", "train": "polarity:train", name: value}
+    config = config_lib.from_dict({"model": {"preset": "bert-tiny"}, "finetune": finetune})
+    with pytest.raises(ValueError, match=rf"^finetune\.{name}={value}"):
+        check_settings(config)
+
+
 def test_the_edges_that_mean_something_are_accepted():
     """A zero learning rate (a run that keeps its initial weights), no evaluation, no warm-up, no clipping,
     and BART's masking ratio of 0 (permutation alone)."""
