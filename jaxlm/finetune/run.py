@@ -80,6 +80,18 @@ def source_data(source: Source) -> dict:
     return {"vocab": str(source.directory / store.TOKENIZER_DIR)}
 
 
+def check_own_settings(settings) -> None:
+    """ConfigError where a setting only other heads read is set: the task would ignore it silently."""
+    task, defaults = TASKS[settings.task], type(settings)()
+    for name in sorted({name for other in TASKS.values() for name in other.own_settings} - set(task.own_settings)):
+        value = getattr(settings, name)
+        if value != getattr(defaults, name):
+            readers = " and ".join(other.name for other in TASKS.values() if name in other.own_settings)
+            shown = str(value).lower() if isinstance(value, bool) else repr(value)
+            raise ConfigError(f"finetune.{name}={shown} is read by {readers} only; {task.name} would ignore it: "
+                              "remove it")
+
+
 def check_settings(config: RunConfig) -> None:
     settings, model = config.finetune, config.model
     heads = families.get(model.family).heads
@@ -102,6 +114,7 @@ def check_settings(config: RunConfig) -> None:
     check_ulmfit(settings.train_layers, settings.layer_lr_decay, settings.unfreeze_every)
     if settings.schedule not in ("linear", "slanted_triangular"):
         raise ConfigError(f"finetune.schedule={settings.schedule!r}; choose linear or slanted_triangular")
+    check_own_settings(settings)
     TASKS[settings.task].check_settings(settings)
     if not settings.train:
         raise ConfigError("finetune.train is empty; name the training data (a JSONL, CSV or TSV file, "

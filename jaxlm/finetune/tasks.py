@@ -56,9 +56,10 @@ class Context:
 class Task:
     """One head. `roles`: the fields every labelled record has; `input_roles`: those prediction needs;
     `optional_roles`: read when the data has them. `metric` picks the best checkpoint (higher is better
-    unless `lower_is_better`)."""
+    unless `lower_is_better`). `own_settings`: the finetune settings this head reads that not every head does."""
 
     name = ""
+    own_settings: tuple[str, ...] = ()
     roles: tuple[str, ...] = ()
     input_roles: tuple[str, ...] = ()
     optional_roles: tuple[str, ...] = ()
@@ -123,6 +124,7 @@ class SequenceClassification(Task):
     """One label (or, with finetune.regression, one score) per text or text pair."""
 
     name = "sequence_classification"
+    own_settings = ("regression", "pooling")
     roles = ("text", "label")
     input_roles = ("text",)
     optional_roles = ("text_pair",)
@@ -218,6 +220,7 @@ class TokenClassification(Task):
     """A tag per word (BIO/IOB2 for entities), predicted at its first subword; entity F1 by seqeval."""
 
     name = "token_classification"
+    own_settings = ("crf",)
     roles = ("words", "tags")
     input_roles = ("words",)
     metric = "f1"
@@ -278,6 +281,7 @@ class SpanLabelling(TokenClassification):
     probability, read back as BIO tags and scored by seqeval."""
 
     name = "span_labelling"
+    own_settings = ("max_span_length",)
 
     def objective(self, ctx):
         types = spans.entity_types(ctx.labels)
@@ -320,6 +324,7 @@ class MultipleChoiceTask(Task):
     """(context, choice) pairs scored against each other; `label` is the right choice's index."""
 
     name = "multiple_choice"
+    own_settings = ("pooling",)
     roles = ("context", "choices", "label")
     input_roles = ("context", "choices")
     metric = "accuracy"
@@ -367,6 +372,7 @@ class QuestionAnsweringTask(Task):
     question's windows mapped back to the context's characters; SQuAD v1.1 exact match and F1."""
 
     name = "question_answering"
+    own_settings = ("doc_stride", "max_query_length", "max_answer_length", "n_best")
     roles = ("id", "question", "context", "answers")
     input_roles = ("id", "question", "context")
     metric = "f1"
@@ -417,6 +423,7 @@ class SentenceEmbedding(Task):
     batch's other pairs as negatives). `jaxlm embed` reads the result."""
 
     name = "sentence_embedding"
+    own_settings = ("loss",)
     roles = ("text", "text_pair")
     input_roles = ("text", "text_pair")
     optional_roles = ("label",)
@@ -533,6 +540,7 @@ class TextToText(Task):
     else by ROUGE."""
 
     name = "text_to_text"
+    own_settings = ("prefix", "num_beams", "max_target_length")
     roles = ()
     optional_roles = ("source", "target", "id", "question", "context", "answers")
     metric = ""  # the first score: SQuAD's F1, or ROUGE-L
@@ -592,6 +600,7 @@ class CausalLanguageModelling(Task):
     token) only; predictions generated after the prompt, scored by ROUGE against the response."""
 
     name = "causal_lm"
+    own_settings = ("num_beams", "max_target_length")
     roles = ("prompt", "response")
     input_roles = ("prompt",)
     metric = "rougeL"

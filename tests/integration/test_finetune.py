@@ -154,11 +154,14 @@ def bad_cases(tmp_path, minilm):
         "head that does not fit": ({**classify, "task": "text_to_text"}, ["does not fit a bert model"]),
         "unknown task": ({**classify, "task": "summarise"}, ["finetune.task='summarise'", "question_answering"]),
         "no checkpoint": ({**classify, "init_from": str(tmp_path / "nothing")}, ["finetune.init_from"]),
+        "a setting another head reads": ({**classify, "crf": True}, [
+            "finetune.crf=true is read by token_classification only; sequence_classification would ignore it"]),
     }
 
 
 @pytest.mark.parametrize("case", ["label unseen in train", "missing field", "answer not in context",
-                                  "tags and words differ", "head that does not fit", "unknown task", "no checkpoint"])
+                                  "tags and words differ", "head that does not fit", "unknown task", "no checkpoint",
+                                  "a setting another head reads"])
 def test_bad_input_is_one_line_before_compute(tmp_path, minilm_converted, capsys, case):
     finetune, expected = bad_cases(tmp_path, minilm_converted)[case]
     config, run_dir = write(tmp_path, "bad", finetune)

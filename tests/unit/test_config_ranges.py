@@ -5,10 +5,11 @@ counts."""
 import pytest
 
 from jaxlm import config as config_lib
-from jaxlm.config import ConfigError
+from jaxlm.config import ConfigError, FinetuneConfig
 from jaxlm.data.prepare import prepare
 from jaxlm.data.settings import ABOVE_ZERO, MINIMUMS, SHARES
-from jaxlm.finetune.run import POSITIVE_SETTINGS, SETTINGS_OR_ZERO, check_settings
+from jaxlm.finetune.run import POSITIVE_SETTINGS, SETTINGS_OR_ZERO, check_own_settings, check_settings
+from jaxlm.finetune.tasks import TASKS
 from jaxlm.models.config import DROPOUTS, POSITIVE_SIZES, SIZES_OR_ZERO
 from jaxlm.models.presets import PRESETS, model_config
 
@@ -100,6 +101,26 @@ def test_a_ulmfit_setting_out_of_range_is_named_whether_or_not_ulmfit_runs(name,
     config = config_lib.from_dict({"model": {"preset": "bert-tiny"}, "finetune": finetune})
     with pytest.raises(ValueError, match=rf"^finetune\.{name}={value}"):
         check_settings(config)
+
+
+# a value other than the default for each setting that only some heads read
+OWN_VALUES = {"regression": True, "pooling": "mean", "crf": True, "max_span_length": 4, "doc_stride": 64,
+              "max_query_length": 32, "max_answer_length": 10, "n_best": 5, "loss": "cosine", "prefix": "summarize: ",
+              "num_beams": 4, "max_target_length": 16}
+
+
+def test_every_head_takes_its_own_settings_and_refuses_the_others():
+    """finetune.crf=true on a sequence classifier, or finetune.loss on anything but sentence_embedding, was
+    ignored without a word."""
+    assert {name for task in TASKS.values() for name in task.own_settings} == set(OWN_VALUES)
+    for task in TASKS.values():
+        for name, value in OWN_VALUES.items():
+            settings = FinetuneConfig(task=task.name, **{name: value})
+            if name in task.own_settings:
+                check_own_settings(settings)
+                continue
+            with pytest.raises(ConfigError, match=rf"^finetune\.{name}=.* is read by .*{task.name} would ignore it"):
+                check_own_settings(settings)
 
 
 def test_the_edges_that_mean_something_are_accepted():
