@@ -10,8 +10,13 @@ if [ $# -lt 2 ]; then
 fi
 count=$1; config=$2; shift 2
 total=${JAXLM_TOTAL_DEVICES:-8}
+if ! [[ $count =~ ^[1-9][0-9]*$ && $total =~ ^[1-9][0-9]*$ ]]; then
+  echo "local_multiprocess.sh: error: N=$count processes and JAXLM_TOTAL_DEVICES=$total: give positive whole" \
+    "numbers" >&2
+  exit 2
+fi
 if [ $((total % count)) -ne 0 ]; then
-  echo "error: $total devices cannot be split evenly over $count processes" >&2
+  echo "local_multiprocess.sh: error: $total devices cannot be split evenly over $count processes" >&2
   exit 2
 fi
 port=${JAXLM_PORT:-$((20000 + RANDOM % 20000))}

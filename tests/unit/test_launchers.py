@@ -68,6 +68,20 @@ def test_pod_launcher_bad_input(args, message):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("count, message", [
+    ("0", "N=0 processes and JAXLM_TOTAL_DEVICES=8: give positive whole numbers"),  # once bash's division by 0
+    ("-2", "N=-2 processes"),  # once started no process and exited 0
+    ("two", "N=two processes"),
+    ("3", "8 devices cannot be split evenly over 3 processes"),
+])
+def test_local_launcher_bad_input(count, message):
+    proc = launch("bash", "launch/local_multiprocess.sh", count, "configs/bert-tiny.yaml",
+                  env={"JAXLM_TOTAL_DEVICES": "8"})
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("local_multiprocess.sh: error: ") and message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
 def test_the_gke_jobset_has_one_pod_per_host_on_the_slice():
     proc = launch(sys.executable, "launch/gke_jobset.py", "--name", "bert-large", "--image", "registry/jaxlm:1",
                   "--tpu", "v5p", "--topology", "2x2x4", "--config", "configs/bert-large.yaml", "--env", "A=b",
