@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import subprocess
 import sys
 
@@ -22,6 +23,8 @@ import yaml
 ACCELERATORS = {"v4": ("tpu-v4-podslice", 4), "v5p": ("tpu-v5p-slice", 4),
                 "v5e": ("tpu-v5-lite-podslice", 4), "v6e": ("tpu-v6e-slice", 4)}
 GRACE_SECONDS = 300  # between SIGTERM and SIGKILL: the checkpoint at the agreed step is written in it
+# what Kubernetes accepts as an object's name (an RFC 1123 DNS label)
+NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 def chips(topology: str) -> int:
@@ -75,6 +78,9 @@ def main(argv=None) -> int:
     parser.add_argument("overrides", nargs="*", help="section.key=value for jaxlm train (after --)")
     args = parser.parse_args(argv)
     try:
+        if not NAME.fullmatch(args.name):
+            raise ValueError(f"--name {args.name!r}: Kubernetes takes lower-case letters, digits and '-', "
+                             "at most 63, starting and ending with a letter or digit")
         if args.slices < 1 or args.max_restarts < 0:
             raise ValueError("--slices must be at least 1 and --max-restarts at least 0")
         bad = [pair for pair in args.env if "=" not in pair]

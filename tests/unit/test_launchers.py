@@ -103,6 +103,9 @@ def test_the_gke_jobset_has_one_pod_per_host_on_the_slice():
     bad = launch(sys.executable, "launch/gke_jobset.py", "--name", "x", "--image", "i", "--tpu", "v5p",
                  "--topology", "4by4", "--config", "c.yaml")
     assert bad.returncode == 2 and bad.stderr.strip() == "gke_jobset.py: error: --topology '4by4' must look like 4x4x4 or 2x4"
+    bad = launch(sys.executable, "launch/gke_jobset.py", "--name", "BERT_large", "--image", "i", "--tpu", "v5p",
+                 "--topology", "4x4x4", "--config", "c.yaml")  # kubectl apply refused it, after the dry run passed
+    assert bad.returncode == 2 and bad.stderr.startswith("gke_jobset.py: error: --name 'BERT_large': Kubernetes takes")
 
 
 @pytest.fixture
