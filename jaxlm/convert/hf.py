@@ -11,7 +11,6 @@ either has all of a group's tensors or none, and a missing group is left out of 
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 from typing import Mapping
 
@@ -24,6 +23,7 @@ import safetensors.numpy
 
 from jaxlm.convert.names import (Entry, dense, encoder_layer, flatten, has_group, norm, params_from_hf, params_to_hf,
                                  plain, prefixed, unflatten)
+from jaxlm.jsonfile import read_json
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.heads import BertForPreTraining
 from jaxlm.models.presets import model_config
@@ -142,7 +142,7 @@ def read_config(model_dir) -> dict:
     path = pathlib.Path(model_dir) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"no Hugging Face config.json at {path}")
-    return json.loads(path.read_text(encoding="utf-8"))
+    return read_json(path)
 
 
 # ---------------------------------------------------------------- reading tensors

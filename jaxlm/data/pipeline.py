@@ -3,7 +3,6 @@ run's train and held-out splits opened from its config."""
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import signal
 import threading
@@ -26,6 +25,7 @@ from jaxlm.data.records import ShardedRecords
 from jaxlm.data.seeds import RowGenerators
 from jaxlm.data.settings import PREPARATION_FIELDS, DataConfig, data_settings
 from jaxlm.data.sources import model_tokenizer
+from jaxlm.jsonfile import read_json
 
 
 def load_manifest(data_dir: str | Path) -> dict:
@@ -33,7 +33,7 @@ def load_manifest(data_dir: str | Path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"no prepared dataset at {data_dir} ({MANIFEST} missing): "
                                 "run `jaxlm prepare CONFIG` first")
-    manifest = json.loads(path.read_text())
+    manifest = read_json(path)
     if manifest.get("format") not in (FORMAT, FORMAT_V1):
         raise ValueError(f"{path} has format {manifest.get('format')!r}, expected {FORMAT!r}: "
                          "re-run `jaxlm prepare CONFIG`")

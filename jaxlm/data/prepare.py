@@ -25,6 +25,7 @@ from jaxlm.data.settings import PREPARATION_FIELDS, DataConfig, check_data, data
 from jaxlm.data.sources import tfds_dir
 from jaxlm.data.tokenized import Documents, RowSpill, TokenizedCorpus, piece_done, piece_path, tokenize_piece
 from jaxlm.data.tokenizers.roles import special_ids, word_start_table
+from jaxlm.jsonfile import read_json
 
 FORMAT = "jaxlm.rows.v2"
 FORMAT_V1 = "jaxlm.rows.v1"  # the same record always in int32, no record_dtype; still read
@@ -182,7 +183,7 @@ def already_prepared(output_dir, settings: dict) -> bool:
     path = Path(output_dir) / MANIFEST
     if not path.is_file():
         return False
-    manifest = json.loads(path.read_text())
+    manifest = read_json(path)
     differing = {k: (manifest.get(k), v) for k, v in settings.items() if manifest.get(k) != v}
     if differing:
         details = "; ".join(f"{k}: prepared {old!r}, config {new!r}" for k, (old, new) in differing.items())

@@ -166,3 +166,20 @@ def test_a_line_that_is_not_utf8_is_named_with_its_file_and_number(reader, tmp_p
         read(path)
     assert str(refused.value) == (f"{path}:2: not UTF-8 (byte 7 of the line: invalid continuation byte); "
                                   "save the file as UTF-8")
+
+
+@pytest.mark.parametrize("reader", ["config.json", "tokenizer_config.json", "manifest.json"])
+def test_a_json_file_that_is_not_json_is_named_with_its_line_and_column(reader, tmp_path):
+    """A Hugging Face directory's config.json, a tokenizer directory's settings and a prepared manifest: once
+    json's message alone, "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"."""
+    from jaxlm.convert.hf import read_config  # in this process: readers of files, no model
+    from jaxlm.data.pipeline import load_manifest
+    from jaxlm.data.tokenizers.load import load_tokenizer
+
+    (tmp_path / reader).write_text('{\n  "hidden_size": 64,\n  oops\n}\n')
+    (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nword\n")
+    read = {"config.json": read_config, "tokenizer_config.json": load_tokenizer, "manifest.json": load_manifest}[reader]
+    with pytest.raises(ValueError) as refused:
+        read(tmp_path)
+    expected = f"{tmp_path / reader}:3:3: not JSON (Expecting property name enclosed in double quotes)"
+    assert str(refused.value) == expected

@@ -15,6 +15,7 @@ from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
 from tokenizers.models import BPE
 
 from jaxlm.data.tokenizers.rust import RustTokenizer
+from jaxlm.jsonfile import read_json
 
 EOS = "<|endoftext|>"
 
@@ -47,7 +48,7 @@ class Gpt2Tokenizer(RustTokenizer):
         for path in paths:
             if not path.is_file():
                 raise FileNotFoundError(f"GPT-2 tokenizer file not found: {path}")
-        encoder = json.loads(paths[0].read_text(encoding="utf-8"))
+        encoder = read_json(paths[0])
         return cls(encoder, load_merges(paths[1]), paths)
 
     def fingerprint(self) -> str:

@@ -2,7 +2,6 @@
 to a tokenizer, for `jaxlm prepare`/`train` (data.vocab), `tokenize`, `embed` and `generate`."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from jaxlm.corpora.models import PACKAGED_TOKENIZERS
@@ -10,6 +9,7 @@ from jaxlm.data.tokenizers.bpe import Gpt2Tokenizer
 from jaxlm.data.tokenizers.rust import RustTokenizer
 from jaxlm.data.tokenizers.spm import SentencePieceTokenizer
 from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer
+from jaxlm.jsonfile import read_json
 
 BPE_FILES = (("encoder.json", "vocab.bpe"), ("vocab.json", "merges.txt"))  # GPT-2's names, Hugging Face's
 SPEC_FORMS = (f"a packaged name ({', '.join(PACKAGED_TOKENIZERS)}), a WordPiece vocab.txt, a SentencePiece "
@@ -50,7 +50,7 @@ def _from_directory(path: Path, lowercase: bool, sentinels: int):
         return RustTokenizer.from_file(path / "tokenizer.json")
     if (path / "vocab.txt").is_file():
         settings = path / "tokenizer_config.json"
-        settings = json.loads(settings.read_text(encoding="utf-8")) if settings.is_file() else {}
+        settings = read_json(settings) if settings.is_file() else {}
         return WordPieceTokenizer(path / "vocab.txt", lowercase=settings.get("do_lower_case", lowercase),
                                   strip_accents=settings.get("strip_accents"))
     if (path / "spiece.model").is_file():
