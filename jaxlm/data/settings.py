@@ -18,7 +18,7 @@ MINIMUMS = {
     "max_predictions": (1, "the masked slots of a row"),
     "max_target_length": (0, "the decoder's tokens; 0: the objective's own length"),
     "sentinels": (0, "the extra ids appended to a SentencePiece vocabulary"),
-    "dupe_factor": (1, "the passes over the corpus, each masked afresh"),
+    "dupe_factor": (1, "the passes over the corpus that BERT and ALBERT pair sentences in, each paired afresh"),
     "shard_size": (1, "the rows of a stored shard"),
     "max_span": (1, "SpanBERT's longest span, in words"),
     "mean_span_length": (1, "T5's mean noise span, in tokens"),
