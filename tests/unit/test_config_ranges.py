@@ -37,8 +37,8 @@ def test_a_model_size_or_dropout_out_of_range_is_named(field, value, expected):
 # each share's interval, written out rather than rebuilt as the check builds it, and its refused edges
 INTERVALS = {"mask_prob": ("(0, 1]", [0]), "short_seq_prob": ("[0, 1]", []), "span_p": ("(0, 1]", [0]),
              "noise_density": ("(0, 1)", [0, 1]), "mask_ratio": ("[0, 1]", []), "valid_fraction": ("(0, 1)", [0, 1])}
-SHARES = [(name, value, f"data.{name}={value:g} must lie in {INTERVALS[name][0]}")
-          for name, _, _ in SHARES for value in (-0.1, 1.5, *INTERVALS[name][1])]
+SHARE_CASES = [(name, value, f"data.{name}={value:g} must lie in {INTERVALS[name][0]}")
+               for name, _, _ in SHARES for value in (-0.1, 1.5, *INTERVALS[name][1])]
 
 
 @pytest.mark.parametrize(("key", "value", "expected"), [
@@ -58,7 +58,7 @@ SHARES = [(name, value, f"data.{name}={value:g} must lie in {INTERVALS[name][0]}
     *((f"data.{name}", least - 1, f"data.{name}={least - 1} must be {least} or more")
       for name, (least, _) in MINIMUMS.items()),
     *((f"data.{name}", value, f"data.{name}={value} must be above 0") for name in ABOVE_ZERO for value in (0, -1)),
-    *((f"data.{name}", value, expected) for name, value, expected in SHARES),
+    *((f"data.{name}", value, expected) for name, value, expected in SHARE_CASES),
 ])
 def test_an_optimiser_train_or_data_value_out_of_range_is_named(key, value, expected):
     section, name = key.split(".")
