@@ -27,16 +27,21 @@ def split_sentences(text: str) -> list[str]:
     return [s for s in sentences if s]
 
 
-def utf8_lines(path: pathlib.Path) -> list[str]:
-    """A UTF-8 text file's lines; a ValueError names the first line that is not UTF-8."""
+def utf8_text(path: pathlib.Path) -> str:
+    """A UTF-8 text file's contents; a ValueError names the first line that is not UTF-8."""
     data = pathlib.Path(path).read_bytes()
     try:
-        return data.decode("utf-8").splitlines()
+        return data.decode("utf-8")
     except UnicodeDecodeError as err:
         newline = b"\n"
         number, column = data.count(newline, 0, err.start) + 1, err.start - data.rfind(newline, 0, err.start) - 1
         raise ValueError(f"{path}:{number}: not UTF-8 (byte {column} of the line: {err.reason}); save the file "
                          "as UTF-8") from None
+
+
+def utf8_lines(path: pathlib.Path) -> list[str]:
+    """A UTF-8 text file's lines (`utf8_text`)."""
+    return utf8_text(path).splitlines()
 
 
 def format_documents(documents: Iterable[list[str]]) -> str:

@@ -4,11 +4,13 @@ answers and choices that run before any compute. Every error names the file, the
 from __future__ import annotations
 
 import csv
+import io
 import json
 import pathlib
 import re
 
 from jaxlm.corpora import labelled
+from jaxlm.corpora.text import utf8_lines, utf8_text
 from jaxlm.data.sources import tfds_dir
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
@@ -44,9 +46,9 @@ def read_records(spec: str, roles: dict[str, str], required: tuple[str, ...], wh
 
 def _jsonl(path: pathlib.Path, where: str):
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError:
-        raise ValueError(f"{where}{path} is not UTF-8 text") from None
+        lines = utf8_lines(path)
+    except ValueError as err:
+        raise ValueError(f"{where}{err}") from None
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -61,16 +63,16 @@ def _jsonl(path: pathlib.Path, where: str):
 
 def _table(path: pathlib.Path, delimiter: str, where: str):
     try:
-        with path.open(encoding="utf-8", newline="") as handle:
-            reader = csv.DictReader(handle, delimiter=delimiter)
-            header = reader.fieldnames or []
-            for raw in reader:
-                if None in raw or any(value is None for value in raw.values()):
-                    raise ValueError(f"{where}{path}:{reader.line_num}: {len(header)} columns in the header "
-                                     f"({', '.join(header)}) but not in this row")
-                yield reader.line_num, raw
-    except UnicodeDecodeError:
-        raise ValueError(f"{where}{path} is not UTF-8 text") from None
+        text = utf8_text(path)
+    except ValueError as err:
+        raise ValueError(f"{where}{err}") from None
+    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
+    header = reader.fieldnames or []
+    for raw in reader:
+        if None in raw or any(value is None for value in raw.values()):
+            raise ValueError(f"{where}{path}:{reader.line_num}: {len(header)} columns in the header "
+                             f"({', '.join(header)}) but not in this row")
+        yield reader.line_num, raw
 
 
 def _tfds_records(spec: str, where: str, data_dir):

@@ -152,19 +152,27 @@ def test_an_option_out_of_range_is_named_before_anything_is_read(argv, expected,
     assert err.startswith(expected) and err.count("\n") == 1, err
 
 
-@pytest.mark.parametrize("reader", ["generate prompts", "embed sentences", "eval ppl lines"])
-def test_a_line_that_is_not_utf8_is_named_with_its_file_and_number(reader, tmp_path):
-    """The three readers of one-line-per-item text once said only "'utf-8' codec can't decode byte 0xc3 ..."."""
+@pytest.mark.parametrize(("reader", "suffix"), [("generate prompts", ".txt"), ("embed sentences", ".txt"),
+                                                ("eval ppl lines", ".txt"), ("finetune records", ".jsonl"),
+                                                ("finetune records", ".csv")])
+def test_a_line_that_is_not_utf8_is_named_with_its_file_and_number(reader, suffix, tmp_path):
+    """The readers of one-line-per-item text once said only "'utf-8' codec can't decode byte 0xc3 ...", and the
+    fine-tune's records "is not UTF-8 text", without the line."""
     from jaxlm import generate, sentence_embedding  # in this process: readers of text, no model
     from jaxlm.eval import tasks
+    from jaxlm.finetune.data import read_records
 
     read = {"generate prompts": generate.read_prompts, "embed sentences": sentence_embedding.read_sentences,
-            "eval ppl lines": tasks.read_lines}[reader]
-    path = tmp_path / "lines.txt"
-    path.write_bytes(b"a fine line\nsecond \xc3\x28 line\n")
+            "eval ppl lines": tasks.read_lines,
+            "finetune records": lambda path: read_records(str(path), {"text": "text"}, ("text",))}[reader]
+    path = tmp_path / f"lines{suffix}"
+    contents = {".txt": b"a fine line\nsecond \xc3\x28 line\n", ".csv": b"text\nsecond \xc3\x28 line\n",
+                ".jsonl": b'{"text": "fine"}\n{"text": "second \xc3\x28 line"}\n'}
+    path.write_bytes(contents[suffix])
     with pytest.raises(ValueError) as refused:
         read(path)
-    assert str(refused.value) == (f"{path}:2: not UTF-8 (byte 7 of the line: invalid continuation byte); "
+    column = 17 if suffix == ".jsonl" else 7
+    assert str(refused.value) == (f"{path}:2: not UTF-8 (byte {column} of the line: invalid continuation byte); "
                                   "save the file as UTF-8")
 
 
