@@ -2,15 +2,14 @@
 from __future__ import annotations
 
 import json
-import pathlib
+
+from jaxlm.corpora.text import utf8_text
 
 
 def read_json(path) -> object:
-    """The parsed contents of the file at `path`; a ValueError names its line and column where it is not JSON."""
-    path = pathlib.Path(path)
+    """The parsed contents of the file at `path`; a ValueError names its line and column where it is not JSON
+    (or its line where it is not UTF-8)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(utf8_text(path))
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}:{err.lineno}:{err.colno}: not JSON ({err.msg})") from None
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not UTF-8 (byte {err.start}: {err.reason})") from None

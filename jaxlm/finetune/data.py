@@ -10,7 +10,7 @@ import pathlib
 import re
 
 from jaxlm.corpora import labelled
-from jaxlm.corpora.text import utf8_lines, utf8_text
+from jaxlm.corpora.text import utf8_text
 from jaxlm.data.sources import tfds_dir
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
@@ -44,12 +44,15 @@ def read_records(spec: str, roles: dict[str, str], required: tuple[str, ...], wh
     return records
 
 
-def _jsonl(path: pathlib.Path, where: str):
+def _text(path: pathlib.Path, where: str) -> str:
     try:
-        lines = utf8_lines(path)
+        return utf8_text(path)
     except ValueError as err:
         raise ValueError(f"{where}{err}") from None
-    for number, line in enumerate(lines, 1):
+
+
+def _jsonl(path: pathlib.Path, where: str):
+    for number, line in enumerate(_text(path, where).splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -62,11 +65,7 @@ def _jsonl(path: pathlib.Path, where: str):
 
 
 def _table(path: pathlib.Path, delimiter: str, where: str):
-    try:
-        text = utf8_text(path)
-    except ValueError as err:
-        raise ValueError(f"{where}{err}") from None
-    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
+    reader = csv.DictReader(io.StringIO(_text(path, where), newline=""), delimiter=delimiter)
     header = reader.fieldnames or []
     for raw in reader:
         if None in raw or any(value is None for value in raw.values()):

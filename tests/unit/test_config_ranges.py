@@ -80,6 +80,12 @@ def test_prepare_refuses_what_the_config_refuses(setting, value, expected, tmp_p
     assert not (tmp_path / "prepared").exists()
 
 
+def classifier_config(**settings):
+    """A sequence classifier's fine-tune config with `settings` in its finetune section."""
+    finetune = {"task": "sequence_classification", "init_from": "run", "train": "polarity:train", **settings}
+    return config_lib.from_dict({"model": {"preset": "bert-tiny"}, "finetune": finetune})
+
+
 @pytest.mark.parametrize(("name", "value", "expected"), [
     *((name, 0, "must be positive, got 0") for name in POSITIVE_SETTINGS),
     *((name, -1, "must be 0 or more, got -1") for name in SETTINGS_OR_ZERO),
@@ -87,20 +93,16 @@ def test_prepare_refuses_what_the_config_refuses(setting, value, expected, tmp_p
 def test_a_finetune_count_out_of_range_is_named(name, value, expected):
     """A negative doc_stride left gaps between question-answering windows, max_query_length=0 dropped the
     question, a negative early_stopping stopped at the first evaluation that did not improve."""
-    finetune = {"task": "sequence_classification", "init_from": "run", "train": "polarity:train", name: value}
-    config = config_lib.from_dict({"model": {"preset": "bert-tiny"}, "finetune": finetune})
     with pytest.raises(ConfigError) as refused:
-        check_settings(config)
+        check_settings(classifier_config(**{name: value}))
     assert str(refused.value) == f"finetune.{name} {expected}"
 
 
 @pytest.mark.parametrize(("name", "value"), [("train_layers", -2), ("layer_lr_decay", 0), ("unfreeze_every", -1)])
 def test_a_ulmfit_setting_out_of_range_is_named_whether_or_not_ulmfit_runs(name, value):
     """train_layers=-2 and unfreeze_every=-1 once fine-tuned every layer from the start, silently."""
-    finetune = {"task": "sequence_classification", "init_from": "run", "train": "polarity:train", name: value}
-    config = config_lib.from_dict({"model": {"preset": "bert-tiny"}, "finetune": finetune})
     with pytest.raises(ValueError, match=rf"^finetune\.{name}={value}"):
-        check_settings(config)
+        check_settings(classifier_config(**{name: value}))
 
 
 # a value other than the default for each setting that only some heads read
