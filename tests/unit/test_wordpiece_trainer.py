@@ -146,6 +146,8 @@ def test_bad_input():
         train_wordpiece(["   ", "\t\x00"], 100)
     with pytest.raises(ValueError, match="limit_alphabet 0 keeps no character"):  # once a 5-token vocabulary
         train_wordpiece(toy_lines(), 100, limit_alphabet=0)
+    with pytest.raises(ValueError, match="min_frequency -1 is a count"):  # once taken as 1
+        train_wordpiece(toy_lines(), 100, min_frequency=-1)
 
 
 def cli_args(argv):

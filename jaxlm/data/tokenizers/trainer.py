@@ -169,6 +169,9 @@ def train_wordpiece(lines: Iterable[str], vocab_size: int, *, lowercase: bool = 
     if limit_alphabet < 1:
         raise ValueError(f"limit_alphabet {limit_alphabet} keeps no character, and every word would be [UNK]; "
                          "give 1 or more (the default keeps 1000)")
+    if min_frequency < 0:
+        raise ValueError(f"min_frequency {min_frequency} is a count of occurrences; give 0 or more (0 and 1 merge "
+                         "every pair that occurs)")
     counts = count_words(lines, lowercase)
     if not counts:
         raise ValueError("cannot train a WordPiece vocabulary on empty input: no words in the text")
