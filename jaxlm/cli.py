@@ -10,6 +10,7 @@ import json
 import os
 import pathlib
 import shlex
+import signal
 import sys
 
 import jax
@@ -443,6 +444,9 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint.quiet_failed_writes()
     try:
         args.handler(args)
+    except BrokenPipeError:  # the reader of our output closed it (`jaxlm tokenize ... | head`): stop as a filter does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        return 128 + signal.SIGPIPE
     except (ConfigError, OSError, ValueError) as err:
         print(f"jaxlm {getattr(args, 'label', args.command)}: error: {err}", file=sys.stderr)
         return 2

@@ -13,7 +13,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxlm import families
 from jaxlm.corpora.text import utf8_lines
 from jaxlm.convert.store import checkpoint_config, load_checkpoint
-from jaxlm.parallel.mesh import batch_shards
+from jaxlm.parallel.mesh import auto_axes, batch_shards
 
 # Hugging Face's "never choose this" offset in beam search, kept identical so that beam choices match.
 NEG = -1.0e9
@@ -350,7 +350,7 @@ def _run(jitted, model, params, arrays, rng, knobs: Knobs, mesh, rules, abstract
     if mesh is None:
         tokens, lengths = jitted(model, params, *arrays, rng, knobs, **static)
     else:
-        rules = tuple(rules) if rules is not None else None
+        mesh, rules = auto_axes(mesh), tuple(rules) if rules is not None else None
         params, arrays = _place(mesh, rules, params, abstract_init, arrays)
         static["s"] = static["s"]._replace(rules=rules)
         with jax.set_mesh(mesh), nn.logical_axis_rules(rules or ()):

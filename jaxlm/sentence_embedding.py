@@ -31,7 +31,7 @@ def read_sentences(path) -> list[str]:
     path = pathlib.Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"input file {path} does not exist")
-    lines = utf8_lines(path)
+    lines = list(utf8_lines(path))
     blank = [str(i + 1) for i, line in enumerate(lines) if not line.strip()]
     if blank:
         more = f" and {len(blank) - 5} more" if len(blank) > 5 else ""

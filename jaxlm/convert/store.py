@@ -16,11 +16,12 @@ import orbax.checkpoint as ocp
 import safetensors.numpy
 
 from jaxlm import config as config_lib
+from jaxlm import families
 from jaxlm.convert import registry
 from jaxlm.data.sources import resolve_vocab
 from jaxlm.data.tokenizers.load import NAME_IN_A_DIRECTORY, load_tokenizer
 from jaxlm.data.tokenizers.roles import special_ids
-from jaxlm.data.layouts import FRAMES, PAIRED
+from jaxlm.data.layouts import PAIRED, frame_ids, framed
 from jaxlm.data.tokenizers.spm_json import frame, to_tokenizers
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.presets import model_config
@@ -42,9 +43,11 @@ class CheckpointTokenizer:
     location: pathlib.Path
     lowercase: bool = True
     sentinels: int = 0
+    layout: str = ""  # the model family's rows, which a bare SentencePiece model frames texts as ("": no frame)
 
     def load(self):
-        return load_tokenizer(self.location, lowercase=self.lowercase, sentinels=self.sentinels)
+        tokenizer = load_tokenizer(self.location, lowercase=self.lowercase, sentinels=self.sentinels)
+        return framed(tokenizer, self.layout) if self.layout else tokenizer
 
 
 # ---------------------------------------------------------------- writing without losing anything
@@ -126,7 +129,7 @@ def write_hf_tokenizer(tokenizer: CheckpointTokenizer, target, layout: str = "ca
     from_spiece = "spiece.model" in copied and not {"tokenizer.json", "vocab.txt"} & set(copied)
     if from_spiece:
         converted = to_tokenizers(target / "spiece.model", tokenizer.sentinels)
-        frame(converted, *(roles[role] if role else None for role in FRAMES[layout]))
+        frame(converted, *frame_ids(roles, layout))
         converted.save(str(target / "tokenizer.json"))
         copied.append("tokenizer.json")
     for ours, theirs in (("encoder.json", "vocab.json"), ("vocab.bpe", "merges.txt")):
@@ -223,11 +226,14 @@ def load_checkpoint(path) -> tuple[TransformerConfig, dict, CheckpointTokenizer 
 def _stored_config(stored: dict, path: pathlib.Path) -> tuple[TransformerConfig, CheckpointTokenizer | None]:
     if "train" in stored:
         run = config_lib.from_dict(stored)
-        return run.model, CheckpointTokenizer(resolve_vocab(run.data), run.data.lowercase, run.data.sentinels)
+        return run.model, CheckpointTokenizer(resolve_vocab(run.data), run.data.lowercase, run.data.sentinels,
+                                              families.get(run.model.family).layout)
     config = model_config(**stored["model"])
     config.validate()
     tokenizer = path / TOKENIZER_DIR
-    return config, CheckpointTokenizer(tokenizer) if tokenizer.is_dir() else None
+    if not tokenizer.is_dir():
+        return config, None
+    return config, CheckpointTokenizer(tokenizer, layout=families.get(config.family).layout)
 
 
 def _restore_params(mngr, step: int) -> dict:

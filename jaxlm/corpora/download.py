@@ -75,12 +75,17 @@ def apt_download(package: str, dest: str) -> pathlib.Path:
 
 
 def write_atomic(path: pathlib.Path, text: str) -> pathlib.Path:
+    """`text` (UTF-8, readable by all) at `path` whole or not at all: written beside it, then moved over it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
     return path
 
 

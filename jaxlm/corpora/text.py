@@ -27,21 +27,42 @@ def split_sentences(text: str) -> list[str]:
     return [s for s in sentences if s]
 
 
+BOM = "\ufeff"  # a byte-order mark some editors put first in a UTF-8 file: not text
+
+
+def text_lines(text: str) -> list[str]:
+    """`text`'s lines as Python's text mode reads them: \\r\\n, \\r and \\n end a line (a form feed or U+2028
+    does not, as it would for str.splitlines())."""
+    parts = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return parts[:-1] if parts[-1] == "" else parts
+
+
+def not_utf8(path, number: int, column: int, reason: str) -> str:
+    return f"{path}:{number}: not UTF-8 (byte {column} of the line: {reason})"
+
+
 def utf8_text(path: pathlib.Path) -> str:
-    """A UTF-8 text file's contents; a ValueError names the first line that is not UTF-8."""
+    """A UTF-8 text file's contents, without a byte-order mark; a ValueError names the first line that is not
+    UTF-8."""
     data = pathlib.Path(path).read_bytes()
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8").removeprefix(BOM)
     except UnicodeDecodeError as err:
         newline = b"\n"
         number, column = data.count(newline, 0, err.start) + 1, err.start - data.rfind(newline, 0, err.start) - 1
-        raise ValueError(f"{path}:{number}: not UTF-8 (byte {column} of the line: {err.reason}); save the file "
-                         "as UTF-8") from None
+        raise ValueError(f"{not_utf8(path, number, column, err.reason)}; save the file as UTF-8") from None
 
 
-def utf8_lines(path: pathlib.Path) -> list[str]:
-    """A UTF-8 text file's lines (`utf8_text`)."""
-    return utf8_text(path).splitlines()
+def utf8_lines(path: pathlib.Path) -> Iterator[str]:
+    """A UTF-8 text file's lines (`text_lines`), read as they are needed, without a byte-order mark; a ValueError
+    names the first line that is not UTF-8."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{not_utf8(path, number, err.start, err.reason)}; save the file as UTF-8") from None
+            yield from text_lines(text.removeprefix(BOM) if number == 1 else text)
 
 
 def format_documents(documents: Iterable[list[str]]) -> str:

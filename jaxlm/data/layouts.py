@@ -10,6 +10,8 @@ from jaxlm.data.denoising import t5_lengths
 from jaxlm.data.packing import causal_rows, sentence_rows, stream_chunks
 from jaxlm.data.pairs import create_instances
 from jaxlm.data.settings import DataConfig
+from jaxlm.data.tokenizers.roles import special_ids
+from jaxlm.data.tokenizers.spm import SentencePieceTokenizer
 
 Document = Sequence[Sequence[int]]
 # how a family's rows are laid out (jaxlm.families names one per family)
@@ -18,6 +20,21 @@ PAIRED = ("nsp_pairs", "sop_pairs")  # the layouts whose rows hold two segments,
 # layout -> the roles of the tokens before and after a text in its rows (T5's eos is added by span corruption)
 FRAMES = {"nsp_pairs": ("cls", "sep"), "sop_pairs": ("cls", "sep"), "sentence_rows": ("cls", "sep"),
           "bart_rows": ("bos", "eos"), "t5_chunks": (None, "eos"), "causal": (None, None)}
+
+
+
+def frame_ids(special: dict, layout: str) -> tuple[int | None, int | None]:
+    """The ids put before and after a text in `layout`'s rows (FRAMES), from a tokenizer's `special_ids`."""
+    return tuple(special[role] if role else None for role in FRAMES[layout])
+
+
+def framed(tokenizer, layout: str):
+    """`tokenizer`, where it is a bare SentencePiece model (which holds no template), made to frame a text with
+    `add_special_tokens=True` as `layout` frames its rows, as its converted tokenizer.json does (T5: the
+    text, then </s>); other tokenizers frame by their own template."""
+    if isinstance(tokenizer, SentencePieceTokenizer):
+        tokenizer.frame = frame_ids(special_ids(tokenizer), layout)
+    return tokenizer
 
 
 class Row(NamedTuple):

@@ -9,7 +9,7 @@ import pathlib
 import sys
 from typing import Iterator, NamedTuple
 
-from jaxlm.corpora.text import line_documents, split_sentences
+from jaxlm.corpora.text import BOM, line_documents, not_utf8, split_sentences, text_lines
 from jaxlm.data import tfds_source
 
 PIECE_EXAMPLES = 20000
@@ -85,13 +85,12 @@ def _lines(path: pathlib.Path, piece: Piece, undecodable: str) -> Iterator[tuple
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as err:
-                where = f"{path}:{number}: not UTF-8 (byte {err.start} of the line: {err.reason})"
+                where = not_utf8(path, number, err.start, err.reason)
                 if undecodable == "fail":
                     raise ValueError(f"{where}; fix the file, or set data.undecodable=skip to leave such lines out") from None
                 print(f"warning: {where}; line left out (data.undecodable=skip)", file=sys.stderr)
             else:
-                parts = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-                for part in parts[:-1] if parts[-1] == "" else parts:
+                for part in text_lines(text.removeprefix(BOM) if number == 1 else text):
                     yield number, part
             number += 1
 

@@ -189,6 +189,11 @@ def already_prepared(output_dir, settings: dict) -> bool:
         details = "; ".join(f"{k}: prepared {old!r}, config {new!r}" for k, (old, new) in differing.items())
         raise ValueError(f"{output_dir} holds data prepared with other settings ({details}); "
                          "pass --overwrite to rebuild it or choose another data.prepared_dir")
+    for source in manifest.get("sources", []):
+        path = Path(source.get("path", ""))
+        if "bytes" in source and path.is_file() and path.stat().st_size != source["bytes"]:
+            raise ValueError(f"{path} has changed since {output_dir} was prepared from it ({source['bytes']} bytes, "
+                             f"now {path.stat().st_size}); pass --overwrite to rebuild it")
     return True
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pathlib
 
+from jaxlm import families
 from jaxlm.config import ConfigError, DataConfig, RunConfig
 from jaxlm.corpora.download import cache_dir
 from jaxlm.corpora.registry import CORPORA
+from jaxlm.data.layouts import framed
 from jaxlm.data.tokenizers import load
 from jaxlm.data.tokenizers.roles import special_ids
 
@@ -50,8 +52,8 @@ def resolve_vocab(config: DataConfig) -> pathlib.Path:
 
 def model_tokenizer(config: RunConfig):
     """The run's tokenizer (data.vocab, with data.lowercase for WordPiece and data.sentinels for
-    SentencePiece), after checking that its vocabulary (and, where the model numbers positions after
-    it, its pad id) fits the model's."""
+    SentencePiece; a SentencePiece model framing texts as the family's rows do), after checking that its
+    vocabulary (and, where the model numbers positions after it, its pad id) fits the model's."""
     data, model = config.data, config.model
     try:
         tokenizer = load.load_tokenizer(data.vocab, lowercase=data.lowercase, sentinels=data.sentinels)
@@ -65,4 +67,4 @@ def model_tokenizer(config: RunConfig):
         raise ConfigError(f"model.pad_token_id={model.pad_token_id} but the tokenizer's pad id is {pad}; the model "
                           f"numbers positions after the pad id: set model.pad_token_id={pad} and "
                           f"model.position_offset={pad + 1}")
-    return tokenizer
+    return framed(tokenizer, families.get(model.family).layout)

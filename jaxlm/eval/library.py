@@ -10,13 +10,14 @@ from jaxlm.data.tokenizers.roles import special_ids
 from jaxlm.eval import tasks
 from jaxlm.eval.scoring import Scorer, place_params, position_limit
 from jaxlm.models.config import TransformerConfig
-from jaxlm.parallel.mesh import make_mesh
+from jaxlm.parallel.mesh import auto_axes, make_mesh
 from jaxlm.parallel.rules import rules_for
 
 
 def _scorer(config: TransformerConfig, params, tokenizer, mesh, rules, batch_size: int):
     if mesh is None:
         mesh, rules = make_mesh(MeshConfig()), rules_for(MeshConfig().rules)
+    mesh = auto_axes(mesh)
     scorer = Scorer(config, mesh, tuple(rules), batch_size, special_ids(tokenizer)["mask"])
     return scorer, place_params(params, config, mesh, tuple(rules))
 

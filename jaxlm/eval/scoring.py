@@ -18,7 +18,7 @@ from jaxlm.data.settings import DataConfig
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.heads import gather_positions
 from jaxlm.config import MeshConfig
-from jaxlm.parallel.mesh import batch_shards, logical_sharding, make_mesh, replicated, tree_shardings
+from jaxlm.parallel.mesh import auto_axes, batch_shards, logical_sharding, make_mesh, replicated, tree_shardings
 from jaxlm.parallel.rules import rules_for
 from jaxlm.parallel.xla_options import project_xla_options
 from jaxlm.sentence_embedding import position_limit as table_positions
@@ -315,6 +315,7 @@ def loglikelihoods(config: TransformerConfig, params, items: Sequence[Item], *, 
     model's tree as the caller holds it; it is placed on `mesh` (default: every device, data-parallel)."""
     if mesh is None:
         mesh, rules = make_mesh(MeshConfig()), rules_for(MeshConfig().rules)
+    mesh = auto_axes(mesh)
     placed = place_params(params, config, mesh, tuple(rules))
     scorer = Scorer(config, mesh, tuple(rules), batch_size, mask_id)
     return np.array([float(np.sum(s, dtype=np.float64)) for s in scorer(placed, items)])

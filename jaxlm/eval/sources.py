@@ -17,7 +17,6 @@ from jaxlm import families
 from jaxlm.config import ConfigError, MeshConfig, RunConfig
 from jaxlm.convert import store
 from jaxlm.data.sources import model_tokenizer
-from jaxlm.data.tokenizers.load import load_tokenizer
 from jaxlm.data.settings import DataConfig
 from jaxlm.models.presets import model_config
 from jaxlm.train import checkpoint
@@ -205,7 +204,7 @@ def source_tokenizer(source: Source):
     if not directory.is_dir():
         raise ValueError(f"{source.path} has no tokenizer/ directory, so text cannot become ids; convert it with "
                          "its tokenizer files")
-    return load_tokenizer(directory)
+    return store.CheckpointTokenizer(directory, layout=families.get(source.config.model.family).layout).load()
 
 
 def check_out(out: pathlib.Path, sources: list[Source]) -> None:

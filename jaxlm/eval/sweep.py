@@ -83,6 +83,20 @@ def check_task(source: Source, task: Task, first_step: int | None) -> None:
                              "convert a checkpoint that has one (e.g. from BertForMaskedLM)")
 
 
+def label_apart(sources: list[Source]) -> None:
+    """Sources of different runs (or converted checkpoints) whose folders share a name, told apart by as many of
+    their parent folders as it takes (g1@a/runs, g1@b/runs); the checkpoints of one run keep one label."""
+    bases = [(s.run_dir or s.directory).absolute() for s in sources]
+    for source, base in zip(sources, bases):
+        others = {b for b in bases if b.name == base.name and b != base}
+        depth = 0
+        while others:
+            depth += 1
+            suffix = base.parent.parts[-depth:]
+            others = {b for b in others if b.parent.parts[-depth:] == suffix}
+            source.label = f"{base.name}@{'/'.join(suffix)}"
+
+
 def plan(paths: list[str], task_specs: list[str], select: str = "all", out: str = "eval",
          overrides: list[str] = (), batch_size: int = 32, encoder_input: str = "", watch: bool = False,
          idle_timeout: float = 0.0, poll: float = 2.0) -> Plan:
@@ -100,10 +114,7 @@ def plan(paths: list[str], task_specs: list[str], select: str = "all", out: str 
     task_list = tasks_lib.parse_tasks(task_specs)
     wait = idle_timeout if watch else 0.0
     sources = [open_source(p, list(overrides), wait, poll) for p in paths]
-    labels = [s.label for s in sources]
-    for source in sources:
-        if labels.count(source.label) > 1:
-            source.label = f"{source.label}@{source.path.parent.name}"
+    label_apart(sources)
     out_path = pathlib.Path(out)
     check_out(out_path, sources)
     if out_path.exists() and not out_path.is_dir():
@@ -112,10 +123,13 @@ def plan(paths: list[str], task_specs: list[str], select: str = "all", out: str 
         mesh = make_mesh(source.config.mesh)  # a mesh that does not fit the devices fails here
         if any(t.kind == "heldout" for t in task_list) and source.is_run:
             check_batch(source.config, mesh)
-        chosen = selection.pick(source.committed_steps())
-        if not chosen and not watch:
-            raise ValueError(f"--select {select} matches none of {source.path}'s committed steps "
-                             f"({', '.join(map(str, source.committed_steps()))})")
+        committed = source.committed_steps()
+        chosen = selection.pick(committed)
+        missing = sorted(set(selection.steps) - set(committed))
+        if (missing or not chosen) and not watch:
+            what = f": step {', '.join(map(str, missing))} is not among" if missing else " matches none of"
+            raise ValueError(f"--select {select}{what} {source.path}'s committed steps "
+                             f"({', '.join(map(str, committed))})")
         for task in task_list:
             check_task(source, task, chosen[0] if chosen else None)
     return Plan(sources, task_list, selection, out_path, batch_size, encoder_input)

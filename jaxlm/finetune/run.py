@@ -27,7 +27,7 @@ from jaxlm.finetune.optim import check_ulmfit, slanted_triangular, ulmfit
 from jaxlm.finetune.tasks import TASKS, Context, Task
 from jaxlm.parallel.mesh import replicated
 from jaxlm.parallel.xla_options import project_xla_options
-from jaxlm.train import checkpoint
+from jaxlm.train import checkpoint, run_lock
 from jaxlm.train.loop import Setup, batch_structs, build, compile_steps, global_batch, memory_summary
 from jaxlm.train.metrics import MetricsWriter, plot_curves
 from jaxlm.train.optim import make_optimizer, schedule
@@ -296,8 +296,14 @@ class BestDev:
 def finetune(config: RunConfig, source: Source) -> dict:
     """Fine-tunes `config.finetune.task` from `source`; returns the summary (best dev and test metrics,
     baselines), also written to RUN/summary.json. A multi-process run starts `jax.distributed` first
-    (see jaxlm.cli)."""
+    (see jaxlm.cli). Another command writing the same run directory is refused (`run_lock`)."""
     the_plan = plan(config, source)
+    with run_lock.writing(config.train.run_dir):
+        return _finetune(the_plan, source)
+
+
+def _finetune(the_plan: Plan, source: Source) -> dict:
+    """The fine-tune, once every check has passed and its run directory is this command's alone."""
     config, task, settings = the_plan.config, the_plan.task, the_plan.config.finetune
     metric = task.metric_for(settings)
     run_dir, config = prepare_run_dir(config, source)

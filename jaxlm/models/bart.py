@@ -11,7 +11,7 @@ from jaxlm.models.encoder import EncoderLayer
 from jaxlm.models.seq2seq import EncoderDecoder
 from jaxlm.nn.attention import Attention
 from jaxlm.nn.dropout import Dropout
-from jaxlm.nn.embed import Embed, vocabulary_columns
+from jaxlm.nn.embed import Embed, check_positions, vocabulary_columns
 from jaxlm.nn.layers import LayerNorm, Mlp, zeros_init
 from jaxlm.nn.stack import make_layers, run_layers
 from jaxlm.parallel.logical import constrain
@@ -27,15 +27,6 @@ def shift_tokens_right(labels, pad_token_id: int, decoder_start_token_id: int):
     start = xp.full_like(labels[:, :1], decoder_start_token_id)
     shifted = xp.concatenate([start, labels[:, :-1]], axis=1)
     return xp.where(shifted == -100, pad_token_id, shifted)
-
-
-def check_length(length: int, config: TransformerConfig, what: str) -> None:
-    """Raise unless `length` tokens numbered from 0 fit the position table after BART's offset."""
-    if length + config.position_offset > config.max_position_embeddings:
-        raise ValueError(
-            f"{what} has length {length}, but model.max_position_embeddings={config.max_position_embeddings} "
-            f"holds {config.max_position_embeddings - config.position_offset} positions after the offset "
-            f"{config.position_offset}; shorten the sequences or use a larger model")
 
 
 class BartEmbeddings(nn.Module):
@@ -117,7 +108,7 @@ class BartForConditionalGeneration(EncoderDecoder):
                                             jnp.dtype(cfg.param_dtype))
 
     def check_length(self, length: int, what: str) -> None:
-        check_length(length, self.config, what)
+        check_positions(length, self.config, what)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         bias = vocabulary_columns(self.final_logits_bias, self.config).astype(jnp.float32)

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jaxlm.models.config import TransformerConfig
 from jaxlm.nn.attention import Attention
 from jaxlm.nn.dropout import Dropout
-from jaxlm.nn.embed import Embed, vocabulary_columns
+from jaxlm.nn.embed import Embed, check_positions, vocabulary_columns
 from jaxlm.nn.layers import mlp_block, norm_layer, normal_init
 from jaxlm.nn.stack import make_layers, run_layers
 from jaxlm.parallel.logical import constrain
@@ -66,9 +66,8 @@ class Decoder(nn.Module):
     def __call__(self, input_ids, positions=None, segment_ids=None, padding_mask=None,
                  deterministic: bool = True, decode: bool = False) -> jax.Array:
         cfg = self.config
-        if cfg.position_embedding == "learned" and input_ids.shape[1] > cfg.max_position_embeddings:
-            raise ValueError(f"sequence length {input_ids.shape[1]} exceeds model.max_position_embeddings="
-                             f"{cfg.max_position_embeddings}; shorten the sequences or use a larger model")
+        if cfg.position_embedding == "learned":
+            check_positions(input_ids.shape[1], cfg, "input_ids")
         if positions is None:
             positions = (jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
                          if segment_ids is None else segment_positions(segment_ids))

@@ -97,6 +97,17 @@ def learned_positions(input_ids: jax.Array, config: TransformerConfig) -> jax.Ar
     return numbered * real + config.pad_token_id * (1 - real)
 
 
+def check_positions(length: int, config: TransformerConfig, what: str) -> None:
+    """ValueError unless `length` tokens numbered from 0 fit the learned position table after
+    `config.position_offset`: a lookup past its end reads no row (a gather fills NaN, a one-hot zeros)."""
+    held = config.max_position_embeddings - config.position_offset
+    if length > held:
+        offset = f" after the offset {config.position_offset}" if config.position_offset else ""
+        raise ValueError(f"{what} has length {length}, but model.max_position_embeddings="
+                         f"{config.max_position_embeddings} holds {held} positions{offset}; shorten the sequences or "
+                         "use a larger model")
+
+
 def embedding_axis(config: TransformerConfig) -> tuple[str, int]:
     """(logical name, width) of the token tables: ALBERT's narrow "factor" axis when `embedding_size`
     is set, else "embed" at hidden_size."""
@@ -120,6 +131,7 @@ class BertEmbeddings(nn.Module):
         self.dropout = Dropout(cfg.hidden_dropout)
 
     def __call__(self, input_ids, segment_ids, deterministic: bool) -> jax.Array:
+        check_positions(input_ids.shape[1], self.config, "input_ids")
         x = self.word(input_ids) + self.position(learned_positions(input_ids, self.config))
         if self.config.type_vocab_size:
             x = x + self.token_type(segment_ids)

@@ -7,7 +7,7 @@ import flax.linen as nn
 import jax
 from jax.experimental import mesh_utils
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from jaxlm.config import ConfigError, MeshConfig
 from jaxlm.parallel.logical import axis_tuple
@@ -38,6 +38,14 @@ def make_mesh(config: MeshConfig, devices=None) -> Mesh:
     except (ValueError, NotImplementedError, AssertionError):
         grid = np.asarray(devices).reshape(shape)
     return Mesh(grid, MESH_AXES)
+
+
+def auto_axes(mesh: Mesh) -> Mesh:
+    """`mesh` (the same devices and axis names) with every axis Auto, as `make_mesh` makes them: a mesh from
+    `jax.make_mesh`, explicit by default, for the programs that leave layouts to XLA (generation, scoring)."""
+    if all(kind == AxisType.Auto for kind in mesh.axis_types):
+        return mesh
+    return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
 
 
 def logical_sharding(mesh: Mesh, rules: Rules, logical: tuple[str | None, ...]) -> NamedSharding:

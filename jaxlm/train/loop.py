@@ -23,9 +23,9 @@ from jaxlm.parallel import distributed
 from jaxlm.parallel.mesh import logical_sharding, make_mesh, replicated
 from jaxlm.parallel.rules import Rules, rules_for
 from jaxlm.parallel.xla_options import project_xla_options
-from jaxlm.train import checkpoint, compile_cache, faults, flops
+from jaxlm.train import checkpoint, compile_cache, faults, flops, run_lock
 from jaxlm.train.preflight import check_batch, preflight
-from jaxlm.train.metrics import MetricsWriter, plot_curves
+from jaxlm.train.metrics import MetricsWriter, plot_curves, read_jsonl
 from jaxlm.train.optim import make_optimizer, reject_loss_spikes, schedule
 from jaxlm.train.state import abstract_state, count_params, create_state, state_shardings
 from jaxlm.train.step import dropout_key, init_key, make_eval_step, make_train_step
@@ -151,6 +151,16 @@ def restore_or_init(setup: Setup, mngr, rng, warn):
     return state, 0, "initialised from scratch"
 
 
+def final_evaluation(run_dir, step: int) -> dict | None:
+    """The held-out metrics a run recorded at `step` (its metrics.jsonl), as `train` returns them; None if none."""
+    path = run_dir / "metrics.jsonl"
+    records = read_jsonl(path) if path.exists() else []
+    record = next((r for r in records if r.get("split") == "eval" and r["step"] == step), None)
+    if record is None:
+        return None
+    return {k: v for k, v in record.items() if k != "split"} | {"step": step, "examples": int(record["examples"])}
+
+
 def left_out(source: str, abstract_params, listed: int = 4) -> str:
     """What of `train.init_from`'s parameters this run does not take, said after "initialised from SOURCE"."""
     names = checkpoint.params_left_out(source, abstract_params)
@@ -172,11 +182,18 @@ def save(mngr, step: int, state, resolved: dict) -> None:
 
 def train(config: RunConfig) -> dict:
     """Train (or resume) the run in `config.train.run_dir`; returns the final held-out metrics, or the
-    step and the reason of an early stop (SIGTERM, Ctrl-C, the time limit), saved at that step."""
+    step and the reason of an early stop (SIGTERM, Ctrl-C, the time limit), saved at that step. Another
+    command writing the same run directory is refused (`run_lock`)."""
     multiprocess = distributed.initialize(config.distributed)
     preflight(config)
-    tokenizer, train_data, valid = open_data(config)
+    _, train_data, valid = open_data(config)
     setup = build(config)
+    with run_lock.writing(config.train.run_dir):
+        return _train(config, setup, train_data, valid, multiprocess)
+
+
+def _train(config: RunConfig, setup: Setup, train_data, valid, multiprocess: bool) -> dict:
+    """The run, once every check has passed and its directory is this command's alone."""
     tcfg, is_main = config.train, jax.process_index() == 0
     run_dir = run_path(tcfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -185,6 +202,9 @@ def train(config: RunConfig) -> dict:
     warnings = []
     with compile_cache.counted() as lookups:
         state, start, how = restore_or_init(setup, mngr, init_rng, warnings.append)
+        if start >= tcfg.steps and (done := final_evaluation(run_dir, start)) is not None:
+            mngr.close()  # a finished run only reports: nothing compiled, evaluated or written again
+            return done
         started = time.perf_counter()
         compiled_train, compiled_eval = compile_steps(setup)
         compile_line = compile_cache.summary(time.perf_counter() - started, lookups)

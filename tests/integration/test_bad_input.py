@@ -1,5 +1,9 @@
 """Each bad input stops with a clear message and a non-zero exit, before compute, losing nothing."""
+import os
 import re
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -174,6 +178,54 @@ def test_a_line_that_is_not_utf8_is_named_with_its_file_and_number(reader, suffi
     column = 17 if suffix == ".jsonl" else 7
     assert str(refused.value) == (f"{path}:2: not UTF-8 (byte {column} of the line: invalid continuation byte); "
                                   "save the file as UTF-8")
+
+
+@pytest.mark.parametrize("command", ["tokenize", "tokenizer train"])
+def test_a_line_that_is_not_utf8_is_named_by_the_tokenizer_commands(command, tmp_path, capsys):
+    """`jaxlm tokenize` and `jaxlm tokenizer train` once gave the byte's offset in Python's read buffer."""
+    from jaxlm.cli import main  # in this process: a tokenizer is loaded, no model
+
+    path = tmp_path / "mixed.txt"
+    path.write_bytes(b"fine\n\xe9 bad\n")
+    argv = {"tokenize": ["tokenize", "--tokenizer", "gpt2", "--input", str(path)],
+            "tokenizer train": ["tokenizer", "train", "--input", str(path), "--vocab-size", "100", "--output",
+                                str(tmp_path / "vocab.txt")]}[command]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (f"jaxlm {command}: error: {path}:2: not UTF-8 (byte 0 of the line: invalid "
+                                       "continuation byte); save the file as UTF-8\n")
+    assert not (tmp_path / "vocab.txt").exists()
+
+
+def test_every_reader_of_lines_reads_the_lines_prepare_reads(tmp_path, capsys):
+    """Lines end at \\n, \\r\\n and \\r, as Python's text mode and `jaxlm prepare` end them; a byte-order mark is not
+    text. `embed` once split at a form feed and U+2028 (str.splitlines), so its rows no longer matched the file's
+    lines, and the mark was read as three tokens by `tokenize`, `prepare` and `eval ppl:`."""
+    from jaxlm import generate, sentence_embedding  # in this process: readers of text, no model
+    from jaxlm.cli import main
+    from jaxlm.data import pieces
+    from jaxlm.eval import tasks
+
+    path = tmp_path / "lines.txt"
+    path.write_bytes(b"\xef\xbb\xbfShe was\r\na form\x0cfeed line\nthird \xe2\x80\xa8 sep\nlast\rcr\n")
+    expected = ["She was", "a form\x0cfeed line", "third \u2028 sep", "last", "cr"]
+    assert [list(pieces.text_piece_documents(path, piece)) for piece in pieces.plan_pieces(0, path, piece_mb=1)] == [
+        [expected]]
+    for read in (generate.read_prompts, sentence_embedding.read_sentences, tasks.read_lines):
+        assert read(path) == expected, read
+    assert main(["tokenize", "--tokenizer", "gpt2", "--input", str(path), "--pieces"]) == 0
+    assert capsys.readouterr().out.splitlines()[:2] == ["She Ġwas", "a Ġform Č feed Ġline"]
+
+
+def test_tokenize_into_a_pipe_that_closes_stops_quietly(tmp_path):
+    """`jaxlm tokenize ... | head -1` once ended with "error: [Errno 32] Broken pipe" and status 2."""
+    path = tmp_path / "long.txt"
+    path.write_text("a line of words to tokenize\n" * 20000)
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.Popen([sys.executable, "-m", "jaxlm.cli", "tokenize", "--tokenizer", "gpt2", "--input", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert proc.stdout.readline().split()[:2] == [b"64", b"1627"]
+    proc.stdout.close()
+    assert proc.wait(timeout=120) == 128 + signal.SIGPIPE and proc.stderr.read() == b""
 
 
 @pytest.mark.parametrize("reader", ["config.json", "tokenizer_config.json", "manifest.json"])

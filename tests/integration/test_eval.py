@@ -2,6 +2,7 @@
 reproduced, other device counts, watching a run while it trains, resuming an interrupted sweep."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -141,7 +142,9 @@ def bad_cases(run_dir, tmp_path, minilm):
     (tmp_path / "empty").mkdir()
     return {
         "no checkpoint": ([tmp_path / "empty"], ["holds no committed checkpoint"]),
-        "selection matches none": ([run_dir, "--select", "steps:7"], ["--select steps:7 matches none", "5, 10, 15, 20"]),
+        "selection matches none": ([run_dir, "--select", "every:7"], ["--select every:7 matches none", "5, 10, 15, 20"]),
+        "a selected step missing": ([run_dir, "--select", "steps:10,7"],  # once evaluated step 10 alone, silently
+                                    ["--select steps:10,7: step 7 is not among", "5, 10, 15, 20"]),
         "unknown task": ([run_dir, "--tasks", "heldout,bleu"], ["unknown task 'bleu'", "ppl:FILE"]),
         "not BIG-bench JSON": ([run_dir, "--tasks", f"choice:{not_bigbench}"],
                                ["not a BIG-bench JSON task", "examples[0] has no 'target_scores'"]),
@@ -154,8 +157,9 @@ def bad_cases(run_dir, tmp_path, minilm):
     }
 
 
-CASE_NAMES = ["no checkpoint", "selection matches none", "unknown task", "not BIG-bench JSON", "no way to score",
-              "heldout of a converted checkpoint", "shape-changing override", "out inside the run", "bad selection"]
+CASE_NAMES = ["no checkpoint", "selection matches none", "a selected step missing", "unknown task", "not BIG-bench JSON",
+              "no way to score", "heldout of a converted checkpoint", "shape-changing override", "out inside the run",
+              "bad selection"]
 
 
 @pytest.mark.parametrize("case", CASE_NAMES)
@@ -231,6 +235,21 @@ def test_one_checkpoint_directory_is_evaluated_alone(trained, tmp_path):
     progress = sweep.run(sweep.plan([str(trained[0] / "checkpoints" / "10")], ["heldout"], "all", str(tmp_path)))
     assert {r["step"] for r in progress.records} == {10}
     assert {r["run"] for r in progress.records} == {"run"}
+
+
+def test_runs_in_folders_of_the_same_name_keep_their_own_rows(trained, tmp_path):
+    """Two runs named run in a/runs and b/runs: labelled apart by as many parent folders as it takes (the parent
+    alone, runs, once gave both one label, and the second run's rows replaced the first's)."""
+    from jaxlm.eval import sweep
+    copies = [tmp_path / side / "runs" / "run" for side in ("a", "b")]
+    for copy in copies:
+        shutil.copytree(trained[0] / "checkpoints", copy / "checkpoints")
+    out = tmp_path / "eval"
+    plan = sweep.plan([*map(str, copies), str(copies[0] / "checkpoints" / "20")], ["heldout"], "latest", str(out))
+    assert [s.label for s in plan.sources] == ["run@a/runs", "run@b/runs", "run@a/runs"]
+    sweep.run(plan)
+    rows = (out / "results.csv").read_text().splitlines()[1:]
+    assert sorted(row.split(",")[0] for row in rows) == ["run@a/runs", "run@b/runs"]
 
 
 def test_a_finetune_task_records_the_downstream_metrics_of_each_checkpoint(trained, tmp_path):

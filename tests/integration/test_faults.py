@@ -21,7 +21,7 @@ from etils import epath
 
 from conftest import ROOT, free_port, kill_when, run_cli, write_config, xla_flags
 from jaxlm import config as config_lib
-from jaxlm.train import checkpoint
+from jaxlm.train import checkpoint, run_lock
 from jaxlm.train.checkpoint import unfinished
 from jaxlm.data.pipeline import open_data
 from jaxlm.train.loop import build, compile_steps, global_batch
@@ -191,17 +191,25 @@ def test_an_fsdp_checkpoint_of_8_devices_resumes_on_fewer_with_the_same_paramete
 
 def test_a_second_ctrl_c_aborts_and_the_watchdog_ends_a_hung_step(prepared_dir, tmp_path):
     """At a step that hangs (the test hook sleeps in it): a second Ctrl-C ends the process at once without
-    a checkpoint; left alone, the watchdog dumps every thread's stack and exits 75 within its timeout."""
+    a checkpoint; left alone, the watchdog dumps every thread's stack and exits 75 within its timeout. While the
+    first hangs, a second `jaxlm train` of the same run directory is refused, naming the first (two trainers
+    once interleaved their metrics and raced on its checkpoints); the lock goes with the process that held it."""
     hang = {TEST_HANG_ENV: "12"}
     path, run_dir = config(tmp_path, prepared_dir, "aborted"), tmp_path / "aborted"
     with open(tmp_path / "aborted.log", "w") as log:
         proc = start(path, log, hang)
         wait_until(lambda: len(losses(run_dir)) >= 11, proc)
+        second = run_cli("train", path, check=False)
+        assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr[-3000:]
+        assert f"is being written by process {proc.pid} on {socket.gethostname()}" in second.stderr
         proc.send_signal(signal.SIGINT)
         wait_until(lambda: "Ctrl-C again aborts" in (tmp_path / "aborted.log").read_text(), proc)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == -signal.SIGINT
     assert all(step <= 10 for step in committed(run_dir))  # no checkpoint for the interrupted step
+    assert max(losses(run_dir)) <= 12  # the second command trained nothing
+    with run_lock.writing(str(run_dir)):  # free again
+        pass
 
     # well above any pause of a healthy run on a loaded 2-core machine (with 5 s, CI saw it bite before step 11)
     limit = 20

@@ -30,3 +30,11 @@ def test_short_pretraining_beats_the_baselines(tmp_path):
     assert summary["nsp_acc"] > 0.5 + 3 * standard_error, summary
     assert (tmp_path / "run" / "curves.png").stat().st_size > 10_000
     assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+
+    # run again, as `make demo` again: a finished run only reports (it once compiled, evaluated again and recorded
+    # that evaluation a second time in metrics.jsonl)
+    recorded = (tmp_path / "run" / "metrics.jsonl").read_bytes()
+    again = run_cli("train", config, *overrides, devices=1)
+    report = lambda output: output[output.index("held-out after"):]
+    assert report(again.stdout) == report(proc.stdout)
+    assert (tmp_path / "run" / "metrics.jsonl").read_bytes() == recorded

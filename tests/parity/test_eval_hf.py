@@ -13,8 +13,10 @@ import dataclasses
 import json
 import pathlib
 
+import jax
 import numpy as np
 import pytest
+from jax.sharding import AxisType
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -27,6 +29,7 @@ from jaxlm.corpora.models import bert_vocab_path, gpt2_tokenizer_dir, smollm2_gg
 from jaxlm.corpora.registry import fetch_austen  # noqa: E402
 from jaxlm.data.tokenizers.load import load_tokenizer  # noqa: E402
 from jaxlm.eval import Item, choice_accuracy, loglikelihoods, perplexity, sweep  # noqa: E402
+from jaxlm.parallel.rules import MESH_AXES, rules_for  # noqa: E402
 
 RTOL = 1e-4
 TASK = "simple_arithmetic_json_multiple_choice"  # 8 examples, 4 choices each
@@ -317,6 +320,9 @@ def test_loglikelihoods_on_params_in_memory_match_transformers(gpt2, gpt2_hf_tok
     rel = relative(ours, theirs)
     print(f"loglikelihoods (random GPT-2, params in memory): max relative difference {rel.max():.2e}")
     assert rel.max() <= RTOL, (ours, theirs)
+    explicit = jax.make_mesh((2, 2, 2), MESH_AXES, axis_types=(AxisType.Explicit,) * 3)  # once a sharding type error
+    np.testing.assert_allclose(loglikelihoods(config, params, items, mesh=explicit, rules=rules_for("fsdp")), ours,
+                               rtol=1e-5)
 
 
 def test_library_tasks_on_params_in_memory_equal_the_sweeps(gpt2, gpt2_checkpoint, choice_path, texts,

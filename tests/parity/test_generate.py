@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh
+from jax.sharding import AxisType, Mesh
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -24,7 +24,7 @@ from jaxlm.convert.layout import stack_layers  # noqa: E402
 from jaxlm.models.bart import BartForConditionalGeneration  # noqa: E402
 from jaxlm.models.decoder import CausalLM  # noqa: E402
 from jaxlm.models.t5 import T5ForConditionalGeneration  # noqa: E402
-from jaxlm.parallel.rules import rules_for  # noqa: E402
+from jaxlm.parallel.rules import MESH_AXES, rules_for  # noqa: E402
 
 NEW = 20
 PROMPT_LENGTHS = (7, 3, 5)
@@ -109,9 +109,18 @@ def test_scan_layers_give_the_same_tokens(decoder, prompts, greedy):
     np.testing.assert_array_equal(ours.tokens, greedy[0].tokens)
 
 
-def test_sharded_generation_gives_the_same_tokens(decoder, prompts, greedy):
+def mesh_2x2x2(axes: str) -> Mesh:
+    """The 8 devices as a (data, fsdp, tensor) mesh: `Mesh`'s auto axes, or `jax.make_mesh`'s explicit ones,
+    which generation once met with a sharding type error."""
+    if axes == "auto":
+        return Mesh(np.array(jax.devices()).reshape(2, 2, 2), MESH_AXES)
+    return jax.make_mesh((2, 2, 2), MESH_AXES, axis_types=(AxisType.Explicit,) * 3)
+
+
+@pytest.mark.parametrize("axes", ["auto", "explicit"])
+def test_sharded_generation_gives_the_same_tokens(decoder, prompts, greedy, axes):
     _, _, config, params = decoder
-    mesh = Mesh(np.array(jax.devices()).reshape(2, 2, 2), ("data", "fsdp", "tensor"))
+    mesh = mesh_2x2x2(axes)
     ours = gen.generate_causal(CausalLM(config), params, *prompts, max_new_tokens=NEW, eos_id=0, pad_id=0,
                                mesh=mesh, rules=rules_for("fsdp_tp"))
     np.testing.assert_array_equal(ours.tokens, greedy[0].tokens)
@@ -164,16 +173,17 @@ def test_seq2seq_beam_search_matches_transformers(seq2seq, length_penalty):
 
 
 @pytest.mark.parametrize("seq2seq", ["t5"], indirect=True)
-def test_sharded_seq2seq_beam_search_matches_transformers(seq2seq):
+@pytest.mark.parametrize("axes", ["auto", "explicit"])
+def test_sharded_seq2seq_beam_search_matches_transformers(seq2seq, axes):
     name, model, config, params, ours_model, inputs = seq2seq
     pad = config.pad_token_id
     eos = eos_inside(hf_new_tokens(model, *inputs, pad=pad, do_sample=False))
-    mesh = Mesh(np.array(jax.devices()).reshape(2, 2, 2), ("data", "fsdp", "tensor"))
+    mesh = mesh_2x2x2(axes)
     ours = gen.generate_seq2seq(ours_model, params, *inputs, max_new_tokens=NEW, num_beams=4, eos_id=eos,
                                 mesh=mesh, rules=rules_for("fsdp_tp"))
     theirs = hf_new_tokens(model, *inputs, pad=pad, do_sample=False, num_beams=4, eos_token_id=eos,
                            early_stopping=True)
-    assert_same(ours, theirs, eos, pad, f"{name} sharded beam search, eos={eos}")
+    assert_same(ours, theirs, eos, pad, f"{name} sharded beam search ({axes} axes), eos={eos}")
 
 
 # ---------------------------------------------------------------- SmolLM2-135M from its GGUF

@@ -123,3 +123,4 @@ def test_a_runs_tokenizer_reads_text_as_its_training_did(tmp_path):
     ids = tokenizer.load().encode(text)
     assert theirs(text, add_special_tokens=False)["input_ids"] == ids
     assert theirs(text)["input_ids"] == [*ids, theirs.eos_token_id]  # T5's inputs end with </s>, as span corruption's
+    assert tokenizer.load().encode(text, add_special_tokens=True) == [*ids, theirs.eos_token_id]  # generate's prompts

@@ -72,3 +72,18 @@ def test_a_pretrained_encoder_loads_into_the_family_fine_tuning_heads(name):
     shapes = lambda tree: {jax.tree_util.keystr(k): v.shape for k, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
     ours = shapes(tuned["encoder"])
     assert shapes(nn.unbox(pretrained)["encoder"]).items() <= ours.items()
+
+
+@pytest.mark.parametrize("name", families.names())
+def test_a_sequence_past_the_learned_positions_is_refused(name):
+    """Rows longer than a learned position table are a one-line error naming model.max_position_embeddings in
+    every family that has one; an encoder's lookup once read past the table's end and gave NaN (a gather) or
+    zeros (a table of 16 rows or fewer, looked up one-hot). Relative and rotary positions have no table."""
+    preset = min((p for p, c in PRESETS.items() if c.family == name), key=lambda p: PRESETS[p].hidden_size)
+    config = model_config(preset, max_position_embeddings=32, num_layers=1, dtype="float32")
+    init = families.make_objective(config, DataConfig(max_seq_length=40, max_predictions=2)).init
+    if config.position_embedding != "learned":
+        jax.eval_shape(init, jax.random.key(0))
+        return
+    with pytest.raises(ValueError, match=r"input_ids has length \d+, but model.max_position_embeddings=32 holds"):
+        jax.eval_shape(init, jax.random.key(0))

@@ -370,3 +370,20 @@ def test_sharded_records_read_more_shards_than_the_hard_limit_on_files(tmp_path)
     order = np.random.default_rng(0).integers(0, 300, 600)
     assert 32 < int(held) == int(max_open) < 128
     assert in_order == b"".join(records).hex() and at_random == b"".join(records[k] for k in order).hex()
+
+
+def test_a_source_that_changed_since_the_preparation_is_named(tmp_path):
+    """The same `jaxlm prepare` again on an edited corpus: it once said "already prepared" and kept the rows of the
+    old text. The manifest records each file's size; a size that differs is named before any work."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("One sentence.\n")
+    prepared = tmp_path / "prepared"
+    prepared.mkdir()
+    settings = {"family": "bert"}
+    (prepared / prep.MANIFEST).write_text(json.dumps(settings | {"sources": [
+        {"path": str(corpus.resolve()), "bytes": corpus.stat().st_size, "documents": 1}]}))
+    assert prep.already_prepared(prepared, settings)
+    corpus.write_text("One sentence.\nAnd another, appended.\n")
+    with pytest.raises(ValueError, match=r"corpus.txt has changed since .*prepared was prepared from it \(14 bytes, "
+                                         r"now 37\); pass --overwrite"):
+        prep.already_prepared(prepared, settings)

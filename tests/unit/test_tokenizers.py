@@ -410,10 +410,10 @@ def test_an_exported_tokenizer_gives_transformers_the_runs_ids(tmp_path, lines, 
     files = {"gpt2": gpt2_tokenizer_dir, "vocab.txt": bert_vocab_path,
              "roberta": lambda: roberta_like_bpe(tmp_path / "bpe")}
     location = files[vocab]() if vocab in files else sentencepiece_test_dir() / vocab
-    tokenizer = CheckpointTokenizer(location, lowercase=False, sentinels=sentinels)
+    tokenizer = CheckpointTokenizer(location, lowercase=False, sentinels=sentinels, layout=families.get(family).layout)
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "config.json").write_text(json.dumps({"model_type": family}))  # what picks a class
-    write_hf_tokenizer(tokenizer, tmp_path / "out", families.get(family).layout)
+    write_hf_tokenizer(tokenizer, tmp_path / "out", tokenizer.layout)
     theirs, ours = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "out")), tokenizer.load()
     texts = TRICKY + WHITESPACE + lines[::40]  # "<|endoftext|>" as text: our tokenizers read no special token in it
     encoded = theirs(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
@@ -427,6 +427,7 @@ def test_an_exported_tokenizer_gives_transformers_the_runs_ids(tmp_path, lines, 
     before, after = FRAMED.get((family, vocab), (None, None))
     expected = [roles[r] for r in [before] if r] + ours.encode("Hello") + [roles[r] for r in [after] if r]
     assert theirs("Hello")["input_ids"] == expected
+    assert ours.encode("Hello", add_special_tokens=True) == expected  # as `generate` and `eval` frame a prompt
     if (family, vocab) == ("albert", "botchan_en_unigram_1000.model"):  # a pair, as ALBERT's rows hold one
         pair, first = theirs("Hello", "world"), ours.encode("Hello")
         second = ours.encode("world")

@@ -169,6 +169,10 @@ def test_cli_trains_and_refuses_to_overwrite(austen_lines, tmp_path, capsys):
     assert "trained 300 tokens in" in capsys.readouterr().out
     assert output.read_text(encoding="utf-8").split("\n") == vocab + [""]
     assert vocab == train_wordpiece(austen_lines[:200] + toy_lines(), 300)
+    assert output.stat().st_mode & 0o777 == 0o644  # once 0600, its temporary file's mode
+
+    with pytest.raises(IsADirectoryError, match="is a directory; give the path of the vocab.txt"):
+        run(cli_args([*argv[:-1], str(output.parent), "--overwrite"]))
 
     output.write_text("keep me", encoding="utf-8")
     with pytest.raises(FileExistsError, match="--overwrite"):

@@ -1,6 +1,7 @@
 """SentencePiece models (unigram or BPE) through the `sentencepiece` package, with T5's sentinel ids.
 
-A .model holds no template: `add_special_tokens=True` adds nothing. With `sentinels=N`, N ids follow the model's own: `<extra_id_i>` is `model_size + N - 1 - i`, so
+A .model holds no template: `add_special_tokens=True` adds `frame`, the ids a model family's rows put around a
+text (`jaxlm.data.layouts.framed` sets it), none by default. With `sentinels=N`, N ids follow the model's own: `<extra_id_i>` is `model_size + N - 1 - i`, so
 `<extra_id_0>` is the last id, as in T5 (seqio's `SentencePieceVocabulary(extra_ids=100)`, the
 slow `T5Tokenizer`'s `vocab_size - 1 - i`, and t5-base's tokenizer.json: 32099 = `<extra_id_0>`).
 """
@@ -25,7 +26,7 @@ class SentencePieceTokenizer:
     continuation_prefix = None
     word_marker = "▁"
 
-    def __init__(self, model_path, sentinels: int = 0):
+    def __init__(self, model_path, sentinels: int = 0, frame: tuple[int | None, int | None] = (None, None)):
         self.model_path = Path(model_path)
         if not self.model_path.is_file():
             raise FileNotFoundError(f"SentencePiece model file not found: {self.model_path}")
@@ -35,6 +36,7 @@ class SentencePieceTokenizer:
         self.vocab_size = self.model_size + sentinels
         self.unk_id, self.bos_id, self.eos_id, self.pad_id = (
             self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id(), self.sp.pad_id())
+        self.frame = frame  # the ids before and after a text that `add_special_tokens=True` adds (None: none)
 
     def sentinel_id(self, i: int) -> int:
         if not 0 <= i < self.sentinels:
@@ -42,10 +44,16 @@ class SentencePieceTokenizer:
         return self.vocab_size - 1 - i
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return self.sp.encode(text)
+        ids = self.sp.encode(text)
+        return self._framed(ids) if add_special_tokens else ids
 
     def encode_batch(self, texts, add_special_tokens: bool = False) -> list[list[int]]:
-        return self.sp.encode(list(texts))
+        batch = self.sp.encode(list(texts))
+        return [self._framed(ids) for ids in batch] if add_special_tokens else batch
+
+    def _framed(self, ids: list[int]) -> list[int]:
+        first, last = self.frame
+        return [*([first] if first is not None else []), *ids, *([last] if last is not None else [])]
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Ids and each piece's character span in `text` (sentencepiece reports UTF-8 byte spans of

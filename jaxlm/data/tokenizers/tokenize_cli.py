@@ -5,6 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
+from jaxlm.corpora.text import utf8_lines
 from jaxlm.data.tokenizers.load import SPEC_FORMS, load_tokenizer
 
 
@@ -22,9 +23,8 @@ def run(args) -> None:
     if not source.is_file():
         raise FileNotFoundError(f"input file not found: {source}")
     tokenizer = load_tokenizer(args.tokenizer)
-    with source.open(encoding="utf-8") as f:
-        for line in f:
-            print(format_line(tokenizer, line.rstrip("\r\n"), args.pieces, args.offsets))
+    for line in utf8_lines(source):
+        print(format_line(tokenizer, line, args.pieces, args.offsets))
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import heapq
-import os
-import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Callable, Iterable
 
+from jaxlm.corpora.download import write_atomic
 from jaxlm.data.tokenizers.wordpiece import CONTINUATION, MAX_INPUT_CHARS_PER_WORD, bert_words
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -202,14 +201,4 @@ def train_wordpiece(lines: Iterable[str], vocab_size: int, *, lowercase: bool = 
 
 def write_vocab(tokens: Iterable[str], path: str | Path) -> Path:
     """A BERT `vocab.txt`: one token per line, id = line number; written atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.writelines(f"{token}\n" for token in tokens)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(Path(path), "".join(f"{token}\n" for token in tokens))

@@ -6,6 +6,7 @@ import sys
 import time
 from pathlib import Path
 
+from jaxlm.corpora.text import utf8_lines
 from jaxlm.data.tokenizers.trainer import train_wordpiece, write_vocab
 
 
@@ -29,8 +30,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def read_lines(paths: list[Path]):
     for path in paths:
-        with path.open(encoding="utf-8") as f:
-            yield from f
+        yield from utf8_lines(path)
 
 
 def _report_progress(size: int, total: int) -> None:
@@ -40,6 +40,8 @@ def _report_progress(size: int, total: int) -> None:
 
 def run(args) -> list[str]:
     output = Path(args.output)
+    if output.is_dir():
+        raise IsADirectoryError(f"--output {output} is a directory; give the path of the vocab.txt to write")
     if output.exists() and not args.overwrite:
         raise FileExistsError(f"{output} exists; pass --overwrite to replace it")
     inputs = [Path(p) for p in args.input]
