@@ -3,6 +3,8 @@ optionally watching a run that is still training; everything checked before any 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import pathlib
 import shutil
 import time
@@ -36,6 +38,7 @@ class Plan:
     out: pathlib.Path
     batch_size: int = 32
     encoder_input: str = ""
+    inputs: dict[str, str] = dataclasses.field(default_factory=dict)  # task name -> `task_inputs`
 
 
 def finetune_run():
@@ -97,6 +100,27 @@ def label_apart(sources: list[Source]) -> None:
             source.label = f"{base.name}@{'/'.join(suffix)}"
 
 
+def task_inputs(task: Task, overrides: list[str], encoder_input: str) -> str:
+    """A digest of what decides a task's results besides the checkpoint: its file's contents, the model
+    overrides and the encoder input. Each record keeps it, so that `--out` is reused only for the same."""
+    digest = hashlib.sha256(json.dumps([sorted(overrides), encoder_input]).encode())
+    if task.path is not None:
+        digest.update(task.path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def check_reuse(out: pathlib.Path, sources: list[Source], inputs: dict[str, str]) -> None:
+    """ValueError where `--out` holds a task of one of these sources evaluated on other inputs (another file of the
+    same name, other overrides): its records would stand in for the new ones."""
+    paths = {str(s.path): s.label for s in sources}
+    for record in results.read_records(out) if out.is_dir() else []:
+        recorded, now = record.get("inputs"), inputs.get(record["task"])
+        if record["source"] in paths and now is not None and recorded is not None and recorded != now:
+            raise ValueError(f"--out {out} holds {record['task']} of {paths[record['source']]} evaluated on another "
+                             "file or with other overrides or --encoder-input; give another --out, or remove its "
+                             f"{results.RESULTS} to evaluate again")
+
+
 def plan(paths: list[str], task_specs: list[str], select: str = "all", out: str = "eval",
          overrides: list[str] = (), batch_size: int = 32, encoder_input: str = "", watch: bool = False,
          idle_timeout: float = 0.0, poll: float = 2.0) -> Plan:
@@ -132,7 +156,9 @@ def plan(paths: list[str], task_specs: list[str], select: str = "all", out: str 
                              f"({', '.join(map(str, committed))})")
         for task in task_list:
             check_task(source, task, chosen[0] if chosen else None)
-    return Plan(sources, task_list, selection, out_path, batch_size, encoder_input)
+    inputs = {task.name: task_inputs(task, list(overrides), encoder_input) for task in task_list}
+    check_reuse(out_path, sources, inputs)
+    return Plan(sources, task_list, selection, out_path, batch_size, encoder_input, inputs)
 
 
 # ---------------------------------------------------------------- one source, compiled once
@@ -252,8 +278,8 @@ def evaluate_step(evaluator: SourceEvaluator, plan_: Plan, step: int, finished: 
         speed = progress.throughput.setdefault(task.name, [0, 0.0])
         speed[0], speed[1] = speed[0] + (len(items) if items else examples), speed[1] + elapsed
         new = [{"run": source.label, "source": str(source.path), "step": step, "task": task.name, "metric": name,
-                "value": value, "examples": examples} | ({"baseline": baselines[name]} if name in baselines else {})
-               for name, value in metrics.items()]
+                "value": value, "examples": examples, "inputs": plan_.inputs.get(task.name)}
+               | ({"baseline": baselines[name]} if name in baselines else {}) for name, value in metrics.items()]
         if writer:
             if items:
                 results.write_examples(plan_.out / source.label / f"examples-{task.file_name}-{step}.jsonl", items)

@@ -252,6 +252,23 @@ def test_runs_in_folders_of_the_same_name_keep_their_own_rows(trained, tmp_path)
     assert sorted(row.split(",")[0] for row in rows) == ["run@a/runs", "run@b/runs"]
 
 
+def test_out_is_reused_only_for_the_same_inputs(trained, tmp_path):
+    """Results are reused where the task's file, the overrides and the encoder input are those they were made
+    with: a file of the same name elsewhere, or another override, once got the first results back, silently."""
+    from jaxlm.eval import sweep
+    run_dir, out = str(trained[0]), str(tmp_path / "eval")
+    first, other = tmp_path / "a" / "lines.txt", tmp_path / "b" / "lines.txt"
+    for path, text in ((first, "It is a truth universally acknowledged.\n"), (other, "Emma Woodhouse was rich.\n")):
+        path.parent.mkdir()
+        path.write_text(text)
+    sweep.run(sweep.plan([run_dir], [f"ppl:{first}"], "latest", out))
+    assert sweep.plan([run_dir], [f"ppl:{first}"], "latest", out).inputs  # the same: reused
+    for tasks, overrides in (([f"ppl:{other}"], []), ([f"ppl:{first}"], ["model.attention_kernel=xla"])):
+        with pytest.raises(ValueError, match=r"holds ppl:lines of run evaluated on another file or with other "
+                                             r"overrides or --encoder-input; give another --out"):
+            sweep.plan([run_dir], tasks, "latest", out, overrides)
+
+
 def test_a_finetune_task_records_the_downstream_metrics_of_each_checkpoint(trained, tmp_path):
     import yaml
     run_dir, _ = trained
