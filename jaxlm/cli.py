@@ -439,6 +439,12 @@ def _chosen_command(top: argparse.ArgumentParser, args: argparse.Namespace) -> a
 def main(argv: list[str] | None = None) -> int:
     top = parser()
     args, unknown = top.parse_known_args(argv)
+    # key=value overrides after an option: argparse takes a command's positionals in one run, and leaves these over
+    positionals = next((name for name in ("overrides", "inputs") if isinstance(getattr(args, name, None), list)), None)
+    late = [token for token in unknown if "=" in token and not token.startswith("-")] if positionals else []
+    if late:
+        setattr(args, positionals, [*getattr(args, positionals), *late])
+        unknown = [token for token in unknown if token not in late]
     if unknown:
         _chosen_command(top, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     checkpoint.quiet_failed_writes()

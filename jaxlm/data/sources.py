@@ -29,6 +29,9 @@ def resolve_corpus(names: tuple[str, ...], fetch: bool = True) -> list[pathlib.P
             paths.append(CORPORA[key].fetch() if fetch else pathlib.Path(name))
             continue
         path = pathlib.Path(name).expanduser()
+        if path.is_dir():
+            raise ConfigError(f"corpus file {path} is a directory; list its text (.txt) or JSON Lines files in "
+                              "data.corpus")
         if not path.is_file():
             raise ConfigError(f"corpus file {path} does not exist; fix data.corpus")
         if path.stat().st_size == 0:

@@ -77,6 +77,15 @@ def test_prepare_rejects_missing_and_empty_corpus(tiny_config, tmp_path):
     assert not (tmp_path / "p").exists()
 
 
+def test_a_directory_as_a_corpus_file_is_named_as_one(tmp_path):
+    """It was reported as a file that does not exist."""
+    from jaxlm.config import ConfigError
+    from jaxlm.data.sources import resolve_corpus  # in this process: nothing is read
+
+    with pytest.raises(ConfigError, match=r"corpus file .* is a directory; list its text \(.txt\) or JSON Lines"):
+        resolve_corpus([str(tmp_path)])
+
+
 def test_train_without_prepared_data_says_to_prepare(tiny_config, tmp_path):
     proc = run_cli("train", tiny_config({"data": {"prepared_dir": str(tmp_path / "none")}}), check=False)
     assert proc.returncode == 2 and "jaxlm prepare" in proc.stderr
@@ -134,6 +143,18 @@ def test_an_unknown_option_is_named_with_the_usage_of_its_command(argv, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"usage: {command} [-h]"), err
     assert err.endswith(f"{command}: error: unrecognized arguments: --bogus\n"), err
+
+
+@pytest.mark.parametrize("argv", [["prepare", "configs/bert-tiny.yaml", "--overwrite", "data.max_seq_length=3"],
+                                  ["data", "show", "configs/bert-tiny.yaml", "--n", "2", "data.max_seq_length=3"]])
+def test_overrides_after_an_option_are_taken_as_overrides(argv, capsys, monkeypatch):
+    """`jaxlm prepare CONFIG --overwrite key=value` once stopped at "unrecognized arguments: key=value"."""
+    from conftest import ROOT
+    from jaxlm.cli import main  # in this process: the override is refused when the config is read, before compute
+
+    monkeypatch.chdir(ROOT)
+    assert main(argv) == 2
+    assert "data.max_seq_length=3 must be 5 or more" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("argv", "expected"), [

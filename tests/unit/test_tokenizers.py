@@ -258,8 +258,8 @@ def sample_file(tmp_path_factory):
     return path
 
 
-def tokenize(capsys, spec, path, pieces=False, offsets=False):
-    run(Namespace(tokenizer=str(spec), input=str(path), pieces=pieces, offsets=offsets))
+def tokenize(capsys, spec, path, pieces=False, offsets=False, cased=False):
+    run(Namespace(tokenizer=str(spec), input=str(path), pieces=pieces, offsets=offsets, cased=cased))
     return capsys.readouterr().out.splitlines()
 
 
@@ -305,6 +305,9 @@ def test_tokenize_cli_google_test_vocab(capsys, tmp_path):
     assert expected == [7, 4, 5, 8, 9]
     assert tokenize(capsys, vocab, text) == [" ".join(map(str, expected))]
     assert tokenize(capsys, vocab, text, pieces=True) == ["un ##want ##ed runn ##ing"]
+    text.write_text("UNWANTED running\n", encoding="utf-8")
+    assert tokenize(capsys, vocab, text, pieces=True) == ["un ##want ##ed runn ##ing"]
+    assert tokenize(capsys, vocab, text, pieces=True, cased=True) == ["[UNK] runn ##ing"]  # a cased vocabulary's reading
 
 
 # ---------------------------------------------------------------- the resolver: every spec, one interface

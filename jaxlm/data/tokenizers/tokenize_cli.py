@@ -22,7 +22,7 @@ def run(args) -> None:
     source = Path(args.input).expanduser()
     if not source.is_file():
         raise FileNotFoundError(f"input file not found: {source}")
-    tokenizer = load_tokenizer(args.tokenizer)
+    tokenizer = load_tokenizer(args.tokenizer, lowercase=not args.cased)
     for line in utf8_lines(source):
         print(format_line(tokenizer, line, args.pieces, args.offsets))
 
@@ -33,6 +33,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     sub = subparsers.add_parser("tokenize", help=text, description=text)
     sub.add_argument("--tokenizer", required=True, metavar="SPEC", help=SPEC_FORMS)
     sub.add_argument("--input", required=True, metavar="FILE", help="UTF-8 text, one sequence per line")
+    sub.add_argument("--cased", action="store_true", help="keep case and accents with a WordPiece vocab.txt (as "
+                     "`tokenizer train --cased` learns it; default: lower-case, as BERT uncased)")
     sub.add_argument("--pieces", action="store_true", help="print tokens instead of ids")
     sub.add_argument("--offsets", action="store_true",
                      help="print JSON per line: ids, pieces and [start, end) character offsets")
