@@ -242,8 +242,8 @@ def test_tokenize_into_a_pipe_that_closes_stops_quietly(tmp_path):
     path = tmp_path / "long.txt"
     path.write_text("a line of words to tokenize\n" * 20000)
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    proc = subprocess.Popen([sys.executable, "-m", "jaxlm.cli", "tokenize", "--tokenizer", "gpt2", "--input", str(path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    command = [sys.executable, "-m", "jaxlm.cli", "tokenize", "--tokenizer", "gpt2", "--input", str(path)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     assert proc.stdout.readline().split()[:2] == [b"64", b"1627"]
     proc.stdout.close()
     assert proc.wait(timeout=120) == 128 + signal.SIGPIPE and proc.stderr.read() == b""

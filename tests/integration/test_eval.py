@@ -142,7 +142,8 @@ def bad_cases(run_dir, tmp_path, minilm):
     (tmp_path / "empty").mkdir()
     return {
         "no checkpoint": ([tmp_path / "empty"], ["holds no committed checkpoint"]),
-        "selection matches none": ([run_dir, "--select", "every:7"], ["--select every:7 matches none", "5, 10, 15, 20"]),
+        "selection matches none": ([run_dir, "--select", "every:7"],
+                                   ["--select every:7 matches none", "5, 10, 15, 20"]),
         "a selected step missing": ([run_dir, "--select", "steps:10,7"],  # once evaluated step 10 alone, silently
                                     ["--select steps:10,7: step 7 is not among", "5, 10, 15, 20"]),
         "unknown task": ([run_dir, "--tasks", "heldout,bleu"], ["unknown task 'bleu'", "ppl:FILE"]),
@@ -157,9 +158,9 @@ def bad_cases(run_dir, tmp_path, minilm):
     }
 
 
-CASE_NAMES = ["no checkpoint", "selection matches none", "a selected step missing", "unknown task", "not BIG-bench JSON",
-              "no way to score", "heldout of a converted checkpoint", "shape-changing override", "out inside the run",
-              "bad selection"]
+CASE_NAMES = ["no checkpoint", "selection matches none", "a selected step missing", "unknown task",
+              "not BIG-bench JSON", "no way to score", "heldout of a converted checkpoint", "shape-changing override",
+              "out inside the run", "bad selection"]
 
 
 @pytest.mark.parametrize("case", CASE_NAMES)

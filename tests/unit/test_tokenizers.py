@@ -307,7 +307,7 @@ def test_tokenize_cli_google_test_vocab(capsys, tmp_path):
     assert tokenize(capsys, vocab, text, pieces=True) == ["un ##want ##ed runn ##ing"]
     text.write_text("UNWANTED running\n", encoding="utf-8")
     assert tokenize(capsys, vocab, text, pieces=True) == ["un ##want ##ed runn ##ing"]
-    assert tokenize(capsys, vocab, text, pieces=True, cased=True) == ["[UNK] runn ##ing"]  # a cased vocabulary's reading
+    assert tokenize(capsys, vocab, text, pieces=True, cased=True) == ["[UNK] runn ##ing"]  # read as cased
 
 
 # ---------------------------------------------------------------- the resolver: every spec, one interface

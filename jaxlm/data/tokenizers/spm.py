@@ -1,9 +1,10 @@
 """SentencePiece models (unigram or BPE) through the `sentencepiece` package, with T5's sentinel ids.
 
-A .model holds no template: `add_special_tokens=True` adds `frame`, the ids a model family's rows put around a
-text (`jaxlm.data.layouts.framed` sets it), none by default. With `sentinels=N`, N ids follow the model's own: `<extra_id_i>` is `model_size + N - 1 - i`, so
-`<extra_id_0>` is the last id, as in T5 (seqio's `SentencePieceVocabulary(extra_ids=100)`, the
-slow `T5Tokenizer`'s `vocab_size - 1 - i`, and t5-base's tokenizer.json: 32099 = `<extra_id_0>`).
+A .model holds no template: `add_special_tokens=True` adds `frame`, the ids a model family's rows put around a text
+(`jaxlm.data.layouts.framed` sets it), none by default. With `sentinels=N`, N ids follow the model's own:
+`<extra_id_i>` is `model_size + N - 1 - i`, so `<extra_id_0>` is the last id, as in T5 (seqio's
+`SentencePieceVocabulary(extra_ids=100)`, the slow `T5Tokenizer`'s `vocab_size - 1 - i`, and t5-base's
+tokenizer.json: 32099 = `<extra_id_0>`).
 """
 from __future__ import annotations
 
