@@ -400,7 +400,8 @@ def parser() -> argparse.ArgumentParser:
     pred = commands.add_parser("predict", help=text, description=text)
     pred.add_argument("checkpoint", help="a fine-tune's run directory or one of its checkpoints/<step> directories")
     pred.add_argument("overrides", nargs="*", default=[],
-                      help="mesh.* and model.* overrides (how it runs, not its shapes)")
+                      help="mesh.* and model.* overrides (how it runs, not its shapes), and the finetune settings "
+                           "of how records are read (fields, max_length, doc_stride, num_beams, ...)")
     pred.add_argument("--input", required=True, help="JSONL, CSV or TSV file (or tfds:..., NAME:SPLIT) with the "
                                                      "task's input fields")
     pred.add_argument("--output", required=True, help="the JSONL file to write")

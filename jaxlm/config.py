@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import re
 from typing import Any
 
 import yaml
@@ -155,6 +156,22 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
     node[keys[-1]] = value
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML with YAML 1.2's booleans, true and false: off, on, yes and no stay words (`train.compile_cache: off`
+    was read as false, and a cache directory named False made)."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                              list("tTfF"))
+
+
+def read_yaml(text: str):
+    return yaml.load(text, Loader=_Loader)
+
+
 def parse_overrides(overrides: list[str]) -> dict:
     """`a.b=value` strings into a nested dict; values parsed as YAML scalars."""
     tree: dict = {}
@@ -162,7 +179,7 @@ def parse_overrides(overrides: list[str]) -> dict:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like section.key=value (e.g. train.steps=100)")
         key, raw = item.split("=", 1)
-        _set_dotted(tree, key.strip(), yaml.safe_load(raw))
+        _set_dotted(tree, key.strip(), read_yaml(raw))
     return tree
 
 
@@ -254,7 +271,7 @@ def load_tree(path: str | pathlib.Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist; configs live in configs/ (e.g. configs/bert-tiny.yaml)")
     try:
-        tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        tree = read_yaml(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)

@@ -3,6 +3,8 @@
 #   launch/local_multiprocess.sh N CONFIG [section.key=value ...]
 # Each process gets TOTAL_DEVICES / N simulated CPU devices (JAXLM_TOTAL_DEVICES, default 8) when
 # run on the CPU. JAXLM_COMMAND picks the subcommand (default: train). Exits non-zero if any fails.
+# SIGTERM or SIGINT to this script reaches every process as SIGTERM (each stops at one step and saves); it then
+# waits for them all.
 set -euo pipefail
 if [ $# -lt 2 ]; then
   echo "usage: $0 N CONFIG [section.key=value ...]" >&2
@@ -29,8 +31,14 @@ for ((i = 0; i < count; i++)); do
     "$jaxlm" "${JAXLM_COMMAND:-train}" "$config" "$@" &
   pids+=($!)
 done
+# as SIGTERM, not SIGINT: a terminal's Ctrl-C also reaches the processes themselves, and a second one aborts
+trap 'kill -TERM "${pids[@]}" 2>/dev/null || true' TERM INT
 status=0
 for pid in "${pids[@]}"; do
-  wait "$pid" || status=$?
+  while true; do  # a trapped signal ends `wait` early: wait again while the process runs
+    if wait "$pid"; then code=0; else code=$?; fi
+    kill -0 "$pid" 2>/dev/null || break
+  done
+  if [ "$code" -ne 0 ]; then status=$code; fi
 done
 exit $status

@@ -150,10 +150,16 @@ def _typed(role: str, value, where: str, field: str):
         if not isinstance(value, list):
             raise ValueError(f"{where}: field {field!r} holds {type(value).__name__} {str(value)[:40]!r}, "
                              f"not the list the {role} role needs")
+        odd = next((v for v in value if not isinstance(v, str)), None) if role in ("words", "choices") else None
+        if odd is not None:
+            raise ValueError(f"{where}: field {field!r} holds {type(odd).__name__} {str(odd)[:40]!r}, not the text "
+                             f"each of the {role} is")
         return value
     if role in ("text", "text_pair", "question", "context", "prompt", "response", "source", "target"):
         if not isinstance(value, str):
             raise ValueError(f"{where}: field {field!r} holds {type(value).__name__} {str(value)[:40]!r}, not text")
+    if role == "label" and (value is None or isinstance(value, (list, dict))):
+        raise ValueError(f"{where}: field {field!r} holds {str(value)[:40]}, not a label (a name or a number)")
     return value
 
 
@@ -163,6 +169,10 @@ def label_list(train: list[dict], given=(), field: str = "label") -> tuple[str, 
     """The given labels, else those of the training records (sorted; tags: every tag of every record)."""
     if given:
         return tuple(str(label) for label in given)
+    unlabelled = next((i for i, r in enumerate(train) if field not in r), None)
+    if unlabelled is not None:
+        raise ValueError(f"finetune.train: record {unlabelled + 1} has no {field} (fields: "
+                         f"{', '.join(train[unlabelled])}); name it with finetune.fields.{field}")
     values = [v for r in train for v in (r[field] if field == "tags" else [r[field]])]
     return tuple(sorted({str(v) for v in values}))
 

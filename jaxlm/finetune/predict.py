@@ -7,6 +7,7 @@ import pathlib
 
 import jax
 
+from jaxlm import config as config_lib
 from jaxlm.config import ConfigError
 from jaxlm.eval.sources import open_source, source_tokenizer
 from jaxlm.finetune import data as task_data
@@ -16,6 +17,9 @@ from jaxlm.train import checkpoint
 from jaxlm.train.loop import build
 
 TARGET_ROLES = ("label", "tags", "answers", "target")  # what a prediction line replaces, not repeats
+# the finetune settings predict may change: how records are read and predictions made, not what the head learnt
+PREDICT_SETTINGS = ("fields", "max_length", "doc_stride", "max_query_length", "max_answer_length", "n_best",
+                    "num_beams", "max_target_length")
 
 
 def check_output(path: pathlib.Path, overwrite: bool) -> None:
@@ -33,6 +37,10 @@ def predict(checkpoint_path, input_spec: str, output, batch_size: int = 32, over
     number of lines. Every check (checkpoint, input fields, output) comes before any compute."""
     output = pathlib.Path(output)
     check_output(output, overwrite)
+    trained = sorted(set(config_lib.parse_overrides(list(overrides)).get("finetune", {})) - set(PREDICT_SETTINGS))
+    if trained:
+        raise ConfigError(f"finetune.{trained[0]} is what the checkpoint was fine-tuned with; predict changes only "
+                          f"how records are read and predicted: finetune.{', finetune.'.join(PREDICT_SETTINGS)}")
     if batch_size <= 0:
         raise ValueError(f"--batch-size must be positive, got {batch_size}")
     source = open_source(checkpoint_path, list(overrides))
@@ -43,6 +51,7 @@ def predict(checkpoint_path, input_spec: str, output, batch_size: int = 32, over
     task, settings = TASKS[config.finetune.task], config.finetune
     records = task_data.read_records(input_spec, task.field_names(settings), task.input_roles, "--input",
                                      config.data.tfds_data_dir)
+    task.check_inputs(records, settings.labels, f"--input {input_spec}")
     ctx = Context(config.model, settings, settings.labels, source_tokenizer(source))
     rows = task.rows(ctx, records, labelled=False)
     shards = jax.device_count()

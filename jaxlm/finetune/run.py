@@ -411,8 +411,8 @@ def rank_value(value: float, lower_is_better: bool) -> float:
 
 def format_summary(summary: dict, run_dir) -> str:
     """The printed result: the best dev and the test metrics beside the trivial baseline's."""
-    metric = summary["metric"]
-    lines = [f"{summary['task']}: best dev {metric} at step {summary['best_step']} of {summary['steps']}"]
+    kept = "best dev {metric} at step" if "dev" in summary else "no dev split, kept the last step,"
+    lines = [f"{summary['task']}: {kept.format(**summary)} {summary['best_step']} of {summary['steps']}"]
     for split in ("dev", "test"):
         if split in summary:
             scores = "  ".join(f"{k} {v:.4f}" for k, v in summary[split].items())

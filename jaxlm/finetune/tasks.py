@@ -84,8 +84,12 @@ class Task:
     def check_settings(self, settings: FinetuneConfig) -> None:
         """Raise ConfigError for settings this task cannot run with."""
 
+    def check_inputs(self, records: list[dict], labels: tuple[str, ...], where: str) -> None:
+        """Raise ValueError naming the first record whose inputs the task cannot read (`predict`'s records too)."""
+
     def check(self, records: list[dict], labels: tuple[str, ...], where: str) -> None:
-        """Raise ValueError naming the first record that the task cannot use."""
+        """Raise ValueError naming the first labelled record that the task cannot use."""
+        self.check_inputs(records, labels, where)
 
     def objective(self, ctx: Context) -> Objective:
         raise NotImplementedError
@@ -333,7 +337,7 @@ class MultipleChoiceTask(Task):
         """The choice indices, "0" to "C-1": every record has the same number C of choices."""
         return tuple(str(i) for i in range(len(train[0]["choices"])))
 
-    def check(self, records, labels, where):
+    def check_inputs(self, records, labels, where):
         task_data.check_choices(records, len(labels), where)
 
     def objective(self, ctx):
@@ -376,6 +380,14 @@ class QuestionAnsweringTask(Task):
     roles = ("id", "question", "context", "answers")
     input_roles = ("id", "question", "context")
     metric = "f1"
+
+    def check_settings(self, settings):
+        budget = settings.max_length - settings.max_query_length - 3
+        if budget <= settings.doc_stride:
+            raise ConfigError(f"finetune.doc_stride={settings.doc_stride} must be smaller than the context tokens a "
+                              f"window holds after the longest question ({budget} = max_length {settings.max_length} "
+                              f"- max_query_length {settings.max_query_length} - 3 special tokens); lower doc_stride "
+                              "or max_query_length, or raise max_length")
 
     def check(self, records, labels, where):
         task_data.check_answers(records, where)
@@ -548,7 +560,7 @@ class TextToText(Task):
     def cast(self, records: list[dict]) -> list[dict]:
         return [squad_cast(r) if "question" in r else r for r in records]
 
-    def check(self, records, labels, where):
+    def check_inputs(self, records, labels, where):
         for index, record in enumerate(records):
             if "question" in record:
                 if "context" not in record:
@@ -556,6 +568,13 @@ class TextToText(Task):
             elif "source" not in record:
                 raise ValueError(f"{where}: record {index + 1} has neither a source text nor a question; name the "
                                  "input with finetune.fields.source")
+
+    def check(self, records, labels, where):
+        self.check_inputs(records, labels, where)
+        for index, record in enumerate(records):
+            if "target" not in record and "answers" not in record:
+                raise ValueError(f"{where}: record {index + 1} has no target text (fields: {', '.join(record)}); "
+                                 "name it with finetune.fields.target")
 
     def objective(self, ctx):
         return Seq2SeqObjective(ctx.model, ctx.settings.max_length, ctx.family.network,
@@ -610,7 +629,7 @@ class CausalLanguageModelling(Task):
             raise ConfigError(f"finetune.max_target_length={settings.max_target_length} leaves no room for the prompt "
                               f"in finetune.max_length={settings.max_length}; lower the one or raise the other")
 
-    def check(self, records, labels, where):
+    def check_inputs(self, records, labels, where):
         for index, record in enumerate(records):
             if not record["prompt"].strip():
                 raise ValueError(f"{where}: record {index + 1} has an empty prompt; generation starts from one")
@@ -638,7 +657,7 @@ class CausalLanguageModelling(Task):
             row["targets"][:len(targets)] = targets
             row["target_weights"][len(prompt) - 1:len(targets)] = 1  # targets that are response tokens
             rows.append(row)
-            meta.append(prompt)
+            meta.append(prompt[max(0, len(prompt) + settings.max_target_length - length):])  # generation's room
         return stack(rows, list(range(len(records))), meta)
 
     def predictions(self, ctx, runner, params, rows, records):
@@ -658,9 +677,10 @@ class CausalLanguageModelling(Task):
 
 
 def squad_metrics(records: list[dict], answers: list[str]) -> dict:
-    """{f1, exact_match} of answers to SQuAD questions (every gold answer counts)."""
-    dataset = [{"id": r.get("id", str(i)), "answers": [a["text"] for a in r["answers"]]} for i, r in enumerate(records)]
-    scores = metrics.squad_scores({d["id"]: a for d, a in zip(dataset, answers)}, dataset)
+    """{f1, exact_match} of answers to SQuAD questions (every gold answer counts), each record against its own
+    answer: records are matched by their place, not their ids, which may repeat."""
+    dataset = [{"id": str(i), "answers": [a["text"] for a in r["answers"]]} for i, r in enumerate(records)]
+    scores = metrics.squad_scores({str(i): answer for i, answer in enumerate(answers)}, dataset)
     return {"f1": scores["f1"], "exact_match": scores["exact_match"]}
 
 

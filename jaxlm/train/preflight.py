@@ -13,7 +13,7 @@ from jax.experimental import multihost_utils
 
 from jaxlm import config as config_lib
 from jaxlm.config import ConfigError, RunConfig
-from jaxlm.data.pipeline import MANIFEST
+from jaxlm.data.pipeline import MANIFEST, load_manifest
 from jaxlm.parallel import distributed
 from jaxlm.parallel.mesh import make_mesh
 from jaxlm.train.storage import run_path
@@ -31,6 +31,7 @@ def preflight(config: RunConfig) -> list[str]:
     same_everywhere("config", config_fingerprint(config), "give every process the same config file and overrides")
     same_everywhere("prepared data", data_fingerprint(config.data.prepared_dir),
                     f"prepare data.prepared_dir={config.data.prepared_dir} once where every process reads it")
+    load_manifest(config.data.prepared_dir)  # no data, on every process alike (checked above): `jaxlm prepare` first
     shared_run_dir(config.train.run_dir, timeout)
     return [f"mesh {dict(mesh.shape)} over {jax.device_count()} devices of {processes} processes",
             f"global batch {batch}: {batch // shards} rows per batch shard, {batch // processes} read by each process",

@@ -147,7 +147,8 @@ def bad_cases(tmp_path, minilm):
     return {
         "label unseen in train": ({**classify, "dev": str(unseen)}, ["record 1 has label 'neutral'", "known: negative"]),
         "missing field": ({**classify, "train": str(renamed)}, [f"{renamed}:1: no field 'text'", "finetune.fields.text"]),
-        "answer not in context": ({"task": "question_answering", "init_from": str(minilm), "train": str(off)},
+        "answer not in context": ({"task": "question_answering", "init_from": str(minilm), "train": str(off),
+                                   "max_query_length": 16, "doc_stride": 16},
                                   ["answer 'Bob' at 2 is not in its context", "context[2:5] is 'n m'"]),
         "tags and words differ": ({"task": "token_classification", "init_from": str(minilm), "train": str(tags)},
                                   ["3 words but 2 tags"]),

@@ -65,6 +65,12 @@ def test_processes_that_never_start_are_named(config):
     assert code == 2 and "error: process 0 (the coordinator, 127.0.0.1:" in output and "did not answer" in output
 
 
+def test_no_prepared_data_is_named_by_every_process(config, tmp_path):
+    """It once passed ("the same prepared data on every process": none), and `jaxlm train` then stopped at once."""
+    for code, output in processes(config, 2, extra=[f"data.prepared_dir={tmp_path / 'none'}"]):
+        assert code == 2 and "(manifest.json missing): run `jaxlm prepare CONFIG` first" in output, output
+
+
 def test_a_mesh_that_does_not_fit_the_devices(config):
     for code, output in processes(config, 2, extra=["mesh.data=3"]):
         assert code == 2 and "error: mesh data=3 x fsdp=1 x tensor=1 has 3 devices but 8 are present" in output

@@ -2,12 +2,15 @@
 that names the key: model sizes, dropouts and dtypes, the optimiser's rates and decays, the train and bench sections'
 counts, the data's counts and shares (the same check for `jaxlm.data.prepare.prepare`), the finetune section's
 counts."""
+import pathlib
+
 import pytest
 
 from jaxlm import config as config_lib
 from jaxlm.config import ConfigError, FinetuneConfig
 from jaxlm.data.prepare import prepare
 from jaxlm.data.settings import ABOVE_ZERO, MINIMUMS, SHARES
+from jaxlm.finetune.predict import predict
 from jaxlm.finetune.run import POSITIVE_SETTINGS, SETTINGS_OR_ZERO, check_own_settings, check_settings
 from jaxlm.finetune.tasks import TASKS
 from jaxlm.models.config import DROPOUTS, POSITIVE_SIZES, SIZES_OR_ZERO
@@ -98,6 +101,39 @@ def test_a_finetune_count_out_of_range_is_named(name, value, expected):
     assert str(refused.value) == f"finetune.{name} {expected}"
 
 
+def test_question_answering_windows_hold_the_stride_after_the_longest_question():
+    """Checked against max_query_length, the longest question kept: against each question's own length, a
+    trained model refused a long question at `jaxlm predict` (and the defaults, 128 and 128, any question)."""
+    qa = {"task": "question_answering", "train": "squad:train"}
+    check_settings(classifier_config(**qa, max_length=128, doc_stride=60))
+    with pytest.raises(ConfigError, match=r"^finetune.doc_stride=61 must be smaller than the context tokens a window "
+                                          r"holds after the longest question \(61 = max_length 128 - max_query_length "
+                                          r"64 - 3 special tokens\)"):
+        check_settings(classifier_config(**qa, max_length=128, doc_stride=61))
+
+
+def test_predict_refuses_what_the_head_was_trained_with():
+    """`jaxlm predict RUN finetune.labels=[1,0]` once renamed the classes, finetune.crf=false dropped the CRF."""
+    for override in ("finetune.labels=[1,0]", "finetune.crf=false", "finetune.pooling=mean"):
+        with pytest.raises(ConfigError, match=rf"^finetune.{override.split('=')[0][9:]} is what the checkpoint was "
+                                              "fine-tuned with"):
+            predict("no-run", "polarity:test", "out.jsonl", overrides=[override])
+
+
+def test_text_to_text_records_need_a_target_and_predict_records_a_source():
+    """A forgotten finetune.fields.target once trained on empty targets, and a record without a source was a
+    KeyError in `jaxlm predict`."""
+    task = TASKS["text_to_text"]
+    with pytest.raises(ValueError, match=r"^dev: record 2 has no target text \(fields: source\); name it with "
+                                         r"finetune.fields.target"):
+        task.check([{"source": "a", "target": "b"}, {"source": "c"}], (), "dev")
+    task.check_inputs([{"source": "c"}], (), "--input")
+    with pytest.raises(ValueError, match=r"^--input: record 1 has neither a source text nor a question"):
+        task.check_inputs([{"text": "c"}], (), "--input")
+    with pytest.raises(ValueError, match=r"^--input: record 1 has 3 choices, the training data 4"):
+        TASKS["multiple_choice"].check_inputs([{"context": "c", "choices": ["a", "b", "c"]}], tuple("0123"), "--input")
+
+
 @pytest.mark.parametrize(("name", "value"), [("train_layers", -2), ("layer_lr_decay", 0), ("unfreeze_every", -1)])
 def test_a_ulmfit_setting_out_of_range_is_named_whether_or_not_ulmfit_runs(name, value):
     """train_layers=-2 and unfreeze_every=-1 once fine-tuned every layer from the start, silently."""
@@ -130,3 +166,16 @@ def test_the_edges_that_mean_something_are_accepted():
     and BART's masking ratio of 0 (permutation alone)."""
     config_lib.from_dict({"model": {"preset": "bert-tiny"}, "optim": {"peak_lr": 0, "warmup_steps": 0, "clip_norm": 0},
                           "train": {"eval_batches": 0}, "data": {"mask_ratio": 0, "short_seq_prob": 0}})
+
+
+def test_off_and_no_are_words_and_true_and_false_the_booleans(tmp_path):
+    """YAML 1.1 read `train.compile_cache: off` as false, and the run cached its programs in a directory named
+    False; a boolean setting takes true or false alone (yes and no were booleans too)."""
+    path = tmp_path / "run.yaml"
+    bert_tiny = pathlib.Path(__file__).parents[2] / "configs" / "bert-tiny.yaml"
+    path.write_text(f"include: {bert_tiny}\ntrain:\n  compile_cache: off\n")
+    assert config_lib.load(path, []).train.compile_cache == "off"
+    assert config_lib.load(path, ["train.compile_cache=off"]).train.compile_cache == "off"
+    assert config_lib.load(path, ["data.lowercase=False"]).data.lowercase is False
+    with pytest.raises(ConfigError, match=r"data.lowercase must be true or false, got 'no'"):
+        config_lib.load(path, ["data.lowercase=no"])

@@ -47,6 +47,8 @@ def test_named_datasets_hold_their_splits():
                                                       "finetune.fields.text"]),
     ('sentence,gold\nok,positive,extra\n', "csv", ["x.csv:2: 2 columns in the header (sentence, gold)"]),
     ('{"sentence": ["not", "text"], "gold": "positive"}\n', "jsonl", ["field 'sentence' holds list", "not text"]),
+    ('{"sentence": "ok", "gold": null}\n', "jsonl", ["x.jsonl:1: field 'gold' holds None, not a label"]),
+    ('{"sentence": "ok", "gold": ["x"]}\n', "jsonl", ["field 'gold' holds ['x'], not a label"]),
     ('', "jsonl", ["holds no records"]),
     ('a b', "txt", ["unknown format '.txt'"]),
 ])
@@ -59,6 +61,19 @@ def test_bad_files_name_file_line_and_field(tmp_path, content, suffix, expected)
     assert message.startswith("finetune.train: ") and "\n" not in message
     for text in expected:
         assert text in message, message
+
+
+def test_words_and_choices_are_texts_and_a_label_list_needs_its_field(tmp_path):
+    """A null label once became the class "None", a list the class "['x']"; words of numbers a traceback in the
+    tagger's alignment; records without labels a KeyError while the label list was read."""
+    path = tmp_path / "x.jsonl"
+    for role, value in (("words", [1, 2]), ("choices", ["a", 2])):
+        path.write_text(json.dumps({role: value}) + "\n")
+        with pytest.raises(ValueError, match=rf"x.jsonl:1: field '{role}' holds int .*, not the text each of the {role}"):
+            read_records(str(path), {role: role}, (role,))
+    with pytest.raises(ValueError, match=r"finetune.train: record 2 has no label \(fields: text\); name it with "
+                                         r"finetune.fields.label"):
+        label_list([{"text": "a", "label": "x"}, {"text": "b"}])
 
 
 def test_missing_file_and_bad_choices(tmp_path):

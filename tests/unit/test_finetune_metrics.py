@@ -13,6 +13,7 @@ from jaxlm.finetune.metrics import (accuracy, average_ranks, entity_scores, macr
                                     normalize_answer, pearson, spearman, squad_exact_match, squad_f1,
                                     squad_scores, subword_predictions_to_words, word_ids,
                                     word_labels_to_subwords)
+from jaxlm.finetune.tasks import squad_metrics
 
 
 @pytest.fixture(scope="module")
@@ -189,6 +190,13 @@ def test_squad_scores():
     assert scores == {"exact_match": pytest.approx(100 / 3), "f1": pytest.approx(140 / 3)}
     with pytest.raises(ValueError):
         squad_scores({}, [])
+
+
+def test_squad_records_are_scored_by_their_place_not_their_ids():
+    """Records that share an id: each once got the last one's answer, so the summary disagreed with the
+    predictions file."""
+    records = [{"id": "dup", "answers": [{"text": "Denver Broncos"}]}, {"id": "dup", "answers": [{"text": "1066"}]}]
+    assert squad_metrics(records, ["Denver Broncos", "1066"]) == {"f1": 100.0, "exact_match": 100.0}
 
 
 def test_classification_metrics():

@@ -83,3 +83,17 @@ def test_padding_rows_change_no_loss():
     padded = batch_rows(rows, np.arange(2), 5)
     assert padded["example_weight"].tolist() == [1, 1, 0, 0, 0]
     assert loss(padded) == pytest.approx(loss(exact), rel=1e-6)
+
+
+@pytest.mark.parametrize("labelled", [True, False])
+def test_a_long_prompt_leaves_generation_room_for_the_whole_response(labelled):
+    """causal_lm generates from a prompt cut to max_length - max_target_length tokens, so that the response's
+    max_target_length new tokens fit (it once cut to the row's room, and generation overran the positions)."""
+    gpt2 = load_tokenizer("gpt2")
+    settings = FinetuneConfig(task="causal_lm", max_length=32, max_target_length=8)
+    ctx = Context(model_config("gpt2-small", max_position_embeddings=32), settings, (), gpt2)
+    records = [{"prompt": "word " * 100, "response": " fine"}, {"prompt": "Q: what?", "response": " It is."}]
+    rows = TASKS["causal_lm"].rows(ctx, records, labelled=labelled)
+    long, short = rows.meta
+    assert len(long) == 32 - 8 and long == gpt2.encode(records[0]["prompt"])[-24:]  # its last tokens kept
+    assert short == gpt2.encode(records[1]["prompt"])

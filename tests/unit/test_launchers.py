@@ -2,8 +2,10 @@
 would run, word for word, and their one-line errors."""
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -80,6 +82,28 @@ def test_local_launcher_bad_input(count, message):
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith("local_multiprocess.sh: error: ") and message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_sigterm_to_the_local_launcher_reaches_every_process(tmp_path):
+    """`kill PID` of the launcher once left its processes training, orphaned. Its processes here are a program that
+    writes down the signals it gets (the trainer's own answer to SIGTERM is tests/integration/test_faults.py's)."""
+    log, program = tmp_path / "signals.log", tmp_path / "jaxlm"
+    program.write_text('#!/usr/bin/env bash\ntrap \'echo "$JAXLM_PROCESS_ID TERM" >> "$LOG"; exit 0\' TERM\n'
+                       'echo "$JAXLM_PROCESS_ID started $$" >> "$LOG"\nwhile true; do sleep 0.05; done\n')
+    program.chmod(0o755)
+    env = dict(os.environ, JAXLM_BIN=str(program), LOG=str(log))
+    launcher = subprocess.Popen(["bash", "launch/local_multiprocess.sh", "2", "configs/bert-tiny.yaml"], cwd=ROOT,
+                                env=env)
+    started = lambda: [line.split()[-1] for line in log.read_text().splitlines() if "started" in line]
+    deadline = time.time() + 30
+    while (len(started()) if log.exists() else 0) < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    try:
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=30) == 0
+        assert sorted(line for line in log.read_text().splitlines() if "TERM" in line) == ["0 TERM", "1 TERM"]
+    finally:
+        subprocess.run(["kill", *started()], capture_output=True)  # where it failed: no process outlives the test
 
 
 def test_the_gke_jobset_has_one_pod_per_host_on_the_slice():
