@@ -38,6 +38,7 @@ def text_lines(text: str) -> list[str]:
 
 
 def not_utf8(path, number: int, column: int, reason: str) -> str:
+    """Where a file stops being UTF-8, as every reader of text says it."""
     return f"{path}:{number}: not UTF-8 (byte {column} of the line: {reason})"
 
 

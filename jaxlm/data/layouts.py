@@ -22,7 +22,6 @@ FRAMES = {"nsp_pairs": ("cls", "sep"), "sop_pairs": ("cls", "sep"), "sentence_ro
           "bart_rows": ("bos", "eos"), "t5_chunks": (None, "eos"), "causal": (None, None)}
 
 
-
 def frame_ids(special: dict, layout: str) -> tuple[int | None, int | None]:
     """The ids put before and after a text in `layout`'s rows (FRAMES), from a tokenizer's `special_ids`."""
     return tuple(special[role] if role else None for role in FRAMES[layout])
