@@ -76,13 +76,16 @@ def test_prompt_response_loss_equals_transformers_with_the_prompt_ignored():
     eos = special_ids(tokenizer)["eos"]
     total, count = 0.0, 0
     for index, record in enumerate(records):
-        prompt = rows.meta[index]
+        weights = np.asarray(rows.arrays["target_weights"][index])
+        prompt = np.asarray(rows.arrays["input_ids"][index])[:int(np.argmax(weights > 0)) + 1].tolist()  # trained on
         response = [*tokenizer.encode(record["response"])[:7], eos]
         ids = torch.tensor([[*prompt, *response]])
         labels = ids.clone()
         labels[0, :len(prompt)] = -100
         theirs = model(input_ids=ids, labels=labels)
         total, count = total + theirs.loss.item() * len(response), count + len(response)
+        assert prompt == tokenizer.encode(record["prompt"])[-len(prompt):]  # a long one lost its start
+        assert len(prompt) + len(response) <= 25
     assert float(loss) == pytest.approx(total / count, rel=1e-5)
-    assert len(rows.meta[2]) + 1 + len(tokenizer.encode(" cut from the left")) <= 25  # the prompt lost its start
-    assert rows.meta[2] == tokenizer.encode(records[2]["prompt"])[-len(rows.meta[2]):]
+    # generation starts from the prompt's last 24 - 8 tokens: room for the response's 8 new ones
+    assert [len(m) for m in rows.meta] == [min(len(tokenizer.encode(r["prompt"])), 16) for r in records]
