@@ -27,7 +27,7 @@ class SentencePieceTokenizer:
     continuation_prefix = None
     word_marker = "▁"
 
-    def __init__(self, model_path, sentinels: int = 0, frame: tuple[int | None, int | None] = (None, None)):
+    def __init__(self, model_path, sentinels: int = 0):
         self.model_path = Path(model_path)
         if not self.model_path.is_file():
             raise FileNotFoundError(f"SentencePiece model file not found: {self.model_path}")
@@ -37,7 +37,8 @@ class SentencePieceTokenizer:
         self.vocab_size = self.model_size + sentinels
         self.unk_id, self.bos_id, self.eos_id, self.pad_id = (
             self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id(), self.sp.pad_id())
-        self.frame = frame  # the ids before and after a text that `add_special_tokens=True` adds (None: none)
+        # the ids before and after a text that `add_special_tokens=True` adds (None: none); `framed` sets them
+        self.frame: tuple[int | None, int | None] = (None, None)
 
     def sentinel_id(self, i: int) -> int:
         if not 0 <= i < self.sentinels:
