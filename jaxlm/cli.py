@@ -276,8 +276,16 @@ def cmd_compile(args) -> None:
         raise SystemExit(1)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse taking options only by their full names (`--over` is not `--overwrite`), in every subcommand:
+    a new option must not change what an old command line means."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="jaxlm", description="Pretrain language models in JAX on a device mesh.")
+    top = _Parser(prog="jaxlm", description="Pretrain language models in JAX on a device mesh.")
     commands = top.add_subparsers(dest="command", required=True)
 
     def command(parent, name, handler, text):

@@ -145,6 +145,19 @@ def test_an_unknown_option_is_named_with_the_usage_of_its_command(argv, capsys):
     assert err.endswith(f"{command}: error: unrecognized arguments: --bogus\n"), err
 
 
+@pytest.mark.parametrize(("argv", "abbreviation"), [(["prepare", "c.yaml", "--over"], "--over"),
+                                                    (["eval", "run", "--sel", "latest"], "--sel"),
+                                                    (["data", "show", "c.yaml", "--spl", "valid"], "--spl")])
+def test_an_option_is_taken_only_by_its_full_name(argv, abbreviation, capsys):
+    """argparse took `--over` for `--overwrite`: a later option sharing the prefix would change an old command."""
+    from jaxlm.cli import main  # in this process: the parser alone, no device
+
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2
+    assert f"error: unrecognized arguments: {abbreviation}" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv", [["prepare", "configs/bert-tiny.yaml", "--overwrite", "data.max_seq_length=3"],
                                   ["data", "show", "configs/bert-tiny.yaml", "--n", "2", "data.max_seq_length=3"]])
 def test_overrides_after_an_option_are_taken_as_overrides(argv, capsys, monkeypatch):
