@@ -41,7 +41,15 @@ from jaxlm.train.loop import report, train
 
 
 def _load(args) -> config_lib.RunConfig:
-    return config_lib.load(args.config, args.overrides)
+    return _loaded(args, args.config, args.overrides)
+
+
+def _loaded(args, path, overrides) -> config_lib.RunConfig:
+    """The config, with a note on stderr for each data setting given that its family's objective ignores."""
+    config = config_lib.load(path, overrides)
+    for note in config_lib.unread_settings(path, overrides, config):
+        print(f"jaxlm {getattr(args, 'label', args.command)}: note: {note}", file=sys.stderr)
+    return config
 
 
 def cmd_prepare(args) -> None:
@@ -147,7 +155,7 @@ def cmd_bench_data(args) -> None:
         raise ConfigError(f"--repeat {args.repeat}: give 1 or more runs of each setting")
     if args.batches < 1:
         raise ConfigError(f"--batches {args.batches}: give 1 or more batches to time")
-    configs = {path: config_lib.load(path, overrides) for path in paths}
+    configs = {path: _loaded(args, path, overrides) for path in paths}
     runs = [{"config": pathlib.Path(path).stem} | bench_data(configs[path], args.batches, workers=count)
             for _ in range(args.repeat) for path in paths for count in workers]
     rows = median_rows(runs)

@@ -268,6 +268,15 @@ def from_dict(tree: dict) -> RunConfig:
 def load_tree(path: str | pathlib.Path) -> dict:
     """A YAML file, following `include:` (a path relative to the including file) first."""
     path = pathlib.Path(path)
+    tree = file_tree(path)
+    include = tree.pop("include", None)
+    if include:
+        tree = merge(load_tree(path.parent / include), tree)
+    return tree
+
+
+def file_tree(path: pathlib.Path) -> dict:
+    """One YAML config file's own mapping, its `include:` not followed."""
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist; configs live in configs/ (e.g. configs/bert-tiny.yaml)")
     try:
@@ -283,14 +292,26 @@ def load_tree(path: str | pathlib.Path) -> dict:
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}:1: holds a {type(tree).__name__}, not a mapping of sections "
                           "(model, data, train, ...)")
-    include = tree.pop("include", None)
-    if include:
-        tree = merge(load_tree(path.parent / include), tree)
     return tree
 
 
 def load(path: str | pathlib.Path, overrides: list[str] = ()) -> RunConfig:
     return from_dict(merge(load_tree(path), parse_overrides(list(overrides))))
+
+
+def unread_settings(path: str | pathlib.Path, overrides: list[str], config: RunConfig) -> list[str]:
+    """A note for each data setting that the config file itself (not a file it includes) or an override sets
+    and that the pretraining objective of its family does not read: it changes nothing."""
+    if config.finetune.task:
+        return []
+    given = {**(file_tree(pathlib.Path(path)).get("data") or {}), **parse_overrides(list(overrides)).get("data", {})}
+    family = config.model.family
+    notes = []
+    for name in sorted(set(given) & set(families.OBJECTIVE_SETTINGS) - set(families.get(family).data_settings)):
+        *others, last = [f.name for f in families.FAMILIES.values() if name in f.data_settings]
+        readers = f"{', '.join(others)} and {last}" if others else last
+        notes.append(f"data.{name} is a setting of the {readers} objectives, not of {family}'s: it changes nothing")
+    return notes
 
 
 def to_dict(config: RunConfig) -> dict:

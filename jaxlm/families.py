@@ -31,6 +31,14 @@ CAUSAL_ROLES = ("eos",)
 T5_ROLES = ("eos", "sentinels")
 BART_ROLES = ("bos", "eos", "mask")
 
+# The data settings that only some objectives read (the rest, lengths, tokenizer and corpus, every family reads).
+MLM_SETTINGS = ("mask_prob", "max_predictions", "whole_word_masking")
+PAIR_SETTINGS = ("short_seq_prob", "dupe_factor")
+SPAN_SETTINGS = ("mask_prob", "max_predictions", "span_p", "max_span")  # SpanBERT masks whole words always
+CAUSAL_SETTINGS = ("packed",)
+T5_SETTINGS = ("noise_density", "mean_span_length", "max_target_length")
+BART_SETTINGS = ("mask_ratio", "poisson_lambda", "permute_sentences", "max_target_length")
+
 # Fine-tuning heads (issue 11) that fit an encoder or a decoder.
 ENCODER_HEADS = ("sequence_classification", "token_classification", "span_labelling", "question_answering",
                  "multiple_choice", "sentence_embedding")
@@ -48,6 +56,7 @@ class Family:
     layout: str  # its stored rows (jaxlm/data/layouts.py)
     transform: examples.TransformFactory  # what each epoch draws on those rows
     roles: tuple[str, ...]  # token roles its rows need from the tokenizer
+    data_settings: tuple[str, ...]  # of the settings that only some objectives read, those its rows and transform do
     # Hugging Face conversion: the module of {name}_config_from_hf, ..._params_to_hf; the auto class
     # that loads what to-hf writes; the head parameter groups a checkpoint may lack, and the
     # architecture of the bare backbone that AutoModel loads when they are missing
@@ -107,26 +116,32 @@ ENCODER_DECODER = dict(generates="seq2seq", scores="seq2seq", heads=ENCODER_DECO
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("bert", BertForPreTraining, _pairs("nsp"), "nsp_pairs", examples.nsp_transform, MLM_ROLES,
-           "jaxlm.convert.hf", "AutoModelForPreTraining", ("mlm", "nsp"), "BertModel", **ENCODER),
-    Family("roberta", MaskedLM, _masked_lm, "sentence_rows", examples.sentence_mlm_transform, MLM_ROLES,
+           MLM_SETTINGS + PAIR_SETTINGS, "jaxlm.convert.hf", "AutoModelForPreTraining", ("mlm", "nsp"), "BertModel",
+           **ENCODER),
+    Family("roberta", MaskedLM, _masked_lm, "sentence_rows", examples.sentence_mlm_transform, MLM_ROLES, MLM_SETTINGS,
            "jaxlm.convert.hf_encoders", "AutoModelForMaskedLM", ("mlm",), "RobertaModel", **ENCODER,
            pooling="first_dense_tanh", pair_separators=2),
     Family("distilbert", MaskedLM, _masked_lm, "sentence_rows", examples.sentence_mlm_transform, MLM_ROLES,
-           "jaxlm.convert.hf_encoders", "AutoModelForMaskedLM", ("mlm",), "DistilBertModel", **ENCODER,
+           MLM_SETTINGS, "jaxlm.convert.hf_encoders", "AutoModelForMaskedLM", ("mlm",), "DistilBertModel", **ENCODER,
            pooling="first_dense_relu", choice_pooling="first_dense_relu"),
     Family("albert", AlbertForPreTraining, _pairs("sop"), "sop_pairs", examples.sop_transform, MLM_ROLES,
-           "jaxlm.convert.hf_albert", "AutoModelForPreTraining", **(ENCODER | dict(backbone=AlbertEncoder))),
+           MLM_SETTINGS + PAIR_SETTINGS, "jaxlm.convert.hf_albert", "AutoModelForPreTraining",
+           **(ENCODER | dict(backbone=AlbertEncoder))),
     Family("spanbert", SpanBertForPreTraining, _span_mlm_sbo, "sentence_rows", examples.span_transform, MLM_ROLES,
-           **ENCODER),
-    Family("gpt2", CausalLM, _causal_lm, "causal", examples.causal_transform, CAUSAL_ROLES,
+           SPAN_SETTINGS, **ENCODER),
+    Family("gpt2", CausalLM, _causal_lm, "causal", examples.causal_transform, CAUSAL_ROLES, CAUSAL_SETTINGS,
            "jaxlm.convert.hf_decoder", "AutoModelForCausalLM", **DECODER),
-    Family("llama", CausalLM, _causal_lm, "causal", examples.causal_transform, CAUSAL_ROLES,
+    Family("llama", CausalLM, _causal_lm, "causal", examples.causal_transform, CAUSAL_ROLES, CAUSAL_SETTINGS,
            "jaxlm.convert.hf_decoder", "AutoModelForCausalLM", **DECODER),
     Family("t5", T5ForConditionalGeneration, _seq2seq(lambda data: t5_lengths(data)[1]), "t5_chunks",
-           examples.t5_transform, T5_ROLES, "jaxlm.convert.hf_t5", "AutoModelForSeq2SeqLM", **ENCODER_DECODER),
+           examples.t5_transform, T5_ROLES, T5_SETTINGS, "jaxlm.convert.hf_t5", "AutoModelForSeq2SeqLM",
+           **ENCODER_DECODER),
     Family("bart", BartForConditionalGeneration, _seq2seq(bart_target_length), "bart_rows", examples.bart_transform,
-           BART_ROLES, "jaxlm.convert.hf_bart", "AutoModelForSeq2SeqLM", **ENCODER_DECODER),
+           BART_ROLES, BART_SETTINGS, "jaxlm.convert.hf_bart", "AutoModelForSeq2SeqLM", **ENCODER_DECODER),
 )}
+
+
+OBJECTIVE_SETTINGS = tuple(sorted({name for family in FAMILIES.values() for name in family.data_settings}))
 
 
 def get(name: str) -> Family:
