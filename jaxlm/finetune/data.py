@@ -196,6 +196,9 @@ def check_labels(records: list[dict], labels: tuple[str, ...], where: str, field
 def check_scores(records: list[dict], where: str) -> None:
     """Every label is a number (regression and similarity scores)."""
     for index, record in enumerate(records):
+        if "label" not in record:
+            raise ValueError(f"{where}: record {index + 1} has no label, the score it is trained on "
+                             "(finetune.fields.label names the field)")
         try:
             record["label"] = float(record["label"])
         except (TypeError, ValueError):

@@ -150,7 +150,7 @@ def plan(config: RunConfig, source: Source) -> Plan:
     records = {split: read_split(task, config, split) for split in SPLITS if getattr(settings, split)}
     labels = task.labels(settings, records["train"])
     for split, split_records in records.items():
-        task.check(split_records, labels, f"finetune.{split}={getattr(settings, split)}")
+        task.check(split_records, labels, f"finetune.{split}={getattr(settings, split)}", settings)
     tokenizer = source_tokenizer(source)
     if tokenizer.vocab_size > config.model.vocab_size:
         raise ConfigError(f"{source.path}'s tokenizer has {tokenizer.vocab_size} tokens, more than the model's "
@@ -227,20 +227,33 @@ def evaluate(plan_: Plan, runner: Runner, params, split: str) -> tuple[dict, lis
 # ---------------------------------------------------------------- the run
 
 def initial_params(setup: Setup, source: Source, state) -> tuple[dict, list[str]]:
-    """The head's fresh parameters with every top-level group the source checkpoint also holds
-    (the backbone) restored from it, onto this run's shardings."""
+    """The head's fresh parameters with every top-level group the source checkpoint also holds with the same
+    shapes (the backbone, and the head of a fine-tune on the same labels) restored from it, onto this run's
+    shardings; and what was taken, said after "from SOURCE". A group of other shapes (another task's head:
+    3 labels where this has 2) stays fresh, as transformers' ignore_mismatched_sizes leaves it."""
     step = source.own_step if source.own_step is not None else source.committed_steps()[-1]
     stored = source.stored_params(step)
     shared = [name for name in setup.abstract.params if name in stored]
     if not shared:
         raise ValueError(f"{source.path} holds none of the parameter groups this head needs "
                          f"({', '.join(setup.abstract.params)})")
-    abstract = {name: setup.abstract.params[name] for name in shared}
+    shapes = {name: (checkpoint.leaf_shapes(stored[name]), checkpoint.leaf_shapes(setup.abstract.params[name]))
+              for name in shared}
+    # the model section is the checkpoint's (load refuses overrides of its shapes): only a head can differ
+    fitting = [name for name in shared if shapes[name][0] == shapes[name][1]] or shared  # none: check_fits says why
+    abstract = {name: setup.abstract.params[name] for name in fitting}
     try:
-        restored = checkpoint.restore_params(source.path, abstract, step)
+        restored = checkpoint.restore_params(source.path, abstract, step, "finetune.init_from")
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    return {**state.params, **restored}, shared
+    fresh = [f"{name} new (the checkpoint's has other shapes: {_first_difference(*shapes[name])})"
+             for name in shared if name not in fitting]
+    return {**state.params, **restored}, fitting + fresh
+
+
+def _first_difference(stored: dict, wanted: dict) -> str:
+    name = next(name for name in wanted if stored.get(name) != wanted[name])
+    return f"{name} {stored.get(name, 'missing')} vs {wanted[name]}"
 
 
 START_AGAIN = "start the fine-tune again in an empty train.run_dir"

@@ -87,8 +87,8 @@ class Task:
     def check_inputs(self, records: list[dict], labels: tuple[str, ...], where: str) -> None:
         """Raise ValueError naming the first record whose inputs the task cannot read (`predict`'s records too)."""
 
-    def check(self, records: list[dict], labels: tuple[str, ...], where: str) -> None:
-        """Raise ValueError naming the first labelled record that the task cannot use."""
+    def check(self, records: list[dict], labels: tuple[str, ...], where: str, settings: FinetuneConfig) -> None:
+        """Raise ValueError naming the first labelled record that the task cannot use with `settings`."""
         self.check_inputs(records, labels, where)
 
     def objective(self, ctx: Context) -> Objective:
@@ -140,7 +140,7 @@ class SequenceClassification(Task):
     def labels(self, settings, train):
         return () if settings.regression else task_data.label_list(train, settings.labels)
 
-    def check(self, records, labels, where):
+    def check(self, records, labels, where, settings):
         if labels:
             task_data.check_labels(records, labels, where)
         else:
@@ -232,7 +232,7 @@ class TokenClassification(Task):
     def labels(self, settings, train):
         return task_data.label_list(train, settings.labels, field="tags")
 
-    def check(self, records, labels, where):
+    def check(self, records, labels, where, settings):
         task_data.check_tag_lengths(records, where)
         task_data.check_labels(records, labels, where, field="tags")
 
@@ -389,7 +389,7 @@ class QuestionAnsweringTask(Task):
                               f"- max_query_length {settings.max_query_length} - 3 special tokens); lower doc_stride "
                               "or max_query_length, or raise max_length")
 
-    def check(self, records, labels, where):
+    def check(self, records, labels, where, settings):
         task_data.check_answers(records, where)
 
     def objective(self, ctx):
@@ -449,10 +449,10 @@ class SentenceEmbedding(Task):
                               f"{', '.join(SENTENCE_LOSSES)}")
         return task_data.label_list(train, settings.labels) if settings.loss == "softmax" else ()
 
-    def check(self, records, labels, where):
+    def check(self, records, labels, where, settings):
         if labels:
             task_data.check_labels(records, labels, where)
-        elif "label" in (records[0] if records else {}):
+        elif settings.loss == "cosine":  # ranking reads no label: a pair is a positive, whatever it says
             task_data.check_scores(records, where)
 
     def objective(self, ctx):
@@ -466,8 +466,6 @@ class SentenceEmbedding(Task):
 
     def rows(self, ctx, records, labelled):
         encoder, rows, loss = ctx.pair_encoder(), [], ctx.settings.loss
-        if loss == "cosine" and labelled and any("label" not in r for r in records):
-            raise ValueError("finetune.loss=cosine needs a similarity score (the label field) on every pair")
         for record in records:
             a, b = (encoder.encode(encoder.ids(record[role])) for role in ("text", "text_pair"))
             row = {"input_ids_a": a["input_ids"], "input_mask_a": a["input_mask"], "input_ids_b": b["input_ids"],
@@ -569,7 +567,7 @@ class TextToText(Task):
                 raise ValueError(f"{where}: record {index + 1} has neither a source text nor a question; name the "
                                  "input with finetune.fields.source")
 
-    def check(self, records, labels, where):
+    def check(self, records, labels, where, settings):
         self.check_inputs(records, labels, where)
         for index, record in enumerate(records):
             if "target" not in record and "answers" not in record:

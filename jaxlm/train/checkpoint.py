@@ -176,14 +176,14 @@ def stored_tree(mngr: ocp.CheckpointManager, step: int):
     return ocp.PyTreeCheckpointHandler().metadata(mngr.directory / str(step) / "state").tree
 
 
-def restore_params(path: epath.PathLike, abstract_params, step: int | None = None):
-    """Only the parameters of another checkpoint (`train.init_from`), onto this run's shardings."""
+def restore_params(path: epath.PathLike, abstract_params, step: int | None = None, setting: str = "train.init_from"):
+    """Only the parameters of another checkpoint (the one `setting` names), onto this run's shardings."""
     if not run_path(path).is_dir():
-        raise FileNotFoundError(f"train.init_from={path}: no checkpoint found there")
+        raise FileNotFoundError(f"{setting}={path}: no checkpoint found there")
     with open_checkpoint(path, step) as (mngr, step):
         if step is None:
-            raise FileNotFoundError(f"train.init_from={path}: no checkpoint found there")
-        check_fits(stored_tree(mngr, step).get("params", {}), abstract_params, f"train.init_from={path}")
+            raise FileNotFoundError(f"{setting}={path}: no checkpoint found there")
+        check_fits(stored_tree(mngr, step).get("params", {}), abstract_params, f"{setting}={path}")
         target = {"params": abstract_params}
         restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
             item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))

@@ -75,6 +75,26 @@ def test_predict_writes_the_label_and_probabilities_of_each_record(polarity, tmp
     assert main(["predict", str(polarity), "--input", "polarity:test", "--output", str(output)]) == 2  # no overwrite
 
 
+def test_another_tasks_classifier_starts_from_the_fine_tuned_encoder_with_a_new_head(polarity, tmp_path, capsys):
+    """From the 2-label polarity run to 3 labels: its classifier's shapes differ, so the classifier starts fresh
+    and the encoder is the fine-tuned one (this was an error after initialisation, naming train.init_from); with
+    train_layers=0 only the head (pooler, classifier) moves."""
+    from jaxlm.convert.store import load_checkpoint
+    records = read_jsonl(dataset_path("polarity", "train"))[:48]
+    train = tmp_path / "three.jsonl"
+    train.write_text("".join(json.dumps({**r, "label": "neutral" if i % 3 == 0 else r["label"]}) + "\n"
+                             for i, r in enumerate(records)))
+    config, run_dir = write(tmp_path, "three", {"task": "sequence_classification", "init_from": str(polarity),
+                                                "train": str(train), "epochs": 1, "train_layers": 0})
+    assert main(["finetune", str(config)]) == 0
+    assert ("encoder, classifier new (the checkpoint's has other shapes: ['bias'] (2,) vs (3,)) from "
+            in capsys.readouterr().out)
+    (_, source, _), (_, tuned, _) = load_checkpoint(polarity), load_checkpoint(run_dir)
+    assert tuned["classifier"]["kernel"].shape[-1] == 3
+    kept = jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), source["encoder"], tuned["encoder"])
+    assert all(jax.tree.leaves({k: v for k, v in kept.items() if k != "pooler"}))  # the head: pooler, classifier
+
+
 def test_question_answering_learns_the_answers_it_trained_on(tmp_path, minilm_converted):
     """Extractive QA on 160 SQuAD questions, scored on 80 of them: the start/end head learns to point at the
     answers, and the windows' n-best spans map back to the answer text. Unseen questions would not show it: on
@@ -119,8 +139,9 @@ def test_tagging_is_scored_by_seqeval(tmp_path, minilm_converted, crf):
 def test_sentence_embedding_ranking_then_embed(tmp_path, minilm_converted):
     config, run_dir = write(tmp_path, "sbert", {
         "task": "sentence_embedding", "loss": "ranking", "init_from": str(minilm_converted),
-        "train": "squad:train[:160]", "dev": "squad:dev[:64]", "fields": {"text": "question", "text_pair": "context"},
-        "max_length": 96, "epochs": 1})
+        "train": "squad:train[:160]", "dev": "squad:dev[:64]", "max_length": 96, "epochs": 1,
+        # a label that is text (the article's title), which ranking, reading none, once refused as a score
+        "fields": {"text": "question", "text_pair": "context", "label": "title"}})
     finetune(config)
     summary = summary_of(run_dir)
     assert summary["dev"]["recall_at_1"] > 5 * summary["dev_baseline"]["recall_at_1"]

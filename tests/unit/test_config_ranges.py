@@ -120,13 +120,25 @@ def test_predict_refuses_what_the_head_was_trained_with():
             predict("no-run", "polarity:test", "out.jsonl", overrides=[override])
 
 
+def test_sentence_pairs_are_checked_as_their_loss_reads_them():
+    """loss=ranking reads no label, so one that is text is no error; cosine's is a score, and a pair without one
+    was once found only when the rows were built."""
+    task, pair = TASKS["sentence_embedding"], {"text": "a", "text_pair": "b"}
+    ranking, cosine = (FinetuneConfig(task="sentence_embedding", loss=loss) for loss in ("ranking", "cosine"))
+    task.check([{**pair, "label": "entailment"}, pair], (), "train", ranking)
+    with pytest.raises(ValueError, match=r"^train: record 1 has label 'entailment', not the number a score is$"):
+        task.check([{**pair, "label": "entailment"}], (), "train", cosine)
+    with pytest.raises(ValueError, match=r"^train: record 2 has no label, the score it is trained on"):
+        task.check([{**pair, "label": 0.5}, pair], (), "train", cosine)
+
+
 def test_text_to_text_records_need_a_target_and_predict_records_a_source():
     """A forgotten finetune.fields.target once trained on empty targets, and a record without a source was a
     KeyError in `jaxlm predict`."""
     task = TASKS["text_to_text"]
     with pytest.raises(ValueError, match=r"^dev: record 2 has no target text \(fields: source\); name it with "
                                          r"finetune.fields.target"):
-        task.check([{"source": "a", "target": "b"}, {"source": "c"}], (), "dev")
+        task.check([{"source": "a", "target": "b"}, {"source": "c"}], (), "dev", FinetuneConfig())
     task.check_inputs([{"source": "c"}], (), "--input")
     with pytest.raises(ValueError, match=r"^--input: record 1 has neither a source text nor a question"):
         task.check_inputs([{"text": "c"}], (), "--input")
