@@ -98,7 +98,7 @@ def test_minilm_checkpoint():
 
 
 def test_download_failure_is_a_clear_error(tmp_path):
-    with pytest.raises(RuntimeError, match="no-such-package-jaxlm"):
+    with pytest.raises(download.FetchError, match="no-such-package-jaxlm"):
         download.pip_download("no-such-package-jaxlm==0.0.0", str(tmp_path))
 
 
