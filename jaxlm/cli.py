@@ -45,9 +45,10 @@ def _load(args) -> config_lib.RunConfig:
 
 
 def _loaded(args, path, overrides) -> config_lib.RunConfig:
-    """The config, with a note on stderr for each data setting given that its family's objective ignores."""
+    """The config, with a note on stderr for each data setting given that its family's objective ignores, and
+    for a masked LM's slots that cap its mask rate."""
     config = config_lib.load(path, overrides)
-    for note in config_lib.unread_settings(path, overrides, config):
+    for note in config_lib.unread_settings(path, overrides, config) + config_lib.capped_masking(config):
         print(f"jaxlm {getattr(args, 'label', args.command)}: note: {note}", file=sys.stderr)
     return config
 

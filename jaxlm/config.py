@@ -318,6 +318,24 @@ def to_dict(config: RunConfig) -> dict:
     return dataclasses.asdict(config)
 
 
+def check_predictions(data) -> None:
+    if data.max_predictions > data.max_seq_length:
+        raise ConfigError(f"data.max_predictions={data.max_predictions} exceeds data.max_seq_length="
+                          f"{data.max_seq_length}; a row has no more tokens to mask")
+
+
+def capped_masking(config: RunConfig) -> list[str]:
+    """A note when a masked LM's slots cannot hold the share of a row that data.mask_prob masks (BERT's
+    round(length × mask_prob)): the slots cap the rate, as ALBERT's recipe (20 of 512) means them to."""
+    data = config.data
+    wanted = round(data.mask_prob * data.max_seq_length)
+    if config.finetune.task or "max_predictions" not in families.get(config.model.family).data_settings or wanted <= data.max_predictions:
+        return []
+    return [f"data.max_predictions={data.max_predictions} caps the masked tokens of a {data.max_seq_length}-token "
+            f"row at {data.max_predictions / data.max_seq_length:.1%}, where data.mask_prob={data.mask_prob:g} "
+            f"would mask {wanted}; raise it to {wanted} for that rate (BERT: 20 at length 128, 80 at 512)"]
+
+
 def validate(config: RunConfig) -> None:
     """Cross-section checks of a pretraining config that need no devices and no data."""
     data, model = config.data, config.model
@@ -340,6 +358,8 @@ def validate(config: RunConfig) -> None:
         check_data(data)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    if "max_predictions" in families.get(model.family).data_settings:
+        check_predictions(data)
     if not data.corpus:
         raise ConfigError("data.corpus is empty; name text files or demo corpora (demo:austen, demo:wikipedia, demo:news)")
     if config.bench.steps < 1:

@@ -111,6 +111,18 @@ def _check(manifest: dict, key: str, expected, data_dir) -> None:
                          "(with --overwrite) for this tokenizer and sequence length")
 
 
+def _check_preparation(manifest: dict, family, data: DataConfig, data_dir) -> None:
+    """A run's settings that made the stored rows (those its objective reads, and the corpus's split) must be the
+    manifest's: the transform and the model's shapes are built from the run's."""
+    read = [name for name in PREPARATION_FIELDS
+            if name in family.data_settings or name not in families.OBJECTIVE_SETTINGS]
+    differing = [f"data.{name}: prepared {manifest[name]!r}, this run {getattr(data, name)!r}"
+                 for name in read if manifest[name] != getattr(data, name)]
+    if differing:
+        raise ValueError(f"the data in {data_dir} was prepared with other settings ({'; '.join(differing)}); "
+                         "re-run `jaxlm prepare CONFIG --overwrite`, or give this run the prepared values")
+
+
 class PretrainingData:
     """One split of a prepared dataset; every example is a pure function of (seed, epoch, index).
 
@@ -134,6 +146,8 @@ class PretrainingData:
             raise ValueError(f"{data_dir} was prepared for model.family={self.manifest['family']} "
                              f"({self.manifest['layout']} rows), but this run is model.family={self.family.name}; "
                              "re-run `jaxlm prepare CONFIG` with a data.prepared_dir of its own")
+        if data is not None:
+            _check_preparation(self.manifest, self.family, data, data_dir)
         splits = self.manifest["splits"]
         if split not in splits:
             raise ValueError(f"split {split!r} not in {data_dir}; available: {sorted(splits)}")
@@ -262,6 +276,10 @@ def open_data(config: RunConfig) -> tuple[object, PretrainingData, PretrainingDa
     if len(splits[0]) < config.train.global_batch:
         raise ConfigError(f"the train split has {len(splits[0])} examples, fewer than train.global_batch="
                           f"{config.train.global_batch}; use more text or a smaller batch")
+    if config.train.eval_batches and len(splits[1]) < config.train.global_batch:
+        raise ConfigError(f"the valid split has {len(splits[1])} examples, fewer than one held-out batch of "
+                          f"train.global_batch={config.train.global_batch}; raise data.valid_fraction, use more "
+                          "text, or set train.eval_batches=0 for no held-out evaluation")
     return tokenizer, *splits
 
 

@@ -88,9 +88,6 @@ def check_data(data: DataConfig) -> None:
         if not 0 <= value <= 1 or (value == 0 and not zero_allowed) or (value == 1 and not one_allowed):
             interval = f"{'[' if zero_allowed else '('}0, 1{']' if one_allowed else ')'}"
             raise ValueError(f"data.{name}={value:g} must lie in {interval}")
-    if data.max_predictions > data.max_seq_length:
-        raise ValueError(f"data.max_predictions={data.max_predictions} exceeds "
-                         f"data.max_seq_length={data.max_seq_length}")
     if data.workers < 0:
         raise ValueError(f"data.workers={data.workers}: use 0 (batches built in a background thread) or a number "
                          "of worker processes")

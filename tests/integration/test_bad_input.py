@@ -42,6 +42,11 @@ CASES = {
          f"whose tensor divides {VOCAB_SIZE}, or other mesh.rules"]),
     "a model without heads": ({}, ["model.num_heads=0"], ["model.num_heads=0 must be positive"]),
     "logits chunks outside a causal LM": ({}, ["model.logits_chunks=4"], ["model.logits_chunks=4", "leave it at 0"]),
+    "settings other than the prepared rows'": ({"data": {"short_seq_prob": 0.3}}, [],
+                                               ["(data.short_seq_prob: prepared 0.1, this run 0.3)", "--overwrite"]),
+    "a held-out split smaller than a batch": ({"train": {"global_batch": 1024}}, [],
+                                              ["fewer than one held-out batch of train.global_batch=1024",
+                                               "train.eval_batches=0"]),
     "flash kernel with a head size Triton cannot tile": (
         {}, ["model.attention_kernel=flash", "model.head_size=24"],
         ["model.attention_kernel='flash' needs a head_dim that is a power of two from 16, not 24"]),

@@ -78,3 +78,20 @@ def test_a_setting_its_family_ignores_is_noted_once(tmp_path, capsys):
     err = capsys.readouterr().err.splitlines()
     assert err[:2] == [f"jaxlm preflight: note: {note}" for note in notes]
     assert err[2].startswith("jaxlm preflight: error: no prepared dataset at")
+
+
+def test_masked_slots_that_cap_the_mask_rate_are_noted_and_more_slots_than_tokens_refused(tmp_path):
+    """BERT masks round(length × mask_prob) tokens of a row into max_predictions slots: fewer slots cap the rate
+    (ALBERT's recipe means 20 of 512); more slots than tokens is an error for a masked LM alone."""
+    albert = config_lib.load(ROOT / "configs/albert-base.yaml")
+    assert config_lib.capped_masking(albert) == [
+        "data.max_predictions=20 caps the masked tokens of a 512-token row at 3.9%, where data.mask_prob=0.15 would "
+        "mask 77; raise it to 77 for that rate (BERT: 20 at length 128, 80 at 512)"]
+    bert = config_lib.load(ROOT / "configs/bert-base.yaml")
+    assert config_lib.capped_masking(bert) == []
+    short = ["data.max_seq_length=16", "data.max_predictions=20", "model.max_position_embeddings=16"]
+    with pytest.raises(config_lib.ConfigError, match=r"^data.max_predictions=20 exceeds data.max_seq_length=16; "):
+        config_lib.validate(config_lib.load(ROOT / "configs/bert-tiny.yaml", short))
+    gpt2 = config_lib.load(ROOT / "configs/gpt2-tiny.yaml", short)
+    config_lib.validate(gpt2)
+    assert config_lib.capped_masking(gpt2) == []

@@ -87,10 +87,10 @@ def build(tmp_path_factory, corpus):
         key = (family, tuple(sorted(overrides.items())))
         if key not in cache:
             config = load_config(family)
+            config = dataclasses.replace(config, data=dataclasses.replace(config.data, **overrides))
             tokenizer = model_tokenizer(config)
             path = root / f"{family}-{len(cache)}"
-            manifest = prepare([corpus], path, tokenizer, family=family, data=config.data, progress=False,
-                               **overrides)
+            manifest = prepare([corpus], path, tokenizer, family=family, data=config.data, progress=False)
             cache[key] = Prepared(family, config, tokenizer, path, manifest)
         return cache[key]
 
@@ -406,6 +406,22 @@ def test_causal_unpacked_rows_hold_one_document(build, corpus):
 
 
 # ------------------------------------------------------------------------------------------ t5
+
+def test_a_run_whose_settings_did_not_make_the_rows_is_refused(build):
+    """A T5 run with another noise density than its prepared rows' crashed after its compile (the targets' length is
+    the run's); a BERT run may change what only T5 reads."""
+    t5, bert = build("t5"), build("bert")
+    message = (f"the data in {t5.path} was prepared with other settings (data.noise_density: prepared 0.15, this run "
+               "0.3; data.seed: prepared 3, this run 4); re-run `jaxlm prepare CONFIG --overwrite`, or give this run "
+               "the prepared values")
+    with pytest.raises(ValueError) as raised:
+        PretrainingData(t5.path, "train", seed=SEED, family="t5",
+                        data=dataclasses.replace(t5.config.data, noise_density=0.3, seed=4))
+    assert str(raised.value) == message
+    data = PretrainingData(bert.path, "train", seed=SEED, family="bert",
+                           data=dataclasses.replace(bert.config.data, noise_density=0.3))
+    assert data.settings.short_seq_prob == bert.config.data.short_seq_prob
+
 
 def test_t5_span_corruption(build):
     prepared = build("t5")
