@@ -79,9 +79,11 @@ def random_spans_noise_masks(length: int, rngs: Sequence[np.random.Generator], n
     interleaved = np.empty((len(rngs), 2 * num_spans), np.int64)
     interleaved[:, 0::2] = segment_lengths(kept_starts, num_spans)
     interleaved[:, 1::2] = segment_lengths(noise_starts, num_spans)
-    # span j covers [ends[j - 1], ends[j]); odd spans are noise; no span is empty, so a row's ends are distinct
+    # span j covers [ends[j - 1], ends[j]); odd spans are noise. Starts are counted, as T5's segment sum counts
+    # them: where there are more spans than kept tokens some kept spans are empty, and two starts at one position
+    # leave its parity as it was (the noise spans on either side of an empty one merge)
     span_starts = np.zeros((len(rngs), max(length, 2) + 1), np.int64)
-    span_starts[np.arange(len(rngs))[:, None], np.cumsum(interleaved[:, :-1], axis=1)] = 1
+    np.add.at(span_starts, (np.arange(len(rngs))[:, None], np.cumsum(interleaved[:, :-1], axis=1)), 1)
     return (np.cumsum(span_starts, axis=1)[:, :length] % 2).astype(bool)
 
 
@@ -89,10 +91,10 @@ def t5_input_target_lengths(inputs_length: int, noise_density: float = 0.15,
                             mean_span_length: float = 3.0) -> tuple[int, int]:
     """T5's `random_spans_helper`: (raw tokens per example, targets length) such that span
     corruption of that many tokens gives exactly `inputs_length` inputs (one sentinel per span
-    plus EOS on each side)."""
+    plus EOS on each side). The counts are the mask's (T5's helper left out its one span at the least, so a mean
+    span longer than the noise overflowed the inputs by a token)."""
     def lengths(tokens_length: int) -> tuple[int, int]:
-        num_noise = int(np.round(tokens_length * noise_density))
-        num_spans = int(np.round(num_noise / mean_span_length))
+        num_noise, num_spans = t5_noise_counts(tokens_length, noise_density, mean_span_length)
         return tokens_length - num_noise + num_spans + 1, num_noise + num_spans + 1
 
     tokens_length = inputs_length - 1
@@ -203,6 +205,14 @@ def sample_infill_spans(length: int, rng: np.random.Generator, *, mask_ratio: fl
     lengths = drawn_arr.copy()
     if count:
         lengths[-1] = budget - (covered[count - 2] if count > 1 else 0)
+    # an empty span inserts a mask: no more of them than the other spans' masks save (the last drawn go), so that
+    # the inputs are never longer than the row (a small poisson_lambda drew enough to overflow it)
+    empty = np.flatnonzero(lengths == 0)
+    surplus = len(empty) - int((lengths[lengths > 0] - 1).sum())
+    if surplus > 0:
+        kept = np.ones(count, bool)
+        kept[empty[len(empty) - surplus:]] = False
+        lengths, drawn_arr, count = lengths[kept], drawn_arr[kept], int(kept.sum())
     order = rng.permutation(count)
     lengths, drawn_arr = lengths[order], drawn_arr[order]
     # slot i of the interleaving holds span i or an unmasked token

@@ -7,7 +7,7 @@ from typing import Callable
 import numpy as np
 
 from jaxlm.data.denoising import (bart_target_length, check_decoder_length, infill, permute_sentences, seq2seq_batch,
-                                  t5_corrupt_rows, t5_input_target_lengths, t5_lengths)
+                                  t5_corrupt_rows, t5_input_target_lengths, t5_lengths, t5_noise_counts)
 from jaxlm.data.layouts import Row
 from jaxlm.data.masking import TokenMasker
 from jaxlm.data.packing import causal_batch, sentence_order_pair
@@ -140,6 +140,13 @@ def t5_transform(manifest: dict, table: np.ndarray, data: DataConfig) -> Transfo
     check_decoder_length(data, exact, "T5's span-corruption targets")
 
     sentinels = np.asarray(special["sentinels"], np.int64)
+    raw = t5_lengths(data)[0]
+    noise, spans = t5_noise_counts(raw, data.noise_density, data.mean_span_length)
+    spans = min(spans, raw - noise)  # past one a kept token, the noise spans merge
+    if spans > len(sentinels):
+        raise ValueError(f"T5's span corruption makes {spans} noise spans in a row of {raw} tokens, one sentinel id "
+                         f"each, but the tokenizer has {len(sentinels)}; set data.sentinels={spans} or more (T5 has "
+                         "100), or raise data.mean_span_length")
 
     def transform(rows, rngs):
         inputs, targets = t5_corrupt_rows([row.tokens for row in rows], rngs, sentinel_ids=sentinels,

@@ -8,6 +8,7 @@ from jaxlm import families
 from jaxlm.data import denoising, packing, pairs, spans
 from jaxlm.corpora.models import bert_vocab_path
 from jaxlm.corpora.registry import fetch_austen
+from jaxlm.data.layouts import Row
 from jaxlm.data.settings import DataConfig
 from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer
 
@@ -256,6 +257,32 @@ def test_a_decoder_shorter_than_the_targets_is_refused_when_the_transform_is_bui
     transform(manifest, None, DataConfig(max_target_length=needed))
 
 
+@pytest.mark.parametrize(("noise_density", "mean_span_length"), [(0.15, 3.0), (0.15, 50.0), (0.5, 1.0), (0.9, 1.0)])
+def test_t5_rows_fit_their_lengths_and_sentinels_are_counted_when_the_transform_is_built(noise_density,
+                                                                                         mean_span_length):
+    """A mean span longer than the noise made one token too many (T5's length helper counted no span), and too few
+    sentinels failed at the first batch, after compilation: every row length now fits, and the sentinels a row's
+    spans need are counted up front."""
+    data = DataConfig(noise_density=noise_density, mean_span_length=mean_span_length)
+    raw = denoising.t5_lengths(data)[0]
+    noise, spans = denoising.t5_noise_counts(raw, noise_density, mean_span_length)
+    needed = min(spans, raw - noise)
+    special = {"pad": 0, "eos": 1, "bos": 2, "mask": 3}
+    transform = families.get("t5").transform
+    with pytest.raises(ValueError, match=f"makes {needed} noise spans in a row of {raw} tokens, one sentinel id each, "
+                                         f"but the tokenizer has {needed - 1}; set data.sentinels={needed} or more"):
+        transform({"max_seq_length": 128, "special_ids": special | {"sentinels": list(range(4, 3 + needed))}},
+                  None, data)
+    corrupt = transform({"max_seq_length": 128, "special_ids": special | {"sentinels": list(range(4, 4 + needed))}},
+                        None, data)
+    lengths = [raw, raw - 1, raw // 2, 5, 2, 1]
+    batch = corrupt([Row(np.arange(200, 200 + n, dtype=np.int32)) for n in lengths],
+                    [rng(0, i) for i in range(len(lengths))])
+    assert batch["input_ids"].shape == (len(lengths), 128)
+    if noise_density != 0.5:  # at 0.5 T5 takes a token off the row so that the targets fit
+        assert batch["input_mask"][0].sum() == 128 - (spans - needed)  # merged spans leave the inputs that short
+
+
 def test_t5_corruption_of_a_batch_of_mixed_lengths_is_each_rows_alone(documents, tok):
     """`t5_corrupt_rows` corrupts the rows of each length together; every row comes out as it does alone."""
     stream = np.concatenate([t for doc in documents for t in doc])
@@ -305,6 +332,20 @@ def test_t5_span_corruption_density_spans_and_reconstruction(documents, tok):
     assert stat < CHI2_999[7]
 
 
+@pytest.mark.parametrize("density, mean_span", [(0.15, 3.0), (0.5, 1.0), (0.9, 1.0), (0.8, 2.0)])
+def test_t5_noise_masks_hold_their_density_when_spans_outnumber_kept_tokens(density, mean_span):
+    """With more noise spans than kept tokens T5's split leaves some kept spans empty and the noise spans beside
+    them merge (its segment sum counts two starts at one position); marking starts as seen lost half the noise."""
+    noise, spans = denoising.t5_noise_counts(100, density, mean_span)
+    masks = denoising.random_spans_noise_masks(100, [rng(1, i) for i in range(200)], density, mean_span)
+    assert (masks.sum(1) == noise).all() and not masks[:, 0].any()
+    starts = (masks[:, 1:] & ~masks[:, :-1]).sum(1)
+    if spans <= 100 - noise:  # every kept span non-empty: exactly `spans` noise spans
+        assert (starts == spans).all()
+    else:
+        assert (starts <= 100 - noise).all() and starts.max() == 100 - noise
+
+
 def test_bart_text_infilling_rate_spans_and_reconstruction(documents, tok):
     stream = np.concatenate([t for doc in documents for t in doc])
     masked = total = 0
@@ -338,6 +379,18 @@ def test_bart_text_infilling_rate_spans_and_reconstruction(documents, tok):
           f"{np.sum(np.arange(11) * hist) / hist.sum():.3f}, Poisson chi2 {stat:.2f} (10 dof)")
     assert abs(masked / total - 0.3) < 0.01
     assert stat < CHI2_999[10]
+
+
+@pytest.mark.parametrize("poisson_lambda", [0.1, 0.5, 1.0])
+def test_bart_inserted_masks_never_make_the_inputs_longer_than_the_row(poisson_lambda):
+    """Empty spans insert masks: a small poisson_lambda drew more of them than the other spans saved, and a full
+    row's inputs overflowed max_seq_length at a batch mid-run. The masked share stays round(mask_ratio × length)."""
+    tokens = np.arange(10, 136, dtype=np.int32)
+    for i in range(300):
+        spans = denoising.sample_infill_spans(len(tokens), rng(0, i), poisson_lambda=poisson_lambda)
+        assert spans.lengths.sum() == 38 and (spans.lengths == 0).sum() <= (spans.lengths[spans.lengths > 0] - 1).sum()
+        inputs = denoising.infill(tokens, rng(0, i), mask_id=3, poisson_lambda=poisson_lambda)
+        assert len(inputs) == len(tokens) - 38 + len(spans.lengths) <= len(tokens)
 
 
 def test_bart_sentence_permutation(documents):
