@@ -20,18 +20,22 @@
 #   --dry-run          print every command instead of running it
 set -euo pipefail
 
-usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }  # the header comment
 fail() { echo "tpu_pod.sh: error: $*" >&2; exit 2; }
+need() {  # need OPTION WHAT WORD: an error unless WORD is OPTION's value (not missing, empty or the next option)
+  [[ -n $3 && $3 != -* ]] || fail "$1 needs a value: $1 $2"
+}
 
 tpu="" zone="" project="" queued=0 workers="" dry_run=0 envs=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --tpu) tpu=${2:?--tpu needs a name}; shift 2 ;;
-    --zone) zone=${2:?--zone needs a zone}; shift 2 ;;
-    --project) project=${2:?--project needs an id}; shift 2 ;;
+    --tpu) need "$1" NAME "${2-}"; tpu=$2; shift 2 ;;
+    --zone) need "$1" ZONE "${2-}"; zone=$2; shift 2 ;;
+    --project) need "$1" ID "${2-}"; project=$2; shift 2 ;;
     --queued) queued=1; shift ;;
-    --workers) workers=${2:?--workers needs a count}; shift 2 ;;
-    --env) [[ ${2:-} == *=* ]] || fail "--env takes KEY=VALUE, got '${2:-}'"; envs+=("$2"); shift 2 ;;
+    --workers) need "$1" N "${2-}"; workers=$2; shift 2 ;;
+    --env) need "$1" KEY=VALUE "${2-}"; [[ $2 =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || fail "--env takes KEY=VALUE, got '$2'"
+      envs+=("$2"); shift 2 ;;
     --dry-run) dry_run=1; shift ;;
     -h|--help) usage ;;
     --*) fail "unknown option $1 (see --help)" ;;
@@ -51,6 +55,9 @@ if [[ $action == train || $action == run ]]; then
   [ -f "$1" ] || fail "config $1 not found"
 fi
 [[ -z $workers || $workers =~ ^[1-9][0-9]*$ ]] || fail "--workers must be a positive count, got '$workers'"
+if [[ $dry_run == 1 && -z $workers && ($action == logs || $action == run) ]]; then
+  fail "--dry-run needs --workers N (it asks gcloud nothing)"
+fi
 
 here=$(cd "$(dirname "$0")/.." && pwd)
 source "$here/launch/lib.sh"
@@ -70,7 +77,6 @@ on_workers() {  # on_workers WORKER COMMAND: one shell command on one worker (or
 
 worker_count() {
   if [ -n "$workers" ]; then echo "$workers"; return; fi
-  if [ "$dry_run" = 1 ]; then fail "--dry-run needs --workers N (it asks gcloud nothing)"; fi
   "${gcloud_tpu[@]}" describe "$tpu" "${where[@]}" --format='value(networkEndpoints)' | tr ';' '\n' | grep -c .
 }
 

@@ -1,5 +1,6 @@
 """The launchers' dry runs: every command a 4-worker TPU pod job, its GKE JobSet and a 2-node SLURM job
 would run, word for word, and their one-line errors."""
+import itertools
 import os
 import shlex
 import signal
@@ -62,12 +63,32 @@ def test_a_queued_pod_waits_until_active_and_stop_sends_sigterm():
     (["--dry-run", "--tpu", "a", "--zone", "z", "logs"], "--dry-run needs --workers N"),
     (["--tpu", "a", "--zone", "z", "--workers", "0", "stop"], "--workers must be a positive count"),
     (["--tpu", "a", "--zone", "z", "--env", "NOEQUALS", "stop"], "--env takes KEY=VALUE"),
+    (["--tpu", "a", "--zone", "z", "--env", "=v", "stop"], "--env takes KEY=VALUE, got '=v'"),
+    # once a bash 'unbound variable' with exit 1; a value that is the next option was taken as the value
+    (["--tpu", "a", "--zone"], "--zone needs a value: --zone ZONE"),
+    (["--tpu", "a", "--zone", "", "stop"], "--zone needs a value: --zone ZONE"),
+    (["--tpu", "--zone", "z", "stop"], "--tpu needs a value: --tpu NAME"),
+    (["--tpu", "a", "--zone", "z", "--workers"], "--workers needs a value: --workers N"),
+    (["--tpu", "a", "--zone", "z", "--project"], "--project needs a value: --project ID"),
+    (["--tpu", "a", "--zone", "z", "--env"], "--env needs a value: --env KEY=VALUE"),
+    # once printed the install and train commands first
+    (["--dry-run", "--tpu", "a", "--zone", "z", "run", "configs/bert-tiny.yaml"], "--dry-run needs --workers N"),
 ])
 def test_pod_launcher_bad_input(args, message):
     proc = launch("bash", "launch/tpu_pod.sh", *args)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith("tpu_pod.sh: error: ") and message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_pod_launcher_usage_is_its_header_comment():
+    lines = (ROOT / "launch/tpu_pod.sh").read_text().splitlines()
+    header = [line.removeprefix("#").removeprefix(" ") for line in itertools.takewhile(
+        lambda line: line.startswith("#"), lines[1:])]
+    assert header[0].startswith("Run jaxlm on every worker") and header[-1].startswith("  --dry-run")
+    for args in (["--help"], []):
+        proc = launch("bash", "launch/tpu_pod.sh", *args)
+        assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.splitlines() == header
 
 
 @pytest.mark.parametrize("count, message", [
