@@ -12,6 +12,7 @@ The image holds this checkout installed with `pip install -e .[tpu]` (launch/Doc
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import re
 import subprocess
@@ -23,8 +24,11 @@ import yaml
 ACCELERATORS = {"v4": ("tpu-v4-podslice", 4), "v5p": ("tpu-v5p-slice", 4),
                 "v5e": ("tpu-v5-lite-podslice", 4), "v6e": ("tpu-v6e-slice", 4)}
 GRACE_SECONDS = 300  # between SIGTERM and SIGKILL: the checkpoint at the agreed step is written in it
-# what Kubernetes accepts as an object's name (an RFC 1123 DNS label)
-NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+# what JobSet accepts as a name (an RFC 1035 DNS label; its services and pods are named after it)
+NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+# a pod's name: JobSet's NAME-JOB-J-P (replicated job, job index, pod index) and five random characters, at most 63
+POD_NAME = "{name}-slice-{job}-{pod}-xxxxx"
+FLAGS = ("--apply", "-h", "--help")  # the options that take no value
 
 
 def chips(topology: str) -> int:
@@ -37,13 +41,58 @@ def chips(topology: str) -> int:
     return math.prod(sizes)
 
 
+def hosts(args) -> int:
+    """The TPU hosts (pods) of one slice."""
+    per_host = ACCELERATORS[args.tpu][1]
+    total = chips(args.topology)
+    if total > per_host and total % per_host:
+        raise ValueError(f"--topology {args.topology} has {total} chips, not a multiple of the {per_host} per host")
+    return max(total // per_host, 1)
+
+
+def check(args) -> None:
+    """Every option, before anything is written: a ValueError that names the option and what to give."""
+    pods = hosts(args)
+    if args.slices < 1 or args.max_restarts < 0:
+        raise ValueError("--slices must be at least 1 and --max-restarts at least 0")
+    pattern = POD_NAME.format(name="NAME", job=args.slices - 1, pod=pods - 1)
+    limit = 63 - len(pattern) + len("NAME")
+    if not NAME.fullmatch(args.name) or len(args.name) > limit:
+        raise ValueError(f"--name {args.name!r}: Kubernetes takes lower-case letters, digits and '-', starting with a "
+                         f"letter, ending with a letter or digit, at most {limit} of them here (pod names {pattern} "
+                         "must fit in 63)")
+    if not args.image.strip():
+        raise ValueError("--image needs the image to run, e.g. REGISTRY/jaxlm:TAG (launch/Dockerfile)")
+    if not args.config.strip():
+        raise ValueError("--config needs the config's path in the image, e.g. configs/bert-large.yaml")
+    bad = [pair for pair in args.env if "=" not in pair or pair.startswith("=")]
+    if bad:
+        raise ValueError(f"--env takes KEY=VALUE with a KEY, got {bad[0]!r}")
+
+
+def regroup(argv: list[str]) -> list[str]:
+    """The command line with the options written after `--` moved before it, each with its value: `jaxlm train` takes
+    no options, only section.key=value overrides, so `-- train.steps=10 --apply` means --apply."""
+    if "--" not in argv:
+        return argv
+    at = argv.index("--")
+    options, overrides = argv[:at], []
+    words = iter(argv[at + 1:])
+    for word in words:
+        if not word.startswith("-"):
+            overrides.append(word)
+            continue
+        options.append(word)
+        if word not in FLAGS and "=" not in word:
+            options.extend(itertools.islice(words, 1))
+    return [*options, "--", *overrides]
+
+
 def manifest(args) -> dict:
     """The JobSet as a dict."""
     accelerator, per_host = ACCELERATORS[args.tpu]
     total = chips(args.topology)
-    hosts = max(total // per_host, 1)
-    if total > per_host and total % per_host:
-        raise ValueError(f"--topology {args.topology} has {total} chips, not a multiple of the {per_host} per host")
+    pods = hosts(args)
     env = [{"name": key, "value": value} for key, value in (pair.split("=", 1) for pair in args.env)]
     container = {
         "name": "jaxlm", "image": args.image,
@@ -56,7 +105,7 @@ def manifest(args) -> dict:
            "nodeSelector": {"cloud.google.com/gke-tpu-accelerator": accelerator,
                             "cloud.google.com/gke-tpu-topology": args.topology},
            "containers": [container]}
-    job = {"parallelism": hosts, "completions": hosts, "backoffLimit": 0, "template": {"spec": pod}}
+    job = {"parallelism": pods, "completions": pods, "backoffLimit": 0, "template": {"spec": pod}}
     return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
             "metadata": {"name": args.name,
                          "annotations": {"alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}},
@@ -76,16 +125,9 @@ def main(argv=None) -> int:
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--apply", action="store_true", help="kubectl apply it instead of printing it")
     parser.add_argument("overrides", nargs="*", help="section.key=value for jaxlm train (after --)")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(regroup(sys.argv[1:] if argv is None else list(argv)))
     try:
-        if not NAME.fullmatch(args.name):
-            raise ValueError(f"--name {args.name!r}: Kubernetes takes lower-case letters, digits and '-', "
-                             "at most 63, starting and ending with a letter or digit")
-        if args.slices < 1 or args.max_restarts < 0:
-            raise ValueError("--slices must be at least 1 and --max-restarts at least 0")
-        bad = [pair for pair in args.env if "=" not in pair]
-        if bad:
-            raise ValueError(f"--env takes KEY=VALUE, got {bad[0]!r}")
+        check(args)
         text = yaml.safe_dump(manifest(args), sort_keys=False)
     except ValueError as err:
         print(f"gke_jobset.py: error: {err}", file=sys.stderr)

@@ -153,6 +153,49 @@ def test_the_gke_jobset_has_one_pod_per_host_on_the_slice():
     assert bad.returncode == 2 and bad.stderr.startswith("gke_jobset.py: error: --name 'BERT_large': Kubernetes takes")
 
 
+JOBSET = ["--image", "registry/jaxlm:1", "--tpu", "v5p", "--topology", "4x4x4", "--config", "configs/bert-large.yaml"]
+NAME_RULE = ("Kubernetes takes lower-case letters, digits and '-', starting with a letter, ending with a letter or "
+             "digit, at most {} of them here (pod names NAME-slice-{}-xxxxx must fit in 63)")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--name", "1st-run", *JOBSET], "--name '1st-run': " + NAME_RULE.format(46, "0-15")),  # RFC 1035: a letter first
+    (["--name", "run-", *JOBSET], "--name 'run-': " + NAME_RULE.format(46, "0-15")),
+    (["--name", "a" * 47, *JOBSET], f"--name '{'a' * 47}': " + NAME_RULE.format(46, "0-15")),  # 16 hosts: 0-15
+    (["--name", "a" * 47, *JOBSET, "--slices", "11"], f"--name '{'a' * 47}': " + NAME_RULE.format(45, "10-15")),
+    (["--name", "run", *JOBSET, "--env", "=v"], "--env takes KEY=VALUE with a KEY, got '=v'"),
+    (["--name", "run", *JOBSET, "--image", ""],
+     "--image needs the image to run, e.g. REGISTRY/jaxlm:TAG (launch/Dockerfile)"),
+])
+def test_the_gke_jobset_bad_input(args, message):
+    proc = launch(sys.executable, "launch/gke_jobset.py", *args)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == f"gke_jobset.py: error: {message}\n"
+
+
+def test_the_longest_gke_name_fits_its_pod_names():
+    proc = launch(sys.executable, "launch/gke_jobset.py", "--name", "a" * 46, *JOBSET)
+    assert proc.returncode == 0, proc.stderr
+    assert len(f"{'a' * 46}-slice-0-15-xxxxx") == 63
+
+
+def test_apply_after_the_overrides_applies(tmp_path):
+    """`-- key=value --apply` once printed the manifest and ran `jaxlm train CONFIG key=value --apply` in it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    kubectl = bin_dir / "kubectl"
+    kubectl.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/args\ncat > {tmp_path}/manifest\n')
+    kubectl.chmod(0o755)
+    proc = launch(sys.executable, "launch/gke_jobset.py", "--name", "run", *JOBSET, "--", RUN_DIR, "--apply",
+                  "--env", "A=b", "train.steps=10", env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert proc.returncode == 0 and proc.stdout == "", proc.stderr
+    assert (tmp_path / "args").read_text() == "apply -f -\n"
+    (replicated,) = yaml.safe_load((tmp_path / "manifest").read_text())["spec"]["replicatedJobs"]
+    (container,) = replicated["template"]["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["jaxlm", "train", "configs/bert-large.yaml", RUN_DIR, "train.steps=10"]
+    assert {"name": "A", "value": "b"} in container["env"]
+
+
 @pytest.fixture
 def slurm_env(tmp_path) -> dict:
     """A 2-node allocation's variables, and an `scontrol` that expands its node list."""
