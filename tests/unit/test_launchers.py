@@ -205,7 +205,7 @@ def slurm_env(tmp_path) -> dict:
     scontrol.write_text('#!/bin/sh\n[ "$1 $2 $3" = "show hostnames gpu-[01-02]" ] && printf "gpu-01\\ngpu-02\\n"\n')
     scontrol.chmod(0o755)
     return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-[01-02]",
-            "SLURM_NNODES": "2", "SLURM_NTASKS": "2", "SLURM_SUBMIT_DIR": str(ROOT)}
+            "SLURM_NNODES": "2", "SLURM_NTASKS": "2", "SLURM_CPUS_PER_TASK": "16", "SLURM_SUBMIT_DIR": str(ROOT)}
 
 
 def test_a_2_node_slurm_job_runs_one_task_per_node(slurm_env):
@@ -213,19 +213,21 @@ def test_a_2_node_slurm_job_runs_one_task_per_node(slurm_env):
     assert proc.returncode == 0, proc.stderr
     summary, command = proc.stdout.splitlines()
     assert summary == "jaxlm on 2 nodes, 2 tasks; coordinator gpu-01:24242; job 4242"
-    assert shlex.split(command) == ["srun", "--kill-on-bad-exit=1", "--label", "env", "JAX_PLATFORMS=cuda", "bash", "-c",
-                                    'exec "$@"', "jaxlm", str(ROOT / ".venv/bin/jaxlm"), "train",
-                                    "configs/bert-large.yaml", RUN_DIR]
+    # the job's --cpus-per-task passed on: srun does not take it from sbatch on every SLURM version (1 CPU a task)
+    assert shlex.split(command) == ["srun", "--kill-on-bad-exit=1", "--label", "--cpus-per-task=16", "env",
+                                    "JAX_PLATFORMS=cuda", "bash", "-c", 'exec "$@"', "jaxlm",
+                                    str(ROOT / ".venv/bin/jaxlm"), "train", "configs/bert-large.yaml", RUN_DIR]
 
     explicit = launch("bash", "launch/gpu_slurm.sbatch", "--dry-run", "configs/bert-large.yaml",
                       env=slurm_env | {"JAXLM_EXPLICIT_COORDINATOR": "1", "JAXLM_TASK_PER_GPU": "1"})
     words = shlex.split(explicit.stdout.splitlines()[1])
-    assert words[:9] == ["srun", "--kill-on-bad-exit=1", "--label", "--gpus-per-task=1", "env", "JAX_PLATFORMS=cuda",
-                         "JAXLM_COORDINATOR=gpu-01:24242", "JAXLM_NUM_PROCESSES=2", "bash"]
-    assert words[10] == 'export JAXLM_PROCESS_ID=${JAXLM_PROCESS_ID-$SLURM_PROCID}; exec "$@"'
+    assert words[:10] == ["srun", "--kill-on-bad-exit=1", "--label", "--cpus-per-task=16", "--gpus-per-task=1", "env",
+                          "JAX_PLATFORMS=cuda", "JAXLM_COORDINATOR=gpu-01:24242", "JAXLM_NUM_PROCESSES=2", "bash"]
+    assert words[11] == 'export JAXLM_PROCESS_ID=${JAXLM_PROCESS_ID-$SLURM_PROCID}; exec "$@"'
 
     directives = [line for line in (ROOT / "launch/gpu_slurm.sbatch").read_text().splitlines() if line.startswith("#SBATCH")]
     assert "#SBATCH --signal=TERM@300" in directives and "#SBATCH --requeue" in directives
+    assert "#SBATCH --output=%x-%j.log" in directives  # logs/%x-%j.log: SLURM wrote nothing where logs/ was missing
 
 
 def test_the_slurm_script_outside_an_allocation_says_how_to_submit_it(slurm_env):
