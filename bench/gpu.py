@@ -121,6 +121,8 @@ CASE_XLA_FLAGS = {**dict.fromkeys(("bert128notriton", "t5notriton"),
                                   "--xla_disable_hlo_passes=triton-softmax-rewriter,dot-merger"),
                   **dict.fromkeys(("bert512dotmerger", "gpt2dotmerger"), "--xla_disable_hlo_passes="),
                   **dict.fromkeys(("bert128cublas", "gpt2cublas", "t5cublas"), "--xla_gpu_enable_triton_gemm=false")}
+DEFAULT_PEER = ROOT.parent / "shared" / "bench" / "peers_torch.py"
+DEFAULT_COMPILE_JOBS = 4
 TRAIN_STEPS, TRAIN_LOG_EVERY = 100, 25  # `jaxlm train`'s rate: the mean of its logged rates after the first
 
 
@@ -292,7 +294,8 @@ def peer(cases: list[str], script: pathlib.Path, out_dir: pathlib.Path, env: dic
     if not lines:
         return {}, {c: _failed(text, out_dir / "peer.log") for c in cases}
     rows = dict(zip(theirs, lines[1:]))
-    return lines[0], {c: rows[CASES[c][2]] for c in cases if CASES[c][2] in rows}
+    missing = {"error": f"no row from the peer for this case (all of its output in {out_dir / 'peer.log'})"}
+    return lines[0], {c: rows.get(CASES[c][2], missing) for c in cases}
 
 
 def table(cases: list[str], our_rows: dict, peer_rows: dict, matmul: dict) -> str:
@@ -359,6 +362,11 @@ def profile_table(cases: list[str], our_rows: dict) -> str:
                       + costliest + failed)
 
 
+def failed_cases(cases: list[str], *row_sets: dict) -> list[str]:
+    """The cases with an error in any of `row_sets` (ours, the peer's, `jaxlm train`'s)."""
+    return [c for c in cases if any("error" in rows.get(c, {}) for rows in row_sets)]
+
+
 def _failed(text: str, log: pathlib.Path) -> dict:
     """A row that says why a process gave no result: its last line, and where the rest is."""
     return {"error": f"{_last_line(text)} (all of it in {log})"}
@@ -378,8 +386,7 @@ def _number(value, spec: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--peer", default=str(ROOT.parent / "shared" / "bench" / "peers_torch.py"),
-                        help="the peer's script; 'none' runs jaxlm alone")
+    parser.add_argument("--peer", help=f"the peer's script (default {DEFAULT_PEER}); 'none' runs jaxlm alone")
     parser.add_argument("--cases", default=DEFAULT_CASES, help=f"comma-separated, of {', '.join(CASES)}")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="an override for every jaxlm case (e.g. bench.steps=50)")
@@ -391,19 +398,24 @@ def main() -> None:
                         "(on the CPU; the GPU machine has neither the corpora nor the tokenizers)")
     parser.add_argument("--plan", action="store_true", help="no GPU: compile each case for a compile-only H100 "
                         "and print its roofline plan by op class (needs JAX's CUDA plugin; no peer)")
-    parser.add_argument("--compile-jobs", type=int, default=4, metavar="N",
+    parser.add_argument("--compile-jobs", type=int, metavar="N",
                         help="compile the jaxlm cases N at a time before anything is timed, into the compilation "
-                        "cache their timed runs read (0: each case compiles in its own timed process)")
+                        f"cache their timed runs read (0: each case compiles in its own timed process; default "
+                        f"{DEFAULT_COMPILE_JOBS})")
     parser.add_argument("--out", default=str(ROOT / ".bench-gpu"), help="logs and the compilation cache")
     args = parser.parse_args()
     cases = [c for c in args.cases.split(",") if c]
     unknown = [c for c in cases if c not in CASES]
     if unknown or not cases:
         parser.error(f"--cases: unknown {unknown or 'none given'}; choose from {', '.join(CASES)}")
-    if args.peer != "none" and not pathlib.Path(args.peer).is_file():
-        parser.error(f"--peer {args.peer}: no such file; give the path of peers_torch.py, or --peer none")
-    if args.compile_jobs < 0:
-        parser.error(f"--compile-jobs {args.compile_jobs}: give 0 (no compiling ahead) or more processes")
+    if conflict := mode_conflict(args):
+        parser.error(conflict)
+    peer_script = args.peer or str(DEFAULT_PEER)
+    compile_jobs = DEFAULT_COMPILE_JOBS if args.compile_jobs is None else args.compile_jobs
+    if not (args.plan or args.prepare) and peer_script != "none" and not pathlib.Path(peer_script).is_file():
+        parser.error(f"--peer {peer_script}: no such file; give the path of peers_torch.py, or --peer none")
+    if compile_jobs < 0:
+        parser.error(f"--compile-jobs {compile_jobs}: give 0 (no compiling ahead) or more processes")
     bad = [s for s in args.set if "=" not in s]
     if bad:
         parser.error(f"--set {bad[0]!r}: give KEY=VALUE")
@@ -420,22 +432,23 @@ def main() -> None:
         for case in cases:
             rows[case] = plan(case, args.set, out_dir, env)
             print(f"plan {case}: {'error' if 'error' in rows[case] else 'done'}", flush=True)
-        return print(plan_table(cases, rows))
+        print(plan_table(cases, rows))
+        return _exit_if_failed(cases, [c for c in cases if "plan" not in rows[c]])
     train_dir = pathlib.Path(args.train) if args.train else None
     missing = [data_name(c) for c in cases if train_dir and not (train_dir / data_name(c)).is_dir()]
     if missing:
         parser.error(f"--train {args.train}: no prepared {', '.join(dict.fromkeys(missing))} there; make them "
                      f"with --prepare {args.train}")
-    if args.compile_jobs > 0:
+    if compile_jobs > 0:
         started = time.perf_counter()
-        compiled = precompile(cases, args.set, out_dir, env, args.compile_jobs)
-        print(f"compiled {len(cases)} cases, {args.compile_jobs} at a time: {time.perf_counter() - started:.0f} s; "
+        compiled = precompile(cases, args.set, out_dir, env, compile_jobs)
+        print(f"compiled {len(cases)} cases, {compile_jobs} at a time: {time.perf_counter() - started:.0f} s; "
               + ", ".join(f"{c} {_number(r.get('compile_s'), '.0f')} s" if "error" not in r else f"{c}: {r['error']}"
                           for c, r in compiled.items()), flush=True)
     matmul, peer_rows = {}, {}
-    if args.peer != "none":
+    if peer_script != "none":
         started = time.perf_counter()
-        matmul, peer_rows = peer(cases, pathlib.Path(args.peer), out_dir, env)
+        matmul, peer_rows = peer(cases, pathlib.Path(peer_script), out_dir, env)
         print(f"peer: {time.perf_counter() - started:.0f} s", flush=True)
         for case in cases:
             print(f"peer {case}: {json.dumps(peer_rows.get(case))}", flush=True)
@@ -449,6 +462,27 @@ def main() -> None:
     print(table(cases, our_rows, peer_rows, matmul))
     print(train_table(cases, our_rows, train_rows))
     print(profile_table(cases, our_rows))
+    _exit_if_failed(cases, failed_cases(cases, our_rows, peer_rows, train_rows))
+
+
+def mode_conflict(args: argparse.Namespace) -> str | None:
+    """Why the options given cannot go together, or None: --prepare and --plan each read only --cases, --out
+    (and --plan --set), and the other options would be silently ignored."""
+    if args.plan and args.prepare:
+        return "--plan and --prepare are separate runs: give one of them"
+    mode, reads = ("--plan", "compiles each case for an H100 here") if args.plan else (
+        "--prepare", "only prepares the cases' data")
+    ignored = {"--train": args.train, "--profile": args.profile, "--peer": args.peer not in (None, "none"),
+               "--compile-jobs": args.compile_jobs is not None, "--set": args.prepare and args.set}
+    given = [option for option, value in ignored.items() if value]
+    if (args.plan or args.prepare) and given:
+        return f"{mode} {reads} and ignores {given[0]}: drop {given[0]}, or leave out {mode}"
+    return None
+
+
+def _exit_if_failed(cases: list[str], failed: list[str]) -> None:
+    if failed:
+        sys.exit(f"gpu.py: {len(failed)} of {len(cases)} cases failed ({', '.join(failed)}): their errors are above")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@ typo), its tables, and its compiling ahead."""
 import importlib.util
 import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -73,3 +75,55 @@ def test_precompile_fills_the_cache_the_timed_processes_read(tmp_path, monkeypat
     assert all(rows[case]["compile_s"] > 0 and rows[case]["cache"] == str(cache) for case in rows), rows
     assert len(list(cache.glob("jit_train_step-*"))) == 2
     assert (tmp_path / "compile-bert-tiny.log").is_file()
+
+
+def test_a_case_the_peer_gave_no_row_for_is_an_error(tmp_path):
+    """A peer that stopped after its first case once left the second out of the table without a word."""
+    script = tmp_path / "peer.py"
+    script.write_text('print(\'{"gpu": "G", "tflops": 1.0}\')\nprint(\'{"tokens_per_s": 5}\')\n')
+    matmul, rows = bench_gpu.peer(["bert128", "gpt2"], script, tmp_path, dict(os.environ))
+    assert matmul == {"gpu": "G", "tflops": 1.0} and rows["bert128"] == {"tokens_per_s": 5}
+    log = tmp_path / "peer.log"
+    assert rows["gpt2"] == {"error": f"no row from the peer for this case (all of its output in {log})"}
+    assert bench_gpu.failed_cases(["bert128", "gpt2"], {"bert128": {"tokens_per_s": 4}}, rows) == ["gpt2"]
+
+
+def test_a_failed_case_makes_the_call_exit_nonzero_after_its_tables(tmp_path, monkeypatch, capsys):
+    """bench/gpu.py exited 0 with a case's error in its table: a script or CI step calling it took that as done."""
+    script = tmp_path / "peer.py"
+    script.write_text("")
+    monkeypatch.setattr(bench_gpu, "ours", lambda case, *_: {"tokens_per_s": 4.0, "gflops_per_token": 1.0}
+                        if case == "bert128" else {"error": "out of memory (all of it in t5.log)"})
+    monkeypatch.setattr(bench_gpu, "peer", lambda cases, *_: ({}, {"bert128": {"tokens_per_s": 2.0},
+                                                                    "t5": {"error": "peer died"}}))
+    monkeypatch.setattr("sys.argv", ["gpu.py", "--cases", "bert128,t5", "--peer", str(script), "--compile-jobs", "0",
+                                     "--out", str(tmp_path)])
+    with pytest.raises(SystemExit) as stopped:
+        bench_gpu.main()
+    assert stopped.value.code == "gpu.py: 1 of 2 cases failed (t5): their errors are above"
+    out = capsys.readouterr().out
+    assert "| bert128 |" in out and "jaxlm t5: out of memory" in out and "peer t5: peer died" in out
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    (["--plan", "--prepare", "DIR"], "--plan and --prepare are separate runs: give one of them"),
+    (["--plan", "--train", "DIR"], "--plan compiles each case for an H100 here and ignores --train: drop --train, "
+                                   "or leave out --plan"),
+    (["--plan", "--profile"], "--plan compiles each case for an H100 here and ignores --profile: drop --profile, "
+                              "or leave out --plan"),
+    (["--plan", "--peer", "peers_torch.py"], "--plan compiles each case for an H100 here and ignores --peer: drop "
+                                             "--peer, or leave out --plan"),
+    (["--prepare", "DIR", "--profile"], "--prepare only prepares the cases' data and ignores --profile: drop "
+                                        "--profile, or leave out --prepare"),
+    (["--prepare", "DIR", "--train", "DIR"], "--prepare only prepares the cases' data and ignores --train: drop "
+                                             "--train, or leave out --prepare"),
+    (["--prepare", "DIR", "--set", "bench.steps=5"], "--prepare only prepares the cases' data and ignores --set: "
+                                                      "drop --set, or leave out --prepare")])
+def test_options_another_mode_would_ignore_are_refused_before_any_work(options, expected, tmp_path):
+    """--plan and --prepare each ran and silently dropped the other mode's options (a --profile, a --train DIR)."""
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "bench/gpu.py", *options, "--out", str(out)], cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu"),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.endswith(f"gpu.py: error: {expected}\n"), proc.stderr
+    assert not out.exists() and not (ROOT / "DIR").exists()
