@@ -104,9 +104,24 @@ def cmd_data_show(args) -> None:
         print(json.dumps(record))
 
 
+# `jaxlm bench data`'s options and defaults: the parser leaves them None, so the train step's bench can refuse them
+BENCH_DATA_DEFAULTS = {"batches": 20, "workers": None, "repeat": 1}
+
+
+def _refuse_other_mode(args, options, why: str) -> None:
+    """Stops on the first of `options` given: it belongs to the other mode of `jaxlm bench`, which this one ignores."""
+    # not `in (None, False)`: a --batches 0 given equals False
+    given = [f"--{name.replace('_', '-')}" for name in options
+             if getattr(args, name) is not None and getattr(args, name) is not False]
+    if given:
+        raise ConfigError(f"{given[0]} {why}")
+
+
 def cmd_bench(args) -> None:
     if args.config == "data":
         return cmd_bench_data(args)
+    _refuse_other_mode(args, BENCH_DATA_DEFAULTS, "is an option of `jaxlm bench data` (the input pipeline), not of "
+                       "the train step's bench: drop it, or put data before the config")
     if args.profile and pathlib.Path(args.profile).exists() and not pathlib.Path(args.profile).is_dir():
         raise ConfigError(f"--profile {args.profile} is a file: give a directory for the trace")
     if args.compile_only and args.profile:
@@ -147,6 +162,11 @@ def _whole_numbers(text: str, option: str) -> list[int]:
 
 def cmd_bench_data(args) -> None:
     """`jaxlm bench data CONFIG [CONFIG ...] [overrides]`: one row per config."""
+    _refuse_other_mode(args, ("profile", "compile_only"), "is an option of the train step's bench (jaxlm bench "
+                       "CONFIG), not of `jaxlm bench data`: drop it")
+    for name, default in BENCH_DATA_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     paths = [a for a in args.overrides if "=" not in a]
     overrides = [a for a in args.overrides if "=" in a]
     if not paths:
@@ -322,12 +342,13 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--compile-only", action="store_true", help="compile the step (and initialise the state) "
                        "and time nothing: with JAX_COMPILATION_CACHE_DIR set, a later bench of the same config loads "
                        "both from there")
-    bench.add_argument("--batches", type=int, default=20, help="bench data: batches of 256 timed per config")
+    bench.add_argument("--batches", type=int, help="bench data: batches of 256 timed per config (default "
+                       f"{BENCH_DATA_DEFAULTS['batches']})")
     bench.add_argument("--workers", help="bench data: time the trainer's loader with these grain worker counts, "
                        "e.g. 0,1,2 (default: the transform in one thread, per core)")
-    bench.add_argument("--repeat", type=int, default=1, help="bench data: time each setting this many times, the "
+    bench.add_argument("--repeat", type=int, help="bench data: time each setting this many times, the "
                        "settings taken in turn, and give the median (and the range) of each: a shared machine's "
-                       "speed drifts between runs")
+                       f"speed drifts between runs (default {BENCH_DATA_DEFAULTS['repeat']})")
     data = commands.add_parser("data", help="inspect the data").add_subparsers(dest="data_command", required=True)
     show = command(data, "show", cmd_data_show, "print examples exactly as the model receives them (JSON lines)")
     show.set_defaults(label="data show")

@@ -192,6 +192,26 @@ def test_overrides_after_an_option_are_taken_as_overrides(argv, capsys, monkeypa
     assert "data.max_seq_length=3 must be 5 or more" in capsys.readouterr().err
 
 
+DATA_ONLY = ("is an option of `jaxlm bench data` (the input pipeline), not of the train step's bench: drop it, or "
+             "put data before the config")
+STEP_ONLY = "is an option of the train step's bench (jaxlm bench CONFIG), not of `jaxlm bench data`: drop it"
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    (["c.yaml", "--workers", "0,1"], f"--workers {DATA_ONLY}"),
+    (["c.yaml", "--batches", "0"], f"--batches {DATA_ONLY}"),
+    (["c.yaml", "--repeat", "3"], f"--repeat {DATA_ONLY}"),
+    (["data", "c.yaml", "--profile", "trace"], f"--profile {STEP_ONLY}"),
+    (["data", "c.yaml", "--compile-only"], f"--compile-only {STEP_ONLY}")])
+def test_bench_refuses_the_options_of_its_other_mode(options, expected, capsys):
+    """`jaxlm bench CONFIG --workers 0,1` timed the train step and `jaxlm bench data CONFIG --profile DIR` the
+    pipeline, each ignoring the other mode's option without a word."""
+    from jaxlm.cli import main  # in this process: refused before the config is read
+
+    assert main(["bench", *options]) == 2
+    assert capsys.readouterr().err == f"jaxlm bench: error: {expected}\n"
+
+
 @pytest.mark.parametrize(("argv", "expected"), [
     (["bench", "data", "c.yaml", "--batches", "0"], "jaxlm bench: error: --batches 0: give 1 or more batches to time"),
     (["eval", "run", "--watch", "--poll", "0"], "jaxlm eval: error: --poll 0: give the seconds between looks"),
