@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import math
 import os
 import pathlib
 import subprocess
@@ -18,7 +19,7 @@ import time
 import psutil
 
 from jaxlm.corpora.registry import fetch_demo_corpus
-from jaxlm.corpora.text import write_repeated
+from jaxlm.corpora.text import repeated_copy, write_repeated
 
 RUNS = {"inprocess": [], "beam1": ["--runner", "direct"], "beam2": ["--runner", "direct", "--workers", "2"]}
 
@@ -61,22 +62,32 @@ def digest(directory: pathlib.Path) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mb", type=float, default=2048)
+    parser.add_argument("--mb", type=float, default=2048, help="megabytes of text, at least: whole copies of the "
+                        "demo corpora, so one copy at the least")
     parser.add_argument("--config", default="configs/bert-tiny.yaml")
-    parser.add_argument("--runs", default=",".join(RUNS))
+    parser.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, of {', '.join(RUNS)}")
     parser.add_argument("--dir", default=".bench-data/prepare")
     parser.add_argument("--set", action="append", default=[], help="a config override, e.g. data.dupe_factor=5")
     args = parser.parse_args()
+    runs = [name for name in args.runs.split(",") if name]
+    unknown = [name for name in runs if name not in RUNS]
+    if unknown or not runs:
+        parser.error(f"--runs {args.runs!r}: give names from {', '.join(RUNS)}, separated by commas")
+    sources = fetch_demo_corpus()
+    copy_mb = len(repeated_copy(sources).encode("utf-8")) / 2**20
+    if not args.mb >= copy_mb:  # NaN too
+        parser.error(f"--mb {args.mb:g}: the corpus is whole copies of the demo corpora, {copy_mb:.2f} MB each; "
+                     f"give {math.ceil(copy_mb * 10) / 10:g} or more")
     root = pathlib.Path(args.dir)
     root.mkdir(parents=True, exist_ok=True)
     corpus = root / f"corpus-{args.mb:g}mb.txt"
     if not corpus.is_file():
-        write_repeated(fetch_demo_corpus(), corpus, int(args.mb * 2**20))
+        write_repeated(sources, corpus, int(args.mb * 2**20))
     mb = corpus.stat().st_size / 2**20
     print(f"corpus {corpus}: {mb:,.0f} MB; config {args.config} {' '.join(args.set)}", flush=True)
     print("| run | workers | seconds | MB/s | peak memory (GiB) | output digest |")
     print("|---|---|---|---|---|---|")
-    for name in args.runs.split(","):
+    for name in runs:
         out = root / f"out-{name}"
         command = [sys.executable, "-m", "jaxlm.cli", "prepare", args.config, f"data.corpus=[{corpus}]",
                    f"data.prepared_dir={out}", *args.set, "--overwrite", *RUNS[name]]

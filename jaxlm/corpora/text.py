@@ -91,10 +91,15 @@ def text_documents(path: pathlib.Path) -> list[list[str]]:
         return list(line_documents(f))
 
 
+def repeated_copy(paths: Iterable[pathlib.Path]) -> str:
+    """What `write_repeated` copies over and over: the documents of `paths` (BERT text format)."""
+    return "".join(pathlib.Path(p).read_text(encoding="utf-8").strip("\n") + "\n\n" for p in paths)
+
+
 def write_repeated(paths: Iterable[pathlib.Path], target: pathlib.Path, size: int) -> None:
-    """A corpus of at least `size` bytes at `target`: the documents of `paths` (BERT text format), copied
-    over and over (a stand-in for a large corpus where only the amount matters)."""
-    documents = "".join(pathlib.Path(p).read_text(encoding="utf-8").strip("\n") + "\n\n" for p in paths)
+    """A corpus of at least `size` bytes at `target`: whole copies of `repeated_copy(paths)` (a stand-in for a
+    large corpus where only the amount matters)."""
+    documents = repeated_copy(paths)
     tmp = target.with_name(target.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         for _ in range(-(-size // len(documents.encode("utf-8")))):

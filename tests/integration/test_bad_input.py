@@ -319,3 +319,26 @@ def test_a_json_file_that_is_not_json_is_named_with_its_line_and_column(reader, 
         read(tmp_path)
     expected = f"{tmp_path / reader}:3:3: not JSON (Expecting property name enclosed in double quotes)"
     assert str(refused.value) == expected
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    (["--runs", "inprocess,foo"],
+     "--runs 'inprocess,foo': give names from inprocess, beam1, beam2, separated by commas"),
+    (["--mb", "1"], "--mb 1: the corpus is whole copies of the demo corpora, {copy:.2f} MB each; give {smallest:g} "
+                    "or more")])
+def test_bench_prepare_refuses_bad_options_before_writing_a_corpus(options, expected, tmp_path):
+    """bench/prepare.py --runs foo was a KeyError after the corpus was written; --mb 1 wrote a whole copy of the
+    demo corpora (6.75 MB) and named the file corpus-1mb.txt."""
+    import math
+
+    from conftest import ROOT
+    from jaxlm.corpora.registry import fetch_demo_corpus
+    from jaxlm.corpora.text import repeated_copy
+
+    copy = len(repeated_copy(fetch_demo_corpus()).encode("utf-8")) / 2**20
+    out = tmp_path / "bench"
+    proc = subprocess.run([sys.executable, "bench/prepare.py", *options, "--dir", str(out)], cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
+    message = expected.format(copy=copy, smallest=math.ceil(copy * 10) / 10)
+    assert proc.returncode == 2 and proc.stderr.endswith(f"prepare.py: error: {message}\n"), proc.stderr
+    assert not out.exists()
