@@ -342,3 +342,15 @@ def test_bench_prepare_refuses_bad_options_before_writing_a_corpus(options, expe
     message = expected.format(copy=copy, smallest=math.ceil(copy * 10) / 10)
     assert proc.returncode == 2 and proc.stderr.endswith(f"prepare.py: error: {message}\n"), proc.stderr
     assert not out.exists()
+
+
+def test_bench_eval_without_the_demo_run_says_what_makes_it(tmp_path):
+    """bench/eval.sh without runs/bert-tiny fetched its inputs and converted SmolLM2, then stopped without a word."""
+    from conftest import ROOT
+
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "eval.sh").write_bytes((ROOT / "bench" / "eval.sh").read_bytes())  # as in a fresh checkout
+    proc = subprocess.run(["bash", "bench/eval.sh"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr == "bench/eval.sh: no demo run in runs/bert-tiny: make it with `make demo` first\n"
+    assert not (tmp_path / ".bench-eval").exists()
