@@ -39,8 +39,12 @@ def tokenize_piece(documents: Iterable[Sequence[str]], tokenizer, target: Path,
     n_documents = 0
     batch: list[Sequence[str]] = []
 
+    # a byte-level BPE keeps the space before a word in its first piece: the sentences after a document's first
+    # are the text's with the space that separated them (GPT-2 reads " The", not "The", after a full stop)
+    space = " " if tokenizer.word_marker == "Ġ" else ""
+
     def flush():
-        sentences = [s for doc in batch for s in doc]
+        sentences = [space + s if k else s for doc in batch for k, s in enumerate(doc)]
         ids = tokenizer.encode_batch(sentences) if sentences else []
         lengths = np.fromiter(map(len, ids), np.int32, len(ids))
         np.fromiter((t for s in ids for t in s), "<i4", int(lengths.sum())).tofile(files["ids"])
