@@ -98,7 +98,7 @@ def _masked_lm(config, data, network) -> Objective:
 
 
 def _span_mlm_sbo(config, data, network) -> Objective:
-    return SpanMlmSboObjective(config, data.max_seq_length, network, data.max_predictions)
+    return SpanMlmSboObjective(config, data.max_seq_length, network, data.max_predictions, data.max_span)
 
 
 def _causal_lm(config, data, network) -> Objective:

@@ -7,8 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxlm import families
 from jaxlm.convert import hf
 from jaxlm.convert.layout import stack_layers
+from jaxlm.data.settings import DataConfig
 from jaxlm.models import model_config
 from jaxlm.models.spanbert import SpanBertForPreTraining
 from jaxlm.parallel.rules import LOGICAL_AXES
@@ -138,3 +140,11 @@ def test_bert_checkpoint_body_and_mlm_head_load_unchanged(initialised):
     diff = float(np.abs(np.asarray(mlm) - theirs).max())
     print(f"SpanBERT MLM logits vs transformers BertForPreTraining max abs diff: {diff:.3e}")
     assert diff < ATOL
+
+
+def test_the_offset_table_holds_data_max_span_offsets():
+    """data.max_span sizes the SBO head's offset table; it was always 10, so longer spans' offsets were clipped."""
+    for max_span in (10, 20):
+        objective = families.get("spanbert").make_objective(CONFIG, DataConfig(max_seq_length=T, max_span=max_span))
+        shapes = jax.eval_shape(lambda: objective.model.init(jax.random.PRNGKey(0), *inputs()))["params"]
+        assert nn.unbox(shapes)["sbo"]["position"]["embedding"].shape[0] == max_span
