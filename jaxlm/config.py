@@ -329,7 +329,8 @@ def capped_masking(config: RunConfig) -> list[str]:
     round(length × mask_prob)): the slots cap the rate, as ALBERT's recipe (20 of 512) means them to."""
     data = config.data
     wanted = round(data.mask_prob * data.max_seq_length)
-    if config.finetune.task or "max_predictions" not in families.get(config.model.family).data_settings or wanted <= data.max_predictions:
+    masked_lm = "max_predictions" in families.get(config.model.family).data_settings
+    if config.finetune.task or not masked_lm or wanted <= data.max_predictions:
         return []
     return [f"data.max_predictions={data.max_predictions} caps the masked tokens of a {data.max_seq_length}-token "
             f"row at {data.max_predictions / data.max_seq_length:.1%}, where data.mask_prob={data.mask_prob:g} "

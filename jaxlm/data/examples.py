@@ -142,7 +142,7 @@ def t5_transform(manifest: dict, table: np.ndarray, data: DataConfig) -> Transfo
     sentinels = np.asarray(special["sentinels"], np.int64)
     raw = t5_lengths(data)[0]
     noise, spans = t5_noise_counts(raw, data.noise_density, data.mean_span_length)
-    spans = min(spans, raw - noise)  # past one a kept token, the noise spans merge
+    spans = min(spans, raw - noise)  # spans beyond the kept tokens' count merge with their neighbours
     if spans > len(sentinels):
         raise ValueError(f"T5's span corruption makes {spans} noise spans in a row of {raw} tokens, one sentinel id "
                          f"each, but the tokenizer has {len(sentinels)}; set data.sentinels={spans} or more (T5 has "
