@@ -145,6 +145,14 @@ def _check_documents(inputs: Sequence, data: DataConfig) -> None:
                          "(separate documents with a blank line)")
 
 
+def _empty_split(split: str, documents: int, corpus_documents: int, valid_fraction: float) -> str:
+    """What to say of a split whose documents made no rows."""
+    fix = ("give data.corpus more text, or a larger data.valid_fraction (now "
+           f"{valid_fraction:g})") if split == "valid" else "give data.corpus more text"
+    return (f"the {split} split came out empty: its {documents} document(s) of the corpus's {corpus_documents} "
+            f"made 0 rows; {fix}")
+
+
 def _write_documents_json(path: Path, splits: dict, source_of: np.ndarray, index_in_source: np.ndarray) -> None:
     """documents.json ({split: [[source, document], ...]}) written a block at a time."""
     with open(path, "w") as f:
@@ -260,6 +268,8 @@ def prepare(input_files: Sequence[str | os.PathLike], output_dir: str | os.PathL
                     bar.update()
                     check()
                 spill.seal()
+                if len(spill) == 0:
+                    raise ValueError(_empty_split(split, len(ids), len(corpus), data.valid_fraction))
                 order = np.random.default_rng([seed, 2, k]).permutation(len(spill))
                 manifest["splits"][split] = {
                     "documents": len(ids), "examples": len(spill), "tokens": spill.tokens,

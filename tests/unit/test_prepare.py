@@ -387,3 +387,21 @@ def test_a_source_that_changed_since_the_preparation_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"corpus.txt has changed since .*prepared was prepared from it \(14 bytes, "
                                          r"now 37\); pass --overwrite"):
         prep.already_prepared(prepared, settings)
+
+
+def test_a_split_that_comes_out_empty_is_refused_and_no_manifest_written(tmp_path):
+    """A corpus of a few lines whose train documents make no rows (the second one only control characters, which the
+    tokenizer drops): `jaxlm prepare` once exited 0 with a manifest whose train split had 0 examples."""
+    from conftest import run_cli, write_config
+
+    corpus = tmp_path / "few.txt"
+    corpus.write_text("A real sentence here.\n\n\x01\x02\n")
+    out = tmp_path / "out"
+    config = write_config(tmp_path, {"data": {"corpus": [str(corpus)], "valid_fraction": 0.3}})
+    proc = run_cli("prepare", config, f"data.prepared_dir={out}", check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "jaxlm prepare: error: the train split came out empty: its 1 document(s) of the corpus's 2 made 0 rows; "
+        "give data.corpus more text")
+    assert not (out / prep.MANIFEST).exists()
+    assert prep._empty_split("valid", 1, 2, 0.05).endswith("or a larger data.valid_fraction (now 0.05)")
