@@ -78,8 +78,9 @@ def _lines(path: pathlib.Path, piece: Piece, undecodable: str) -> Iterator[tuple
         f.seek(piece.start)
         while f.tell() < piece.stop:
             raw = f.readline()
-            if not raw:
-                raise FileNotFoundError(f"{path} ended at byte {f.tell()} while it was being read (it was "
+            if not raw:  # not f.tell(): a seek past the end leaves it there, not where the file ends
+                size = os.fstat(f.fileno()).st_size
+                raise FileNotFoundError(f"{path} ended at byte {size} while it was being read (it was "
                                         f"{piece.stop} bytes or more when the preparation started); it changed "
                                         "under the preparation: restore it and run the same command again")
             try:
@@ -145,4 +146,5 @@ def source_info(source, tfds_data_dir: str | None = None) -> dict:
     if is_tfds(source):
         return tfds_source.tfds_fingerprint(source, tfds_data_dir)
     path = pathlib.Path(source)
-    return {"path": str(path.resolve()), "bytes": os.stat(path).st_size}
+    stat = os.stat(path)
+    return {"path": str(path.resolve()), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}

@@ -5,6 +5,7 @@ a manifest. Memory is bounded by a piece and per-document offsets, not by the co
 from __future__ import annotations
 
 import contextlib
+import datetime
 import itertools
 import json
 import os
@@ -199,10 +200,22 @@ def already_prepared(output_dir, settings: dict) -> bool:
                          "pass --overwrite to rebuild it or choose another data.prepared_dir")
     for source in manifest.get("sources", []):
         path = Path(source.get("path", ""))
-        if "bytes" in source and path.is_file() and path.stat().st_size != source["bytes"]:
-            raise ValueError(f"{path} has changed since {output_dir} was prepared from it ({source['bytes']} bytes, "
-                             f"now {path.stat().st_size}); pass --overwrite to rebuild it")
+        if "bytes" not in source or not path.is_file():
+            continue
+        stat = path.stat()
+        if stat.st_size != source["bytes"]:
+            change = f"{source['bytes']} bytes, now {stat.st_size}"
+        elif source.get("mtime_ns", stat.st_mtime_ns) != stat.st_mtime_ns:  # no mtime_ns: a manifest from before
+            change = f"modified {_time(source['mtime_ns'])}, now {_time(stat.st_mtime_ns)}"
+        else:
+            continue
+        raise ValueError(f"{path} has changed since {output_dir} was prepared from it ({change}); pass --overwrite "
+                         "to rebuild it")
     return True
+
+
+def _time(ns: int) -> str:
+    return datetime.datetime.fromtimestamp(ns / 1e9).isoformat(sep=" ", timespec="milliseconds")
 
 
 def prepare(input_files: Sequence[str | os.PathLike], output_dir: str | os.PathLike, tokenizer, *,

@@ -1,5 +1,7 @@
 """jaxlm prepare for BERT pairs: shards, manifest, held-out split, errors, resuming, and per-process batches."""
+import datetime
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -374,7 +376,8 @@ def test_sharded_records_read_more_shards_than_the_hard_limit_on_files(tmp_path)
 
 def test_a_source_that_changed_since_the_preparation_is_named(tmp_path):
     """The same `jaxlm prepare` again on an edited corpus: it once said "already prepared" and kept the rows of the
-    old text. The manifest records each file's size; a size that differs is named before any work."""
+    old text. The manifest records each file's size and mtime; one that differs is named before any work. A manifest
+    from before mtimes were recorded is still taken, by size alone; an edit that kept the size was once not seen."""
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("One sentence.\n")
     prepared = tmp_path / "prepared"
@@ -387,6 +390,36 @@ def test_a_source_that_changed_since_the_preparation_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"corpus.txt has changed since .*prepared was prepared from it \(14 bytes, "
                                          r"now 37\); pass --overwrite"):
         prep.already_prepared(prepared, settings)
+    (prepared / prep.MANIFEST).write_text(json.dumps(settings | {"sources": [
+        {"path": str(corpus.resolve()), "bytes": corpus.stat().st_size, "documents": 1}]}))
+    corpus.write_text("One sentence.\nAnd another, Appended.\n")
+    assert prep.already_prepared(prepared, settings)  # the manifest records no mtime: the size is the same
+    recorded = corpus.stat()
+    (prepared / prep.MANIFEST).write_text(json.dumps(settings | {"sources": [
+        pieces.source_info(corpus) | {"documents": 1}]}))
+    assert prep.already_prepared(prepared, settings)
+    os.utime(corpus, ns=(recorded.st_atime_ns, recorded.st_mtime_ns + 2_000_000_000))
+    then, now = (datetime.datetime.fromtimestamp(t / 1e9).isoformat(sep=" ", timespec="milliseconds")
+                 for t in (recorded.st_mtime_ns, corpus.stat().st_mtime_ns))
+    with pytest.raises(ValueError) as refused:
+        prep.already_prepared(prepared, settings)
+    assert str(refused.value) == (f"{corpus.resolve()} has changed since {prepared} was prepared from it (modified "
+                                  f"{then}, now {now}); pass --overwrite to rebuild it")
+
+
+def test_a_file_that_shrank_below_a_piece_is_named_with_its_real_size(tmp_path):
+    """A file cut short after it was planned: the message once gave the piece's start (where the seek past the end
+    left the file position) as the byte the file ended at."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("A sentence of a document.\n\n" * 4000)
+    planned = pieces.plan_pieces(0, corpus, piece_mb=0.05)
+    assert len(planned) > 1
+    corpus.write_text("Short now.\n")
+    with pytest.raises(FileNotFoundError) as refused:
+        list(pieces.text_piece_documents(corpus, planned[-1]))
+    assert str(refused.value).startswith(f"{corpus} ended at byte 11 while it was being read (it was "
+                                         f"{planned[-1].stop} bytes or more when the preparation started)")
+
 
 
 def test_a_split_that_comes_out_empty_is_refused_and_no_manifest_written(tmp_path):
