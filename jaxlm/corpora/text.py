@@ -37,6 +37,25 @@ def text_lines(text: str) -> list[str]:
     return parts[:-1] if parts[-1] == "" else parts
 
 
+def raw_lines(f, limit: int | None = None, block_size: int = 1 << 16) -> Iterator[bytes]:
+    """The lines of a binary file from where it stands (the next `limit` bytes, or to its end), each with its ending
+    as Python's text mode ends lines (\\r\\n, \\r or \\n), where readline() would end them at \\n alone. The file
+    is read ahead of the lines yielded: count their lengths, not f.tell(), to know where a line ends."""
+    pending: list[bytes] = []
+    left = float("inf") if limit is None else limit
+    while left > 0 and (block := f.read(int(min(block_size, left)))):
+        left -= len(block)
+        if b"\n" not in block and b"\r" not in block:
+            pending.append(block)
+            continue
+        lines = (b"".join(pending) + block).splitlines(keepends=True)
+        # a last line without its ending, or ending in \r that a \n in the next block may complete, waits
+        pending = [lines.pop()] if not lines[-1].endswith(b"\n") else []
+        yield from lines
+    if pending:
+        yield b"".join(pending)
+
+
 def not_utf8(path, number: int, column: int, reason: str) -> str:
     """Where a file stops being UTF-8, as every reader of text says it."""
     return f"{path}:{number}: not UTF-8 (byte {column} of the line: {reason})"
@@ -49,8 +68,9 @@ def utf8_text(path: pathlib.Path) -> str:
     try:
         return data.decode("utf-8").removeprefix(BOM)
     except UnicodeDecodeError as err:
-        newline = b"\n"
-        number, column = data.count(newline, 0, err.start) + 1, err.start - data.rfind(newline, 0, err.start) - 1
+        ended = data[:err.start].splitlines(keepends=True)
+        started = ended.pop() if ended and not ended[-1].endswith((b"\r", b"\n")) else b""
+        number, column = len(ended) + 1, len(started)
         raise ValueError(f"{not_utf8(path, number, column, err.reason)}; save the file as UTF-8") from None
 
 
@@ -58,7 +78,7 @@ def utf8_lines(path: pathlib.Path) -> Iterator[str]:
     """A UTF-8 text file's lines (`text_lines`), read as they are needed, without a byte-order mark; a ValueError
     names the first line that is not UTF-8."""
     with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
+        for number, raw in enumerate(raw_lines(f), 1):
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as err:

@@ -9,7 +9,7 @@ import pathlib
 import sys
 from typing import Iterator, NamedTuple
 
-from jaxlm.corpora.text import BOM, line_documents, not_utf8, split_sentences, text_lines
+from jaxlm.corpora.text import BOM, line_documents, not_utf8, raw_lines, split_sentences, text_lines
 from jaxlm.data import tfds_source
 
 PIECE_EXAMPLES = 20000
@@ -50,39 +50,27 @@ def plan_pieces(position: int, source, tfds_data_dir: str | None = None, *, piec
             stop = size
             if start + piece_bytes < size:
                 f.seek(start + piece_bytes)
-                f.readline()
-                for raw in iter(f.readline, b""):
+                lines = raw_lines(f)
+                at = start + piece_bytes + len(next(lines, b""))  # the rest of the line cut into
+                for raw in lines:
+                    at += len(raw)
                     if ends_a_document(raw):
-                        stop = f.tell()
+                        stop = at
                         break
             pieces.append(Piece(position, len(pieces), start, stop, line))
             f.seek(start)
-            line += sum(block.count(b"\n") for block in _blocks(f, stop - start))
+            line += sum(1 for _ in raw_lines(f, stop - start))
             start = stop
     return pieces
 
 
-def _blocks(f, n: int, size: int = 1 << 20) -> Iterator[bytes]:
-    while n > 0:
-        block = f.read(min(size, n))
-        if not block:
-            return
-        n -= len(block)
-        yield block
-
-
 def _lines(path: pathlib.Path, piece: Piece, undecodable: str) -> Iterator[tuple[int, str]]:
     """(line number, text) of the piece's lines as text mode reads them (\\r, \\r\\n and \\n end a line)."""
-    number = piece.first_line
+    number, at = piece.first_line, piece.start
     with open(path, "rb") as f:
         f.seek(piece.start)
-        while f.tell() < piece.stop:
-            raw = f.readline()
-            if not raw:  # not f.tell(): a seek past the end leaves it there, not where the file ends
-                size = os.fstat(f.fileno()).st_size
-                raise FileNotFoundError(f"{path} ended at byte {size} while it was being read (it was "
-                                        f"{piece.stop} bytes or more when the preparation started); it changed "
-                                        "under the preparation: restore it and run the same command again")
+        for raw in raw_lines(f, piece.stop - piece.start):
+            at += len(raw)
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as err:
@@ -94,6 +82,10 @@ def _lines(path: pathlib.Path, piece: Piece, undecodable: str) -> Iterator[tuple
                 for part in text_lines(text.removeprefix(BOM) if number == 1 else text):
                     yield number, part
             number += 1
+        if at < piece.stop:
+            raise FileNotFoundError(f"{path} ended at byte {os.fstat(f.fileno()).st_size} while it was being read (it "
+                                    f"was {piece.stop} bytes or more when the preparation started); it changed under "
+                                    "the preparation: restore it and run the same command again")
 
 
 def text_piece_documents(path: pathlib.Path, piece: Piece, undecodable: str = "fail") -> Iterator[list[str]]:

@@ -291,6 +291,25 @@ def test_every_reader_of_lines_reads_the_lines_prepare_reads(tmp_path, capsys):
     assert main(["tokenize", "--tokenizer", "gpt2", "--input", str(path), "--pieces"]) == 0
     assert capsys.readouterr().out.splitlines()[:2] == ["She Ġwas", "a Ġform Č feed Ġline"]
 
+    # CR-only endings (old Mac files) were read as one line, cut into pieces and numbered as one
+    unix, mac = tmp_path / "unix.txt", tmp_path / "mac.txt"
+    unix.write_text("".join(f"Sentence {d}.{s} of a document.\n" + "\n" * (s == 2) for d in range(3000) for s in range(3)))
+    mac.write_bytes(unix.read_bytes().replace(b"\n", b"\r"))
+    unix_pieces, mac_pieces = (pieces.plan_pieces(0, p, piece_mb=0.05) for p in (unix, mac))
+    assert len(mac_pieces) > 1 and mac_pieces == unix_pieces
+    assert [d for p in mac_pieces for d in pieces.text_piece_documents(mac, p)] == [
+        d for p in unix_pieces for d in pieces.text_piece_documents(unix, p)]
+    unix.write_bytes(unix.read_bytes().replace(b"\n\n", b"\n"))
+    mac.write_bytes(unix.read_bytes().replace(b"\n", b"\r"))
+    for read in (generate.read_prompts, sentence_embedding.read_sentences, tasks.read_lines):
+        assert read(mac) == read(unix) and len(read(mac)) == 9000, read
+    assert main(["tokenize", "--tokenizer", "gpt2", "--input", str(mac), "--pieces"]) == 0
+    assert capsys.readouterr().out.splitlines()[:2] == ["Sent ence Ġ0 . 0 Ġof Ġa Ġdocument .",
+                                                        "Sent ence Ġ0 . 1 Ġof Ġa Ġdocument ."]
+    mac.write_bytes(b"First.\rSecond.\r\rThird \xff.\rFourth.\r")
+    with pytest.raises(ValueError, match=rf"^{mac}:4: not UTF-8 \(byte 6 of the line"):
+        list(pieces.text_piece_documents(mac, pieces.plan_pieces(0, mac, piece_mb=1)[0]))
+
 
 def test_tokenize_into_a_pipe_that_closes_stops_quietly(tmp_path):
     """`jaxlm tokenize ... | head -1` once ended with "error: [Errno 32] Broken pipe" and status 2."""
