@@ -4,6 +4,7 @@ tokenization writes, so the rows built from them are the same whatever the runne
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import re
@@ -51,6 +52,28 @@ class TokenizePiece(beam.DoFn):
 def pipeline_options(runner: str, beam_args: Sequence[str]) -> PipelineOptions:
     """Beam's options for `runner` ("direct" or any Beam runner's name) and the runner's own flags."""
     return PipelineOptions(list(beam_args), runner=RUNNER_NAMES.get(runner.lower(), runner))
+
+
+def check_beam_args(runner: str, beam_args: Sequence[str]) -> None:
+    """ValueError naming the first of `beam_args` that Beam's option parser refuses (a malformed value: Beam
+    exits, inside the pipeline's thread) or does not know (Beam drops it with a warning in its log)."""
+    options = pipeline_options(runner, beam_args)
+    said, beams_warnings = io.StringIO(), logging.getLogger("apache_beam.options.pipeline_options")
+    level = beams_warnings.level
+    beams_warnings.setLevel(logging.ERROR)  # "Discarding unparseable args": said below, in one line
+    try:
+        with contextlib.redirect_stderr(said):
+            known = options.get_all_options()
+            given = options.get_all_options(retain_unknown_options=True)
+    except SystemExit:
+        message = said.getvalue().strip().splitlines()[-1].partition("error: ")[2]
+        raise ValueError(f"Beam's options: {message}; fix --beam-args") from None
+    finally:
+        beams_warnings.setLevel(level)
+    unknown = [f"--{name}" for name in given if name not in known]
+    if unknown:
+        raise ValueError(f"Beam's options: no Beam runner knows {', '.join(unknown)}; fix --beam-args (the runner's "
+                         "own flags, e.g. --beam-args \"--project=P --region=R\" for dataflow)")
 
 
 def direct_workers(workers: int) -> list[str]:

@@ -238,6 +238,10 @@ def prepare(input_files: Sequence[str | os.PathLike], output_dir: str | os.PathL
     data = data_settings(data, **settings)
     registered = families.get(family)
     _check_arguments(data, output_dir, overwrite)
+    if runner:
+        # Beam takes seconds to import and only a Beam preparation needs it
+        from jaxlm.data.beam import check_beam_args, tokenize_on_beam
+        check_beam_args(runner, beam_args)
     special = special_ids(tokenizer)
     check_roles(registered.roles, special, family)
     _check_documents(input_files, data)
@@ -251,8 +255,6 @@ def prepare(input_files: Sequence[str | os.PathLike], output_dir: str | os.PathL
               for piece in plan_pieces(s, source, tfds_dir(data.tfds_data_dir), piece_mb=data.piece_mb)]
     with deferred_interrupts() as check:
         if runner:
-            # Beam takes seconds to import and only this path needs it
-            from jaxlm.data.beam import tokenize_on_beam
             tokenize_on_beam(pieces, input_files, tokenizer, work, data, runner, beam_args, check)
         else:
             tokenize_pieces(pieces, input_files, tokenizer, work, data, progress, check)

@@ -184,3 +184,22 @@ def test_a_worker_that_dies_fails_the_preparation_and_no_piece_is_taken_for_comp
     assert not out.exists()
     planned = sum(len(plan_pieces(s, p, piece_mb=SETTINGS["piece_mb"])) for s, p in enumerate(demo_files))
     assert _pieces_done(out) < planned
+
+
+@pytest.mark.parametrize(("beam_args", "expected"), [
+    ("--no_such_option", "no Beam runner knows --no_such_option; fix --beam-args (the runner's own flags, e.g. "
+                         "--beam-args \"--project=P --region=R\" for dataflow)"),
+    ("--direct_running_mode=threads", "argument --direct_running_mode: invalid choice: 'threads' (choose from "
+                                      "'in_memory', 'multi_threading', 'multi_processing'); fix --beam-args")])
+def test_beam_args_that_beam_refuses_are_named_before_any_work(tmp_path, bad_line_corpus, beam_args, expected):
+    """Beam's option parser exited inside the pipeline's thread: `jaxlm prepare` once ended with status 2 and no
+    word on the terminal (Beam's usage went to beam.log, deleted with the work directory); an unknown option was
+    dropped with a warning into that log."""
+    _, clean = bad_line_corpus
+    out = tmp_path / "out"
+    config = write_config(tmp_path, {"data": {"corpus": [str(clean)], "valid_fraction": 0.3}})
+    proc = run_cli("prepare", config, f"data.prepared_dir={out}", "--runner", "direct", f"--beam-args={beam_args}",
+                   check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == f"jaxlm prepare: error: Beam's options: {expected}"
+    assert not out.exists() and not partial_dir(out).exists()
