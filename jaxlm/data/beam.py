@@ -28,6 +28,7 @@ from jaxlm.data.tokenized import TokenizationFailed, piece_done, piece_path, tok
 
 RUNNER_NAMES = {"direct": "DirectRunner", "dataflow": "DataflowRunner", "flink": "FlinkRunner",
                 "spark": "SparkRunner", "prism": "PrismRunner"}
+WARNINGS = ".warnings"  # what a worker would have said of a piece on stderr (lines left out), told here after
 WORKER_GRACE_S = 10
 STOP_WAIT_S = 5
 # the exceptions a worker raises for bad input, re-raised here with the worker's message
@@ -35,7 +36,8 @@ _INPUT_ERRORS = {"ValueError": ValueError, "FileNotFoundError": FileNotFoundErro
 
 
 class TokenizePiece(beam.DoFn):
-    """Tokenizes one piece (a Piece as a tuple) into the work directory; yields (piece, documents)."""
+    """Tokenizes one piece (a Piece as a tuple) into the work directory, its warnings beside it; yields (piece,
+    documents)."""
 
     def __init__(self, inputs: Sequence[str], tokenizer, work: str, data: DataConfig):
         self.inputs, self.tokenizer, self.work, self.data = [str(p) for p in inputs], tokenizer, work, data
@@ -44,9 +46,13 @@ class TokenizePiece(beam.DoFn):
         piece, work, data = Piece(*element), Path(self.work), self.data
         if piece_done(work, piece):  # a retried bundle: the piece is complete already
             return
+        warnings: list[str] = []
         documents = piece_documents(self.inputs[piece.source], piece, data.text_field, tfds_dir(data.tfds_data_dir),
-                                    data.undecodable)
-        yield tuple(piece), tokenize_piece(documents, self.tokenizer, piece_path(work, piece))
+                                    data.undecodable, warnings.append)
+        n_documents = tokenize_piece(documents, self.tokenizer, piece_path(work, piece))
+        if warnings:
+            piece_path(work, piece).with_suffix(WARNINGS).write_text("".join(w + "\n" for w in warnings))
+        yield tuple(piece), n_documents
 
 
 def pipeline_options(runner: str, beam_args: Sequence[str]) -> PipelineOptions:
@@ -103,6 +109,10 @@ def tokenize_on_beam(pieces: Sequence[Piece], inputs: Sequence, tokenizer, work:
         raise
     except Exception as err:  # noqa: BLE001 - Beam wraps a worker's exception in its own types
         raise _worker_error(err, log) from None
+    for piece in todo:
+        told = piece_path(work, Piece(*piece)).with_suffix(WARNINGS)
+        if told.is_file():
+            sys.stderr.write(told.read_text())
 
 
 @contextlib.contextmanager

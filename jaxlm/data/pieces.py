@@ -7,7 +7,7 @@ import json
 import os
 import pathlib
 import sys
-from typing import Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 from jaxlm.corpora.text import BOM, line_documents, not_utf8, raw_lines, split_sentences, text_lines
 from jaxlm.data import tfds_source
@@ -64,8 +64,14 @@ def plan_pieces(position: int, source, tfds_data_dir: str | None = None, *, piec
     return pieces
 
 
-def _lines(path: pathlib.Path, piece: Piece, undecodable: str) -> Iterator[tuple[int, str]]:
-    """(line number, text) of the piece's lines as text mode reads them (\\r, \\r\\n and \\n end a line)."""
+def warn_on_stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def _lines(path: pathlib.Path, piece: Piece, undecodable: str,
+           warn: Callable[[str], None]) -> Iterator[tuple[int, str]]:
+    """(line number, text) of the piece's lines as text mode reads them (\\r, \\r\\n and \\n end a line); each line
+    left out as not UTF-8 (data.undecodable=skip) told to `warn`."""
     number, at = piece.first_line, piece.start
     with open(path, "rb") as f:
         f.seek(piece.start)
@@ -77,7 +83,7 @@ def _lines(path: pathlib.Path, piece: Piece, undecodable: str) -> Iterator[tuple
                 where = not_utf8(path, number, err.start, err.reason)
                 if undecodable == "fail":
                     raise ValueError(f"{where}; fix the file, or set data.undecodable=skip to leave such lines out") from None
-                print(f"warning: {where}; line left out (data.undecodable=skip)", file=sys.stderr)
+                warn(f"warning: {where}; line left out (data.undecodable=skip)")
             else:
                 for part in text_lines(text.removeprefix(BOM) if number == 1 else text):
                     yield number, part
@@ -88,15 +94,17 @@ def _lines(path: pathlib.Path, piece: Piece, undecodable: str) -> Iterator[tuple
                                     "the preparation: restore it and run the same command again")
 
 
-def text_piece_documents(path: pathlib.Path, piece: Piece, undecodable: str = "fail") -> Iterator[list[str]]:
+def text_piece_documents(path: pathlib.Path, piece: Piece, undecodable: str = "fail",
+                         warn: Callable[[str], None] = warn_on_stderr) -> Iterator[list[str]]:
     """Documents of a sentence-per-line file's piece (`line_documents`)."""
-    return line_documents(line for _, line in _lines(path, piece, undecodable))
+    return line_documents(line for _, line in _lines(path, piece, undecodable, warn))
 
 
 def jsonl_piece_documents(path: pathlib.Path, piece: Piece, text_field: str = "text",
-                          undecodable: str = "fail") -> Iterator[list[str]]:
+                          undecodable: str = "fail",
+                          warn: Callable[[str], None] = warn_on_stderr) -> Iterator[list[str]]:
     """One document per line of a JSON Lines file's piece: the object's `text_field`, split into sentences."""
-    for number, line in _lines(path, piece, undecodable):
+    for number, line in _lines(path, piece, undecodable, warn):
         if not line.strip():
             continue
         try:
@@ -113,8 +121,9 @@ def jsonl_piece_documents(path: pathlib.Path, piece: Piece, text_field: str = "t
 
 
 def piece_documents(source, piece: Piece, text_field: str = "text", tfds_data_dir: str | None = None,
-                    undecodable: str = "fail") -> Iterator[list[str]]:
-    """The documents (lists of sentences) of one piece of a resolved corpus entry, read lazily."""
+                    undecodable: str = "fail", warn: Callable[[str], None] = warn_on_stderr) -> Iterator[list[str]]:
+    """The documents (lists of sentences) of one piece of a resolved corpus entry, read lazily; each text left out
+    as not UTF-8 (data.undecodable=skip) told to `warn`."""
     if is_tfds(source):
         return tfds_source.tfds_range_documents(source, tfds_data_dir, text_field, piece.start, piece.stop)
     path = pathlib.Path(source)
@@ -122,15 +131,15 @@ def piece_documents(source, piece: Piece, text_field: str = "text", tfds_data_di
         raise FileNotFoundError(f"{path} disappeared while it was being prepared; restore it and run the same "
                                 "command again (finished pieces are kept)")
     if path.suffix in JSONL_SUFFIXES:
-        return jsonl_piece_documents(path, piece, text_field, undecodable)
-    return text_piece_documents(path, piece, undecodable)
+        return jsonl_piece_documents(path, piece, text_field, undecodable, warn)
+    return text_piece_documents(path, piece, undecodable, warn)
 
 
-def source_documents(source, text_field: str = "text", tfds_data_dir: str | None = None,
-                     undecodable: str = "fail") -> Iterator[list[str]]:
+def source_documents(source, text_field: str = "text", tfds_data_dir: str | None = None, undecodable: str = "fail",
+                     warn: Callable[[str], None] = warn_on_stderr) -> Iterator[list[str]]:
     """Every document of a resolved corpus entry, read lazily."""
     stop = tfds_source.tfds_length(source, tfds_data_dir) if is_tfds(source) else os.stat(source).st_size
-    return piece_documents(source, Piece(0, 0, 0, stop), text_field, tfds_data_dir, undecodable)
+    return piece_documents(source, Piece(0, 0, 0, stop), text_field, tfds_data_dir, undecodable, warn)
 
 
 def source_info(source, tfds_data_dir: str | None = None) -> dict:

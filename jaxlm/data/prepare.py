@@ -134,8 +134,9 @@ def tokenize_pieces(pieces: Sequence[Piece], inputs: Sequence, tokenizer, work: 
 def _check_documents(inputs: Sequence, data: DataConfig) -> None:
     """ValueError unless the corpus has two documents (read until it does: no tokenization yet)."""
     tfds_root = tfds_dir(data.tfds_data_dir)
+    # a line left out here is told when its piece is tokenized
     found = itertools.islice((d for p in inputs for d in source_documents(p, data.text_field, tfds_root,
-                                                                         data.undecodable)), 2)
+                                                                         data.undecodable, lambda _: None)), 2)
     n_docs = sum(1 for _ in found)
     names = ", ".join(map(str, inputs))
     if n_docs == 0:

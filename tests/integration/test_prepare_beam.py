@@ -115,13 +115,19 @@ def bad_line_corpus(tmp_path):
 
 
 @pytest.mark.parametrize("runner", [None, "direct"])
-def test_a_line_that_is_not_utf8_is_named_and_fatal_or_skipped(tmp_path, bad_line_corpus, tokenizer, runner):
+def test_a_line_that_is_not_utf8_is_named_and_fatal_or_skipped(tmp_path, bad_line_corpus, tokenizer, runner, capsys):
+    """Skipped, the line is named on stderr once, by either runner: Beam's workers once said it in beam.log only,
+    deleted with the work directory."""
     path, clean = bad_line_corpus
     settings = dict(SETTINGS, valid_fraction=0.3, runner=runner)
     with pytest.raises(ValueError, match=rf"{path}:5: not UTF-8 .*set data.undecodable=skip"):
         prepare([path], tmp_path / "out", tokenizer, **settings)
     assert not (tmp_path / "out").exists() and not list(partial_dir(tmp_path / "out").glob("piece-*.documents"))
+    capsys.readouterr()
     prepare([path], tmp_path / "skipped", tokenizer, undecodable="skip", **settings)
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")]
+    assert warnings == [f"warning: {path}:5: not UTF-8 (byte 3 of the line: invalid start byte); line left out "
+                        "(data.undecodable=skip)"]
     prepare([clean], tmp_path / "clean", tokenizer, undecodable="skip", **settings)
     shards = lambda d: {k: v for k, v in files(d).items() if k.endswith(".array_record")}
     assert shards(tmp_path / "skipped") == shards(tmp_path / "clean")
