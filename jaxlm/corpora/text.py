@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pathlib
 import re
+import sys
 from typing import Iterable, Iterator
 
 _BOUNDARY = re.compile(r"[.!?]+[\"')\]\u2019\u201d]*\s+(?=[A-Z0-9\"'(\[\u2018\u201c])")
@@ -59,6 +60,11 @@ def raw_lines(f, limit: int | None = None, block_size: int = 1 << 16) -> Iterato
 def not_utf8(path, number: int, column: int, reason: str) -> str:
     """Where a file stops being UTF-8, as every reader of text says it."""
     return f"{path}:{number}: not UTF-8 (byte {column} of the line: {reason})"
+
+
+def warn_on_stderr(message: str) -> None:
+    """How a reader that leaves out text that is not UTF-8 (data.undecodable=skip) says so, unless told otherwise."""
+    print(message, file=sys.stderr)
 
 
 def utf8_text(path: pathlib.Path) -> str:

@@ -9,7 +9,8 @@ import pathlib
 import sys
 from typing import Callable, Iterator, NamedTuple
 
-from jaxlm.corpora.text import BOM, line_documents, not_utf8, raw_lines, split_sentences, text_lines
+from jaxlm.corpora.text import (BOM, line_documents, not_utf8, raw_lines, split_sentences, text_lines,
+                                warn_on_stderr)
 from jaxlm.data import tfds_source
 
 PIECE_EXAMPLES = 20000
@@ -62,10 +63,6 @@ def plan_pieces(position: int, source, tfds_data_dir: str | None = None, *, piec
             line += sum(1 for _ in raw_lines(f, stop - start))
             start = stop
     return pieces
-
-
-def warn_on_stderr(message: str) -> None:
-    print(message, file=sys.stderr)
 
 
 def _lines(path: pathlib.Path, piece: Piece, undecodable: str,
@@ -125,7 +122,8 @@ def piece_documents(source, piece: Piece, text_field: str = "text", tfds_data_di
     """The documents (lists of sentences) of one piece of a resolved corpus entry, read lazily; each text left out
     as not UTF-8 (data.undecodable=skip) told to `warn`."""
     if is_tfds(source):
-        return tfds_source.tfds_range_documents(source, tfds_data_dir, text_field, piece.start, piece.stop)
+        return tfds_source.tfds_range_documents(source, tfds_data_dir, text_field, piece.start, piece.stop,
+                                                undecodable, warn)
     path = pathlib.Path(source)
     if not path.is_file():
         raise FileNotFoundError(f"{path} disappeared while it was being prepared; restore it and run the same "

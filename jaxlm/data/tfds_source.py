@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
-from jaxlm.corpora.text import split_sentences
+from jaxlm.corpora.text import split_sentences, warn_on_stderr
 from jaxlm.corpora.tfds_builder import (DEMO_NAME, build_demo, default_config, demo_builder_class, demo_config,
                                         quiet, tfds_module)
 
@@ -109,7 +109,7 @@ def _open(spec: str, data_dir, text_field: str | None = None):
         except tfds.core.registered.DatasetNotFoundError as err:
             raise FileNotFoundError(
                 f"{spec}: TFDS dataset {name!r} is neither registered nor prepared in {where}. Check "
-                "the name, point data.data_dir (or TFDS_DATA_DIR) at the directory holding it, or "
+                "the name, point data.tfds_data_dir at the directory holding it, or "
                 "import the module defining its builder and prepare it with "
                 "file_format='array_record'.") from err
         except (ValueError, AssertionError) as err:  # unknown config or version of a known dataset
@@ -118,7 +118,7 @@ def _open(spec: str, data_dir, text_field: str | None = None):
             raise FileNotFoundError(
                 f"{spec}: TFDS dataset {builder.info.full_name} is not prepared in {where}. Prepare "
                 f"it first with tfds.builder({name!r}, data_dir=..., file_format='array_record')"
-                ".download_and_prepare(), or point data.data_dir at where it was prepared.")
+                ".download_and_prepare(), or point data.tfds_data_dir at where it was prepared.")
     _check_format(builder, tfds, spec)
     _check_split(spec, builder.info.full_name, split, list(builder.info.splits))
     if text_field is not None:
@@ -133,11 +133,7 @@ def _data_source(builder, split: str, spec: str):
         raise ValueError(f"{spec}: bad split {split!r}: {err}") from err
 
 
-def _sentences(text) -> list[str]:
-    if isinstance(text, np.ndarray):
-        text = text.item()
-    if isinstance(text, bytes):
-        text = text.decode("utf-8")
+def _sentences(text: str) -> list[str]:
     lines = [line.strip() for line in str(text).split("\n")]
     lines = [line for line in lines if line]
     return split_sentences(lines[0]) if len(lines) == 1 else lines
@@ -161,13 +157,27 @@ def tfds_documents(spec: str, data_dir, text_field: str = "text") -> list[list[s
     return list(tfds_range_documents(spec, data_dir, text_field))
 
 
-def tfds_range_documents(spec: str, data_dir, text_field: str = "text", start: int = 0,
-                         stop: int | None = None) -> Iterator[list[str]]:
-    """The documents of examples start..stop of a TFDS split (as `tfds_documents`), read lazily."""
+def tfds_range_documents(spec: str, data_dir, text_field: str = "text", start: int = 0, stop: int | None = None,
+                         undecodable: str = "fail",
+                         warn: Callable[[str], None] = warn_on_stderr) -> Iterator[list[str]]:
+    """The documents of examples start..stop of a TFDS split (as `tfds_documents`), read lazily; a text that is not
+    UTF-8 fails naming its record, or (undecodable="skip") is left out, told to `warn`."""
     builder, split, _ = _open(spec, data_dir, text_field)
     source = _data_source(builder, split, spec)
     for index in range(start, len(source) if stop is None else stop):
-        document = _sentences(source[index][text_field])
+        text = source[index][text_field]
+        text = text.item() if isinstance(text, np.ndarray) else text
+        try:
+            text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
+        except UnicodeDecodeError as err:
+            where = (f"{spec}: record {index} of {builder.info.full_name}, split {split}: not UTF-8 (byte {err.start} "
+                     f"of its {text_field!r}: {err.reason})")
+            if undecodable == "fail":
+                raise ValueError(f"{where}; fix the dataset, or set data.undecodable=skip to leave such records "
+                                 "out") from None
+            warn(f"warning: {where}; record left out (data.undecodable=skip)")
+            continue
+        document = _sentences(text)
         if document:
             yield document
 

@@ -86,6 +86,14 @@ LABELLED = [("Ann Lee liked it.", "positive", ["Ann", "Lee", "liked", "it."], ["
             ("Bob did not.", "negative", ["Bob", "did", "not."], ["B-person", "O", "O"])]
 
 
+class JaxlmTestNotUtf8(JaxlmTestParagraphs):
+    """Its second record's text is not UTF-8 (Latin-1)."""
+
+    def _split_generators(self, dl_manager):
+        return {"train": self._generate_examples(["A good record. It reads.", "Caf\u00e9 in Latin-1.".encode("latin-1"),
+                                                  "Another good one."])}
+
+
 class JaxlmTestUnprepared(JaxlmTestParagraphs):
     """Registered, never prepared."""
 
@@ -99,7 +107,7 @@ def read_documents(path: pathlib.Path) -> list[list[str]]:
 def data_dir(tmp_path_factory) -> pathlib.Path:
     directory = tmp_path_factory.mktemp("tfds")
     tfds_builder.build_demo("austen", directory)
-    for cls in (JaxlmTestParagraphs, JaxlmTestContent, JaxlmTestLabelled):
+    for cls in (JaxlmTestParagraphs, JaxlmTestContent, JaxlmTestLabelled, JaxlmTestNotUtf8):
         cls(data_dir=directory, file_format="array_record").download_and_prepare()
     return directory
 
@@ -180,9 +188,10 @@ def test_text_field_errors(data_dir):
 
 
 def test_missing_datasets_and_splits(data_dir, tmp_path):
-    with pytest.raises(FileNotFoundError, match="neither registered nor prepared"):
+    with pytest.raises(FileNotFoundError, match="neither registered nor prepared.* point data.tfds_data_dir at the "):
         tfds_source.tfds_documents("tfds:jaxlm_no_such_dataset", data_dir)
-    with pytest.raises(FileNotFoundError, match=r"not prepared in .*file_format='array_record'"):
+    with pytest.raises(FileNotFoundError, match=r"not prepared in .*file_format='array_record'.*, or point "
+                                                r"data\.tfds_data_dir at where it was prepared\.$"):
         tfds_source.tfds_documents("tfds:jaxlm_test_unprepared", data_dir)
     with pytest.raises(ValueError, match=r"no split 'validation'; its splits are: test, train"):
         tfds_source.tfds_documents("tfds:jaxlm_test_paragraphs:validation", data_dir)
@@ -234,3 +243,24 @@ def test_labelled_dataset_gives_fine_tuning_records_with_label_names(data_dir):
     with pytest.raises(ValueError, match=r"^--input: tfds:jaxlm_test_labelled example 1: no field 'text' .*"
                                          r"set finetune.fields.text"):
         read_records("tfds:jaxlm_test_labelled", {"text": "text"}, ("text",), "--input", data_dir)
+
+
+def test_a_record_that_is_not_utf8_is_named_and_fatal_or_skipped(data_dir, tmp_path, capsys):
+    """A TFDS text that is not UTF-8 was a UnicodeDecodeError naming no record, data.undecodable=skip or not."""
+    from jaxlm.data.prepare import prepare
+    from jaxlm.data.tokenizers.load import load_tokenizer
+
+    spec = "tfds:jaxlm_test_not_utf8"
+    where = (f"{spec}: record 1 of jaxlm_test_not_utf8/1.0.0, split train: not UTF-8 (byte 3 of its 'text': invalid "
+             "continuation byte)")
+    with pytest.raises(ValueError) as refused:
+        tfds_source.tfds_documents(spec, data_dir)
+    assert str(refused.value) == f"{where}; fix the dataset, or set data.undecodable=skip to leave such records out"
+    told = []
+    assert list(tfds_source.tfds_range_documents(spec, data_dir, undecodable="skip", warn=told.append)) == [
+        ["A good record.", "It reads."], ["Another good one."]]
+    assert told == [f"warning: {where}; record left out (data.undecodable=skip)"]
+    manifest = prepare([spec], tmp_path / "out", load_tokenizer("bert-base-uncased"), tfds_data_dir=str(data_dir),
+                       undecodable="skip", valid_fraction=0.3, progress=False)
+    assert sum(split["documents"] for split in manifest["splits"].values()) == 2
+    assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")] == told
