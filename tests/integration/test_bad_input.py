@@ -293,7 +293,8 @@ def test_every_reader_of_lines_reads_the_lines_prepare_reads(tmp_path, capsys):
 
     # CR-only endings (old Mac files) were read as one line, cut into pieces and numbered as one
     unix, mac = tmp_path / "unix.txt", tmp_path / "mac.txt"
-    unix.write_text("".join(f"Sentence {d}.{s} of a document.\n" + "\n" * (s == 2) for d in range(3000) for s in range(3)))
+    unix.write_text("".join(f"Sentence {d}.{s} of a document.\n" + "\n" * (s == 2)
+                            for d in range(3000) for s in range(3)))
     mac.write_bytes(unix.read_bytes().replace(b"\n", b"\r"))
     unix_pieces, mac_pieces = (pieces.plan_pieces(0, p, piece_mb=0.05) for p in (unix, mac))
     assert len(mac_pieces) > 1 and mac_pieces == unix_pieces
