@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import sys
 from typing import Callable, Iterator, NamedTuple
 
 from jaxlm.corpora.text import (BOM, line_documents, not_utf8, raw_lines, split_sentences, text_lines,

@@ -247,6 +247,7 @@ def prepare(input_files: Sequence[str | os.PathLike], output_dir: str | os.PathL
     check_roles(registered.roles, special, family)
     _check_documents(input_files, data)
     seed = data.seed
+    sources = [source_info(p, tfds_dir(data.tfds_data_dir)) for p in input_files]  # as they are before reading
     recorded_settings = preparation_settings(input_files, tokenizer, family, data)
     work = partial_dir(output_dir)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -266,8 +267,7 @@ def prepare(input_files: Sequence[str | os.PathLike], output_dir: str | os.PathL
         split_ids = dict(zip(SPLITS, split_documents(len(corpus), data.valid_fraction, seed)))
         dtype = record_dtype(tokenizer.vocab_size, data.max_seq_length)
         manifest = {"format": FORMAT, "record": RECORD, **recorded_settings,
-                    "sources": [source_info(p, tfds_dir(data.tfds_data_dir)) | {"documents": int(n)}
-                                for p, n in zip(input_files, per_source)],
+                    "sources": [source | {"documents": int(n)} for source, n in zip(sources, per_source)],
                     "vocab_size": int(tokenizer.vocab_size), "special_ids": special, "record_dtype": dtype,
                     "splits": {}}
         tmp = work / "out"
