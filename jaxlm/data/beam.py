@@ -61,18 +61,19 @@ def pipeline_options(runner: str, beam_args: Sequence[str]) -> PipelineOptions:
 
 
 def check_beam_args(runner: str, beam_args: Sequence[str]) -> None:
-    """ValueError naming the first of `beam_args` that Beam's option parser refuses (a malformed value: Beam
-    exits, inside the pipeline's thread) or does not know (Beam drops it with a warning in its log)."""
-    options = pipeline_options(runner, beam_args)
+    """ValueError naming what in `beam_args` Beam's option parser refuses (a malformed value, --help: Beam would exit
+    inside the pipeline's thread) or does not know (Beam would drop it with a warning in its log)."""
     said, beams_warnings = io.StringIO(), logging.getLogger("apache_beam.options.pipeline_options")
     level = beams_warnings.level
     beams_warnings.setLevel(logging.ERROR)  # "Discarding unparseable args": said below, in one line
     try:
-        with contextlib.redirect_stderr(said):
+        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
+            options = pipeline_options(runner, beam_args)
             known = options.get_all_options()
             given = options.get_all_options(retain_unknown_options=True)
     except SystemExit:
-        message = said.getvalue().strip().splitlines()[-1].partition("error: ")[2]
+        lines = said.getvalue().strip().splitlines()
+        message = lines[-1].partition("error: ")[2] if lines else f"{' '.join(beam_args)} stops Beam's option parser"
         raise ValueError(f"Beam's options: {message}; fix --beam-args") from None
     finally:
         beams_warnings.setLevel(level)
