@@ -60,7 +60,8 @@ PRESETS: dict[str, TransformerConfig] = {
 
 
 def model_config(preset: str | None = None, **overrides) -> TransformerConfig:
-    """A preset with field overrides; unknown presets or fields raise with the valid names."""
+    """A preset with field overrides, validated; unknown presets or fields, and values `TransformerConfig.validate`
+    refuses, raise ValueError naming them."""
     if preset is None:
         base = TransformerConfig()
     elif preset in PRESETS:
@@ -71,4 +72,6 @@ def model_config(preset: str | None = None, **overrides) -> TransformerConfig:
     unknown = sorted(set(overrides) - valid)
     if unknown:
         raise ValueError(f"unknown model keys {unknown}; valid keys: preset, {', '.join(sorted(valid))}")
-    return dataclasses.replace(base, **overrides)
+    config = dataclasses.replace(base, **overrides)
+    config.validate()
+    return config

@@ -37,6 +37,19 @@ def test_a_model_size_or_dropout_out_of_range_is_named(field, value, expected):
     assert str(refused.value).startswith(expected)
 
 
+@pytest.mark.parametrize(("overrides", "expected"), [
+    ({"num_heads": 0}, "model.num_heads=0 must be positive"),
+    ({"attention_kernel": "fast"}, "model.attention_kernel='fast'; choose one of ('xla', 'cudnn', 'flash', 'splash')"),
+    ({"hidden_size": 30, "num_heads": 4}, "model.hidden_size=30 is not divisible by model.num_heads=4"),
+])
+def test_model_config_validates_its_overrides(overrides, expected):
+    """The library's `model_config` once returned these, and the network failed later inside Flax (num_heads=0 as
+    a ZeroDivisionError)."""
+    with pytest.raises(ValueError) as refused:
+        model_config("bert-tiny", **overrides)
+    assert str(refused.value) == expected
+
+
 # each share's interval, written out rather than rebuilt as the check builds it, and its refused edges
 INTERVALS = {"mask_prob": ("(0, 1]", [0]), "short_seq_prob": ("[0, 1]", []), "span_p": ("(0, 1]", [0]),
              "noise_density": ("(0, 1)", [0, 1]), "mask_ratio": ("[0, 1]", []), "valid_fraction": ("(0, 1)", [0, 1])}
