@@ -13,7 +13,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxlm import families
 from jaxlm.corpora.text import utf8_lines
 from jaxlm.convert.store import checkpoint_config, load_checkpoint
-from jaxlm.parallel.mesh import auto_axes, batch_shards
+from jaxlm.models.config import check_ids
+from jaxlm.parallel.mesh import batch_shards, mesh_and_rules
 
 # Hugging Face's "never choose this" offset in beam search, kept identical so that beam choices match.
 NEG = -1.0e9
@@ -287,7 +288,7 @@ _seq2seq_jit = jax.jit(_seq2seq_program, static_argnames=("model", "start_id", "
 
 # ---------------------------------------------------------------- host side: checks, padding, placement
 
-def _as_batch(ids, mask) -> tuple[np.ndarray, np.ndarray]:
+def _as_batch(ids, mask, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
     ids = np.asarray(ids)
     if ids.ndim != 2:
         raise ValueError(f"token ids must be [batch, length], not shape {ids.shape}")
@@ -297,6 +298,7 @@ def _as_batch(ids, mask) -> tuple[np.ndarray, np.ndarray]:
     empty = np.flatnonzero(mask.sum(axis=1) == 0)
     if empty.size:
         raise ValueError(f"rows {empty.tolist()} have no tokens; every row needs at least one")
+    check_ids(np.where(mask, ids, 0), vocab_size, lambda at: f"prompt {at[0]}, token {at[1]}")
     return ids.astype(np.int32), mask
 
 
@@ -350,10 +352,10 @@ def _run(jitted, model, params, arrays, rng, knobs: Knobs, mesh, rules, abstract
     if mesh is None:
         tokens, lengths = jitted(model, params, *arrays, rng, knobs, **static)
     else:
-        mesh, rules = auto_axes(mesh), tuple(rules) if rules is not None else None
+        mesh, rules = mesh_and_rules(mesh, rules)
         params, arrays = _place(mesh, rules, params, abstract_init, arrays)
         static["s"] = static["s"]._replace(rules=rules)
-        with jax.set_mesh(mesh), nn.logical_axis_rules(rules or ()):
+        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
             tokens, lengths = jitted(model, params, *arrays, rng, knobs, **static)
     return Generation(np.asarray(tokens)[:rows], np.asarray(lengths)[:rows])
 
@@ -365,9 +367,9 @@ def generate_causal(model, params, prompt_ids, prompt_mask=None, *, max_new_toke
     """New tokens after each prompt from a `CausalLM`. Prompts [B, T] may be padded anywhere
     (`prompt_mask` true at real tokens); they are left-padded, prefilled in one call, then extended one
     token at a time inside one jitted loop that stops once every row has emitted `eos_id`.
-    `num_beams > 1` is Hugging Face's beam search. With `mesh` and `rules`, params are placed by their
-    logical axis names and the batch split over the data axes."""
-    ids, mask = _as_batch(prompt_ids, prompt_mask)
+    `num_beams > 1` is Hugging Face's beam search. With `mesh`, params are placed by their logical axis names
+    under `rules` (default: MeshConfig's preset) and the batch split over the data axes."""
+    ids, mask = _as_batch(prompt_ids, prompt_mask, model.config.vocab_size)
     _check_counts(max_new_tokens, ids.shape[0], early_stopping)
     check_sampling(temperature, top_k, top_p, num_beams)
     config = model.config
@@ -394,7 +396,7 @@ def generate_seq2seq(model, params, input_ids, input_mask=None, *, max_new_token
     """Decoder tokens after `decoder_start_id` from an encoder-decoder (T5, BART) given encoder inputs
     [B, Ts] (`input_mask` true at real tokens): encode once, then greedy, sampling or beam search on the
     decoder's KV cache. `eos_id`, `decoder_start_id` and `pad_id` default to the config's."""
-    ids, mask = _as_batch(input_ids, input_mask)
+    ids, mask = _as_batch(input_ids, input_mask, model.config.vocab_size)
     _check_counts(max_new_tokens, ids.shape[0], early_stopping)
     check_sampling(temperature, top_k, top_p, num_beams)
     config = model.config

@@ -5,36 +5,38 @@ from __future__ import annotations
 import pathlib
 from typing import Sequence
 
-from jaxlm.config import MeshConfig
 from jaxlm.data.tokenizers.roles import special_ids
 from jaxlm.eval import tasks
-from jaxlm.eval.scoring import Scorer, place_params, position_limit
+from jaxlm.eval.scoring import Scorer, check_vocabulary, kind_of, place_params, position_limit
 from jaxlm.models.config import TransformerConfig
-from jaxlm.parallel.mesh import auto_axes, make_mesh
-from jaxlm.parallel.rules import rules_for
+from jaxlm.parallel.mesh import mesh_and_rules
 
 
 def _scorer(config: TransformerConfig, params, tokenizer, mesh, rules, batch_size: int):
-    if mesh is None:
-        mesh, rules = make_mesh(MeshConfig()), rules_for(MeshConfig().rules)
-    mesh = auto_axes(mesh)
-    scorer = Scorer(config, mesh, tuple(rules), batch_size, special_ids(tokenizer)["mask"])
-    return scorer, place_params(params, config, mesh, tuple(rules))
+    mesh, rules = mesh_and_rules(mesh, rules)
+    scorer = Scorer(config, mesh, rules, batch_size, special_ids(tokenizer)["mask"])
+    return scorer, place_params(params, config, mesh, rules)
 
 
-def perplexity(config: TransformerConfig, params, tokenizer, lines: Sequence[str], *, mesh=None, rules=(),
+def perplexity(config: TransformerConfig, params, tokenizer, lines: Sequence[str], *, mesh=None, rules=None,
                batch_size: int = 32, encoder_input: str = "") -> dict:
     """{"perplexity" (or "pseudo_perplexity" for encoders), "nll_per_token", "tokens", "lines"} of
-    `lines` as `jaxlm eval --tasks ppl:FILE` computes them."""
+    `lines` as `jaxlm eval --tasks ppl:FILE` computes them; ValueError where the lines hold no token to score."""
+    kind = kind_of(config)
+    source = tokenizer.encode(encoder_input, add_special_tokens=True) if kind == "seq2seq" else ()
+    windows = [tasks.line_items(tokenizer, line, kind, position_limit(config), source) for line in lines]
+    items = [item for line_windows in windows for item in line_windows]
+    if not any(item.continuation for item in items):
+        raise ValueError(f"no tokens to score in {len(lines)} lines: pass lines with text (a decoder scores each "
+                         "token after a line's first)")
+    for index, line_windows in enumerate(windows):
+        check_vocabulary(line_windows, config.vocab_size, f"line {index} window")
     scorer, placed = _scorer(config, params, tokenizer, mesh, rules, batch_size)
-    source = tokenizer.encode(encoder_input, add_special_tokens=True) if scorer.kind == "seq2seq" else ()
-    items = [i for line in lines
-             for i in tasks.line_items(tokenizer, line, scorer.kind, position_limit(config), source)]
-    return tasks.perplexity_metrics(scorer.kind, scorer(placed, items), len(lines))
+    return tasks.perplexity_metrics(kind, scorer(placed, items), len(lines))
 
 
 def choice_accuracy(config: TransformerConfig, params, tokenizer, task_path, shots: int = 0, *, mesh=None,
-                    rules=(), batch_size: int = 32) -> tuple[dict, list[dict]]:
+                    rules=None, batch_size: int = 32) -> tuple[dict, list[dict]]:
     """({"accuracy", "accuracy_norm", "random_baseline"}, one record per choice) of a BIG-bench JSON
     task, `shots`-shot, as `jaxlm eval --tasks choice:FILE.json@K` computes them."""
     scorer, placed = _scorer(config, params, tokenizer, mesh, rules, batch_size)

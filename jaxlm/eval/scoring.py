@@ -15,11 +15,9 @@ from jax.sharding import Mesh
 
 from jaxlm import families
 from jaxlm.data.settings import DataConfig
-from jaxlm.models.config import TransformerConfig
+from jaxlm.models.config import TransformerConfig, check_ids
 from jaxlm.models.heads import gather_positions
-from jaxlm.config import MeshConfig
-from jaxlm.parallel.mesh import auto_axes, batch_shards, logical_sharding, make_mesh, replicated, tree_shardings
-from jaxlm.parallel.rules import rules_for
+from jaxlm.parallel.mesh import batch_shards, logical_sharding, mesh_and_rules, replicated, tree_shardings
 from jaxlm.parallel.xla_options import project_xla_options
 from jaxlm.sentence_embedding import position_limit as table_positions
 
@@ -83,6 +81,20 @@ def check_fits(items: Sequence[Item], config: TransformerConfig, kind: str) -> N
         if least_read(item, kind) > limit:
             raise ValueError(f"item {index}: a continuation of {len(item.continuation)} tokens needs "
                              f"{least_read(item, kind)} positions, more than the model's {limit}; shorten it")
+
+
+ITEM_FIELDS = ("context", "continuation", "suffix")
+
+
+def check_vocabulary(items: Sequence[Item], vocab_size: int, label: str = "item") -> None:
+    """Raise ValueError naming the first id outside the model's vocabulary ("item 3, context token 0": `label`
+    and the item's index; the model's gathers would clamp it)."""
+    every = np.fromiter((t for item in items for field in ITEM_FIELDS for t in getattr(item, field)), np.int64)
+    if every.size == 0 or (every.min() >= 0 and every.max() < vocab_size):
+        return
+    for index, item in enumerate(items):
+        for field in ITEM_FIELDS:
+            check_ids(getattr(item, field), vocab_size, lambda at: f"{label} {index}, {field} token {at[0]}")
 
 
 # ---------------------------------------------------------------- rows: numpy, one batch at a time
@@ -291,6 +303,7 @@ class Scorer:
         """Per item, the log-probability of each continuation token (float32 [len(continuation)]);
         `progress` is told how many rows each batch finished."""
         check_fits(items, self.config, self.kind)
+        check_vocabulary(items, self.config.vocab_size)
         rows = self.rows(items)
         order = sorted(range(len(rows)), key=lambda r: -len(rows[r]["input_ids"]))
         per_row: list[np.ndarray] = [np.zeros(0, np.float32)] * len(rows)
@@ -309,13 +322,13 @@ class Scorer:
 
 
 def loglikelihoods(config: TransformerConfig, params, items: Sequence[Item], *, mesh: Mesh | None = None,
-                   rules: tuple = (), batch_size: int = 32, mask_id: int | None = None) -> np.ndarray:
+                   rules: tuple | None = None, batch_size: int = 32, mask_id: int | None = None) -> np.ndarray:
     """Summed log-likelihood of each item's continuation (float64 [len(items)]): for decoders and
     encoder-decoders the exact likelihood, for encoders the pseudo-log-likelihood. `params` is the
-    model's tree as the caller holds it; it is placed on `mesh` (default: every device, data-parallel)."""
-    if mesh is None:
-        mesh, rules = make_mesh(MeshConfig()), rules_for(MeshConfig().rules)
-    mesh = auto_axes(mesh)
-    placed = place_params(params, config, mesh, tuple(rules))
-    scorer = Scorer(config, mesh, tuple(rules), batch_size, mask_id)
+    model's tree as the caller holds it; it is placed on `mesh` by `rules` (defaults: every device,
+    data-parallel)."""
+    check_vocabulary(items, config.vocab_size)
+    mesh, rules = mesh_and_rules(mesh, rules)
+    placed = place_params(params, config, mesh, rules)
+    scorer = Scorer(config, mesh, rules, batch_size, mask_id)
     return np.array([float(np.sum(s, dtype=np.float64)) for s in scorer(placed, items)])

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
+
+import numpy as np
 
 ATTENTION_KERNELS = ("xla", "cudnn", "flash", "splash")
 NORMS = ("layernorm", "rmsnorm")
@@ -20,6 +23,17 @@ DROPOUTS = ("hidden_dropout", "attention_dropout", "activation_dropout")
 def check_vocab_multiple(multiple: int, name: str = "model.vocab_multiple") -> None:
     if multiple < 1:
         raise ValueError(f"{name}={multiple}; use 1 (no padding) or a row multiple such as 64 or 128")
+
+
+def check_ids(ids, vocab_size: int, where: Callable[[tuple[int, ...]], str]) -> None:
+    """Raise ValueError for the first token id outside [0, vocab_size), saying `where(its index)`: on the host,
+    since the networks' gathers clamp such an id into range and give NaN or another token's numbers."""
+    ids = np.asarray(ids, np.int64)
+    outside = np.argwhere((ids < 0) | (ids >= vocab_size))
+    if outside.size:
+        at = tuple(int(i) for i in outside[0])
+        raise ValueError(f"{where(at)}: token id {int(ids[at])} is outside the model's vocabulary "
+                         f"(model.vocab_size={vocab_size}: ids 0 to {vocab_size - 1})")
 
 
 @dataclasses.dataclass(frozen=True)

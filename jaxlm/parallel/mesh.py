@@ -11,7 +11,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from jaxlm.config import ConfigError, MeshConfig
 from jaxlm.parallel.logical import axis_tuple
-from jaxlm.parallel.rules import MESH_AXES, Rules
+from jaxlm.parallel.rules import MESH_AXES, Rules, rules_for
 
 
 def resolve_shape(config: MeshConfig, device_count: int) -> tuple[int, int, int]:
@@ -46,6 +46,20 @@ def auto_axes(mesh: Mesh) -> Mesh:
     if all(kind == AxisType.Auto for kind in mesh.axis_types):
         return mesh
     return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
+
+
+def mesh_and_rules(mesh: Mesh | None, rules: Rules | None) -> tuple[Mesh, Rules]:
+    """The mesh and logical-axis rules a library call (scoring, generation) runs under: without a mesh, every device
+    as MeshConfig's defaults lay them out; without rules, MeshConfig's default preset, which names the mesh axes
+    `make_mesh` makes; every axis Auto."""
+    mesh = make_mesh(MeshConfig()) if mesh is None else mesh
+    if rules is None:
+        rules = rules_for(MeshConfig().rules)
+        missing = sorted({axis for _, entry in rules for axis in axis_tuple(entry)} - set(mesh.axis_names))
+        if missing:
+            raise ValueError(f"the default sharding rules ({MeshConfig().rules!r}) split over mesh axes {missing}, "
+                             f"which this mesh {tuple(mesh.axis_names)} lacks; pass rules for its axes")
+    return auto_axes(mesh), tuple(rules)
 
 
 def logical_sharding(mesh: Mesh, rules: Rules, logical: tuple[str | None, ...]) -> NamedSharding:

@@ -5,8 +5,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxlm.eval import Item, loglikelihoods
+from jaxlm.corpora.models import gpt2_tokenizer_dir
+from jaxlm.data.tokenizers.load import load_tokenizer
+from jaxlm.eval import Item, loglikelihoods, perplexity
 from jaxlm.models import BertForPreTraining, CausalLM, model_config
+from jaxlm.parallel.rules import MESH_AXES
+
+
+def tiny_decoder():
+    config = model_config("llama-tiny", vocab_size=100, hidden_size=32, num_heads=2, num_kv_heads=0,
+                          intermediate_size=64, num_layers=1, max_position_embeddings=16, dtype="float32")
+    return config, nn.unbox(CausalLM(config).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32)))["params"]
 
 
 def test_an_encoders_full_pretraining_tree_scores_and_one_without_its_head_is_refused():
@@ -45,3 +54,42 @@ def test_an_encoder_context_too_long_keeps_its_first_token_and_loses_what_follow
     assert scores[0] == pytest.approx(scores[1], rel=1e-6)
     with pytest.raises(ValueError, match="needs 17 positions, more than the model's 16"):
         loglikelihoods(config, params, [Item((101,), tuple(range(10, 25)), (102,))], mask_id=103)
+
+
+@pytest.mark.parametrize(("items", "expected"), [
+    ([Item((1, 2), (3, 4)), Item((1,), (5, 100))], "item 1, continuation token 1: token id 100"),
+    ([Item((1, -3), (3, 4))], "item 0, context token 1: token id -3"),
+])
+def test_an_id_outside_the_vocabulary_is_named_before_any_compute(items, expected):
+    """JAX's gathers clamp such an id into range: a score of another token, or NaN, with no error."""
+    config, params = tiny_decoder()
+    with pytest.raises(ValueError) as refused:
+        loglikelihoods(config, params, items)
+    assert str(refused.value) == f"{expected} is outside the model's vocabulary (model.vocab_size=100: ids 0 to 99)"
+
+
+def test_perplexity_of_no_tokens_or_of_ids_the_model_lacks_is_refused():
+    """perplexity([]) and of lines that hold nothing to predict once gave 1.0."""
+    config, params = tiny_decoder()
+    gpt2 = load_tokenizer(gpt2_tokenizer_dir())  # ids up to 50,256, past this model's 100
+    for lines in ([], [""]):
+        with pytest.raises(ValueError, match=rf"^no tokens to score in {len(lines)} lines: pass lines with text"):
+            perplexity(config, params, gpt2, lines)
+    line = "It is a truth universally acknowledged"
+    first = gpt2.encode(line)[0]
+    with pytest.raises(ValueError) as refused:
+        perplexity(config, params, gpt2, ["", line])
+    assert str(refused.value) == (f"line 1 window 0, context token 0: token id {first} is outside the model's "
+                                  "vocabulary (model.vocab_size=100: ids 0 to 99)")
+
+
+def test_a_mesh_without_rules_gets_the_default_rules_or_a_line_naming_the_axes_they_need():
+    config, params = tiny_decoder()
+    items = [Item((1, 2), (3, 4)), Item((5,), (6, 7, 8))]
+    expected = loglikelihoods(config, params, items)
+    one_device = jax.make_mesh((1, 1, 1), MESH_AXES, devices=jax.devices()[:1])
+    np.testing.assert_allclose(loglikelihoods(config, params, items, mesh=one_device), expected, rtol=1e-5)
+    other_axes = jax.make_mesh((1,), ("x",), devices=jax.devices()[:1])
+    with pytest.raises(ValueError, match=r"^the default sharding rules \('dp'\) split over mesh axes \['data', "
+                                         r"'fsdp'\], which this mesh \('x',\) lacks; pass rules for its axes$"):
+        loglikelihoods(config, params, items, mesh=other_axes)
