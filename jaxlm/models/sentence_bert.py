@@ -11,8 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxlm.models.config import TransformerConfig
-from jaxlm.models.encoder import BertEncoder
-from jaxlm.models.task_heads import mean_states
+from jaxlm.models.task_heads import check_labels, encoder_backbone, mean_states
 from jaxlm.nn.layers import Dense
 
 
@@ -42,11 +41,15 @@ class SentenceEncoder(nn.Module):
     """Sentence embeddings [B, E] (float32): the backbone's states mean-pooled over the real tokens."""
 
     config: TransformerConfig
-    backbone: Callable[..., nn.Module] = BertEncoder
+    backbone: Callable[..., nn.Module] | None = None  # None: the family's
+
+    def __post_init__(self):
+        encoder_backbone(self)
+        super().__post_init__()
 
     @nn.compact
     def __call__(self, input_ids, segment_ids=None, padding_mask=None, deterministic: bool = True):
-        encoder = self.backbone(self.config, name="encoder")
+        encoder = encoder_backbone(self)(self.config, name="encoder")
         return sentence_vectors(encoder, input_ids, segment_ids, padding_mask, deterministic)
 
 
@@ -56,11 +59,16 @@ class SiameseClassifier(nn.Module):
 
     config: TransformerConfig
     num_labels: int
-    backbone: Callable[..., nn.Module] = BertEncoder
+    backbone: Callable[..., nn.Module] | None = None  # None: the family's
+
+    def __post_init__(self):
+        check_labels(self)
+        encoder_backbone(self)
+        super().__post_init__()
 
     @nn.compact
     def __call__(self, input_ids_a, padding_mask_a, input_ids_b, padding_mask_b, deterministic: bool = True):
-        encoder = self.backbone(self.config, name="encoder")
+        encoder = encoder_backbone(self)(self.config, name="encoder")
         ids, mask = stack_pairs(self.config, input_ids_a, padding_mask_a, input_ids_b, padding_mask_b)
         u, v = jnp.split(sentence_vectors(encoder, ids, None, mask, deterministic), 2)
         features = jnp.concatenate([u, v, jnp.abs(u - v)], axis=-1)

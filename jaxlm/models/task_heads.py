@@ -1,7 +1,8 @@
-"""Fine-tuning heads on an encoder backbone (BertEncoder, or AlbertEncoder for ALBERT; its parameters
-under `encoder`, as in pretraining): sequence classification and regression, token classification,
-extractive question answering and multiple choice, each pooling as its Hugging Face counterpart does, and
-token classification through a CRF; and a decoder's sequence classification from its last token."""
+"""Fine-tuning heads on an encoder backbone (the one its config's family registers in jaxlm.families:
+BertEncoder, or AlbertEncoder for ALBERT; its parameters under `encoder`, as in pretraining): sequence
+classification and regression, token classification, extractive question answering and multiple choice, each
+pooling as its Hugging Face counterpart does, and token classification through a CRF; and a decoder's sequence
+classification from its last token."""
 from __future__ import annotations
 
 from typing import Callable
@@ -13,7 +14,6 @@ import jax.numpy as jnp
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.crf import CRF
 from jaxlm.models.decoder import Decoder
-from jaxlm.models.encoder import BertEncoder
 from jaxlm.nn.dropout import Dropout
 from jaxlm.nn.layers import Dense, normal_init
 
@@ -21,6 +21,36 @@ from jaxlm.nn.layers import Dense, normal_init
 # dense + tanh on the first token's state; DistilBERT's dense + ReLU on it; that state alone; the
 # mean of the real tokens' states.
 POOLINGS = ("pooler", "first_dense_tanh", "first_dense_relu", "first", "mean")
+
+
+def check_labels(head: nn.Module) -> None:
+    if head.num_labels < 1:
+        raise ValueError(f"{type(head).__name__}: num_labels={head.num_labels}; use 1 (regression) or more classes")
+
+
+def encoder_backbone(head: nn.Module) -> Callable[..., nn.Module]:
+    """The head's `backbone`, or where it gives none the encoder its config's family registers (the one the
+    fine-tune command uses); ValueError for a family without one, naming those with one."""
+    if head.backbone is not None:
+        return head.backbone
+    from jaxlm import families  # the registry imports jaxlm.models, so not at import time
+    family = families.get(head.config.family)
+    if family.backbone is None:
+        encoders = [name for name in families.FAMILIES if families.get(name).backbone is not None]
+        decoder_head = family.generates == "causal" and isinstance(head, SequenceClassifier)
+        instead = "; a decoder's is DecoderClassifier" if decoder_head else ""
+        raise ValueError(f"{type(head).__name__} sits on an encoder, which a {head.config.family} model has not; "
+                         f"families with one: {', '.join(encoders)}{instead}")
+    return family.backbone
+
+
+def family_pooling(head: nn.Module, choices: bool = False) -> str:
+    """The head's `pooling`, or where it gives none its family's Hugging Face head's."""
+    if head.pooling is not None:
+        return head.pooling
+    from jaxlm import families
+    family = families.get(head.config.family)
+    return family.choice_pooling if choices else family.pooling
 
 
 def mean_states(hidden: jax.Array, mask: jax.Array) -> jax.Array:
@@ -57,13 +87,19 @@ class SequenceClassifier(nn.Module):
 
     config: TransformerConfig
     num_labels: int
-    pooling: str = "pooler"
-    backbone: Callable[..., nn.Module] = BertEncoder
+    pooling: str | None = None  # None: the family's
+    backbone: Callable[..., nn.Module] | None = None  # None: the family's
+
+    def __post_init__(self):
+        check_labels(self)
+        encoder_backbone(self)
+        super().__post_init__()
 
     @nn.compact
     def __call__(self, input_ids, segment_ids=None, padding_mask=None, deterministic: bool = True):
-        encoder = self.backbone(self.config, name="encoder")
-        summary = summarize(self.config, encoder, self.pooling, input_ids, segment_ids, padding_mask, deterministic)
+        encoder = encoder_backbone(self)(self.config, name="encoder")
+        summary = summarize(self.config, encoder, family_pooling(self), input_ids, segment_ids, padding_mask,
+                            deterministic)
         logits = Dense(self.config, self.num_labels, ("embed",), ("classes",), name="classifier")(summary)
         return logits.astype(jnp.float32)
 
@@ -73,12 +109,18 @@ class TokenClassifier(nn.Module):
 
     config: TransformerConfig
     num_labels: int
-    backbone: Callable[..., nn.Module] = BertEncoder
+    backbone: Callable[..., nn.Module] | None = None  # None: the family's
+
+    def __post_init__(self):
+        check_labels(self)
+        encoder_backbone(self)
+        super().__post_init__()
 
     @nn.compact
     def __call__(self, input_ids, segment_ids=None, padding_mask=None, deterministic: bool = True):
         cfg = self.config
-        hidden = self.backbone(cfg, name="encoder").hidden_states(input_ids, segment_ids, padding_mask, deterministic)
+        encoder = encoder_backbone(self)(cfg, name="encoder")
+        hidden = encoder.hidden_states(input_ids, segment_ids, padding_mask, deterministic)
         hidden = Dropout(cfg.hidden_dropout)(hidden, deterministic=deterministic)
         logits = Dense(cfg, self.num_labels, ("embed",), ("classes",), name="classifier")(hidden)
         return logits.astype(jnp.float32)
@@ -88,12 +130,17 @@ class QuestionAnswering(nn.Module):
     """(start logits, end logits), each [B, T], over the tokens of question + passage."""
 
     config: TransformerConfig
-    backbone: Callable[..., nn.Module] = BertEncoder
+    backbone: Callable[..., nn.Module] | None = None  # None: the family's
+
+    def __post_init__(self):
+        encoder_backbone(self)
+        super().__post_init__()
 
     @nn.compact
     def __call__(self, input_ids, segment_ids=None, padding_mask=None, deterministic: bool = True):
         cfg = self.config
-        hidden = self.backbone(cfg, name="encoder").hidden_states(input_ids, segment_ids, padding_mask, deterministic)
+        encoder = encoder_backbone(self)(cfg, name="encoder")
+        hidden = encoder.hidden_states(input_ids, segment_ids, padding_mask, deterministic)
         logits = Dense(cfg, 2, ("embed",), ("classes",), name="qa_outputs")(hidden).astype(jnp.float32)
         return logits[..., 0], logits[..., 1]
 
@@ -102,16 +149,20 @@ class MultipleChoice(nn.Module):
     """Scores [B, C] of C (context, choice) pairs per example; inputs are [B, C, T]."""
 
     config: TransformerConfig
-    pooling: str = "pooler"
-    backbone: Callable[..., nn.Module] = BertEncoder
+    pooling: str | None = None  # None: the family's
+    backbone: Callable[..., nn.Module] | None = None  # None: the family's
+
+    def __post_init__(self):
+        encoder_backbone(self)
+        super().__post_init__()
 
     @nn.compact
     def __call__(self, input_ids, segment_ids=None, padding_mask=None, deterministic: bool = True):
         batch, choices, length = input_ids.shape
         flat = lambda x: None if x is None else x.reshape(batch * choices, length)
-        encoder = self.backbone(self.config, name="encoder")
-        summary = summarize(self.config, encoder, self.pooling, flat(input_ids), flat(segment_ids),
-                            flat(padding_mask), deterministic)
+        encoder = encoder_backbone(self)(self.config, name="encoder")
+        summary = summarize(self.config, encoder, family_pooling(self, choices=True), flat(input_ids),
+                            flat(segment_ids), flat(padding_mask), deterministic)
         scores = Dense(self.config, 1, ("embed",), ("classes",), name="classifier")(summary)
         return scores.astype(jnp.float32).reshape(batch, choices)
 
@@ -123,11 +174,16 @@ class CrfTagger(nn.Module):
     config: TransformerConfig
     num_labels: int
     labels: tuple[str, ...] | None = None
-    backbone: Callable[..., nn.Module] = BertEncoder
+    backbone: Callable[..., nn.Module] | None = None  # None: the family's
+
+    def __post_init__(self):
+        check_labels(self)
+        encoder_backbone(self)
+        super().__post_init__()
 
     def setup(self):
         cfg = self.config
-        self.encoder = self.backbone(cfg)
+        self.encoder = encoder_backbone(self)(cfg)
         self.dropout = Dropout(cfg.hidden_dropout)
         self.classifier = Dense(cfg, self.num_labels, ("embed",), ("classes",))
         self.crf = CRF(self.num_labels, self.labels)
@@ -156,6 +212,14 @@ class DecoderClassifier(nn.Module):
     config: TransformerConfig
     num_labels: int
 
+    def __post_init__(self):
+        check_labels(self)
+        from jaxlm import families  # the registry imports jaxlm.models, so not at import time
+        if families.get(self.config.family).generates != "causal":
+            raise ValueError(f"DecoderClassifier sits on a decoder, which a {self.config.family} model is not; "
+                             f"decoder families: {', '.join(families.names(generates='causal'))}")
+        super().__post_init__()
+
     @nn.compact
     def __call__(self, input_ids, segment_ids=None, padding_mask=None, deterministic: bool = True):
         cfg = self.config
@@ -177,13 +241,19 @@ class SpanLabeller(nn.Module):
 
     config: TransformerConfig
     num_labels: int
-    backbone: Callable[..., nn.Module] = BertEncoder
+    backbone: Callable[..., nn.Module] | None = None  # None: the family's
+
+    def __post_init__(self):
+        check_labels(self)
+        encoder_backbone(self)
+        super().__post_init__()
 
     @nn.compact
     def __call__(self, input_ids, segment_ids=None, padding_mask=None, span_starts=None, span_ends=None,
                  deterministic: bool = True):
         cfg = self.config
-        hidden = self.backbone(cfg, name="encoder").hidden_states(input_ids, segment_ids, padding_mask, deterministic)
+        encoder = encoder_backbone(self)(cfg, name="encoder")
+        hidden = encoder.hidden_states(input_ids, segment_ids, padding_mask, deterministic)
         hidden = Dropout(cfg.hidden_dropout)(hidden, deterministic=deterministic)
         scores = Dense(cfg, 1, ("embed",), (None,), name="attention")(hidden)[..., 0].astype(jnp.float32)
         positions = jnp.arange(hidden.shape[1])
