@@ -32,3 +32,14 @@ def test_readme_sections_appear_once():
     """An edit that pasted a section twice (it happened once) leaves two headings of one name."""
     headings = re.findall(r"^#{2,3} .+$", (ROOT / "README.md").read_text(), re.M)
     assert len(headings) == len(set(headings)), sorted(h for h in headings if headings.count(h) > 1)
+
+
+def test_readme_names_every_model_preset_and_its_config():
+    """Both lists of presets once lacked llama-1b."""
+    from jaxlm.models import PRESETS
+    readme = (ROOT / "README.md").read_text()
+    library = readme.split("Presets (in `jaxlm.models.PRESETS` and `configs/`): ", 1)[1].split("; each has", 1)[0]
+    assert set(re.findall(r"`([\w.-]+)`", library)) == set(PRESETS)
+    configs = readme.split("Configs in `configs/`: ", 1)[1].split("; a config may", 1)[0]
+    assert set(PRESETS) <= set(re.findall(r"`([\w.-]+)`", configs))
+    assert all((ROOT / "configs" / f"{name}.yaml").is_file() for name in PRESETS)
