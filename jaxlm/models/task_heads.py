@@ -48,7 +48,7 @@ def family_pooling(head: nn.Module, choices: bool = False) -> str:
     """The head's `pooling`, or where it gives none its family's Hugging Face head's."""
     if head.pooling is not None:
         return head.pooling
-    from jaxlm import families
+    from jaxlm import families  # the registry imports jaxlm.models, so not at import time
     family = families.get(head.config.family)
     return family.choice_pooling if choices else family.pooling
 
