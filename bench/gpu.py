@@ -237,10 +237,13 @@ def t5_vocabulary(data_dir: pathlib.Path) -> None:
 
 
 def data_overrides(case: str, data_dir: pathlib.Path) -> list[str]:
-    """The case's data settings, and for T5 the vocabulary `t5_vocabulary` trains."""
+    """The case's data settings, for its preparation and its training alike (a run whose settings did not make its
+    rows is refused): BERT's sentence pairs made in one pass, and for T5 the vocabulary `t5_vocabulary` trains."""
     config, overrides, _ = CASES[case]
     vocab = [f"data.vocab={data_dir / T5_VOCABULARY}"] if config == T5_CONFIG else []
-    return [*(o for o in overrides if o.startswith("data.")), *vocab, f"data.prepared_dir={data_dir / data_name(case)}"]
+    one_pass = ["data.dupe_factor=1"] if "bert" in config else []
+    return [*(o for o in overrides if o.startswith("data.")), *vocab, *one_pass,
+            f"data.prepared_dir={data_dir / data_name(case)}"]
 
 
 def prepare(cases: list[str], data_dir: pathlib.Path, out_dir: pathlib.Path, env: dict) -> None:
@@ -249,7 +252,7 @@ def prepare(cases: list[str], data_dir: pathlib.Path, out_dir: pathlib.Path, env
     for case in dict((data_name(c), c) for c in cases).values():
         if CASES[case][0] == T5_CONFIG:
             t5_vocabulary(data_dir)
-        text = run_logged([sys.executable, "-m", "jaxlm.cli", "prepare", CASES[case][0], "data.dupe_factor=1",
+        text = run_logged([sys.executable, "-m", "jaxlm.cli", "prepare", CASES[case][0],
                            *data_overrides(case, data_dir)], out_dir / f"prepare-{data_name(case)}.log",
                           env | {"JAX_PLATFORMS": "cpu"})
         print(f"prepared {data_dir / data_name(case)}: {_prepared_summary(text)}", flush=True)
