@@ -327,7 +327,6 @@ def loglikelihoods(config: TransformerConfig, params, items: Sequence[Item], *, 
     encoder-decoders the exact likelihood, for encoders the pseudo-log-likelihood. `params` is the
     model's tree as the caller holds it; it is placed on `mesh` by `rules` (defaults: every device,
     data-parallel)."""
-    check_vocabulary(items, config.vocab_size)
     mesh, rules = mesh_and_rules(mesh, rules)
     placed = place_params(params, config, mesh, rules)
     scorer = Scorer(config, mesh, rules, batch_size, mask_id)

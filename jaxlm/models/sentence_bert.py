@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxlm.models.config import TransformerConfig
-from jaxlm.models.task_heads import check_labels, encoder_backbone, mean_states
+from jaxlm.models.task_heads import EncoderHead, encoder_backbone, mean_states
 from jaxlm.nn.layers import Dense
 
 
@@ -37,15 +37,11 @@ def stack_pairs(config: TransformerConfig, ids_a, mask_a, ids_b, mask_b) -> tupl
     return ids, jnp.concatenate([pad(mask_a, False), pad(mask_b, False)])
 
 
-class SentenceEncoder(nn.Module):
+class SentenceEncoder(EncoderHead):
     """Sentence embeddings [B, E] (float32): the backbone's states mean-pooled over the real tokens."""
 
     config: TransformerConfig
     backbone: Callable[..., nn.Module] | None = None  # None: the family's
-
-    def __post_init__(self):
-        encoder_backbone(self)
-        super().__post_init__()
 
     @nn.compact
     def __call__(self, input_ids, segment_ids=None, padding_mask=None, deterministic: bool = True):
@@ -53,18 +49,13 @@ class SentenceEncoder(nn.Module):
         return sentence_vectors(encoder, input_ids, segment_ids, padding_mask, deterministic)
 
 
-class SiameseClassifier(nn.Module):
+class SiameseClassifier(EncoderHead):
     """Logits [B, num_labels] of sentence pairs: texts A and B embedded by one shared encoder (u, v), then a
     linear classifier on concat(u, v, |u - v|), sentence-transformers' SoftmaxLoss default."""
 
     config: TransformerConfig
     num_labels: int
     backbone: Callable[..., nn.Module] | None = None  # None: the family's
-
-    def __post_init__(self):
-        check_labels(self)
-        encoder_backbone(self)
-        super().__post_init__()
 
     @nn.compact
     def __call__(self, input_ids_a, padding_mask_a, input_ids_b, padding_mask_b, deterministic: bool = True):

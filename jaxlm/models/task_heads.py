@@ -53,6 +53,17 @@ def family_pooling(head: nn.Module, choices: bool = False) -> str:
     return family.choice_pooling if choices else family.pooling
 
 
+class EncoderHead(nn.Module):
+    """A head on its config's family's encoder, checked when built: the family has one, and `num_labels`, where the
+    head has it, is 1 or more."""
+
+    def __post_init__(self):
+        if hasattr(self, "num_labels"):
+            check_labels(self)
+        encoder_backbone(self)
+        super().__post_init__()
+
+
 def mean_states(hidden: jax.Array, mask: jax.Array) -> jax.Array:
     weights = mask[..., None].astype(hidden.dtype)
     return (hidden * weights).sum(1) / jnp.maximum(weights.sum(1), 1)
@@ -82,18 +93,13 @@ def summarize(config: TransformerConfig, encoder: nn.Module, pooling: str, input
                    deterministic=deterministic)
 
 
-class SequenceClassifier(nn.Module):
+class SequenceClassifier(EncoderHead):
     """Logits [B, num_labels] of single sequences or segment-A/B pairs (num_labels=1: regression)."""
 
     config: TransformerConfig
     num_labels: int
     pooling: str | None = None  # None: the family's
     backbone: Callable[..., nn.Module] | None = None  # None: the family's
-
-    def __post_init__(self):
-        check_labels(self)
-        encoder_backbone(self)
-        super().__post_init__()
 
     @nn.compact
     def __call__(self, input_ids, segment_ids=None, padding_mask=None, deterministic: bool = True):
@@ -104,17 +110,12 @@ class SequenceClassifier(nn.Module):
         return logits.astype(jnp.float32)
 
 
-class TokenClassifier(nn.Module):
+class TokenClassifier(EncoderHead):
     """Logits [B, T, num_labels] at every token."""
 
     config: TransformerConfig
     num_labels: int
     backbone: Callable[..., nn.Module] | None = None  # None: the family's
-
-    def __post_init__(self):
-        check_labels(self)
-        encoder_backbone(self)
-        super().__post_init__()
 
     @nn.compact
     def __call__(self, input_ids, segment_ids=None, padding_mask=None, deterministic: bool = True):
@@ -126,15 +127,11 @@ class TokenClassifier(nn.Module):
         return logits.astype(jnp.float32)
 
 
-class QuestionAnswering(nn.Module):
+class QuestionAnswering(EncoderHead):
     """(start logits, end logits), each [B, T], over the tokens of question + passage."""
 
     config: TransformerConfig
     backbone: Callable[..., nn.Module] | None = None  # None: the family's
-
-    def __post_init__(self):
-        encoder_backbone(self)
-        super().__post_init__()
 
     @nn.compact
     def __call__(self, input_ids, segment_ids=None, padding_mask=None, deterministic: bool = True):
@@ -145,16 +142,12 @@ class QuestionAnswering(nn.Module):
         return logits[..., 0], logits[..., 1]
 
 
-class MultipleChoice(nn.Module):
+class MultipleChoice(EncoderHead):
     """Scores [B, C] of C (context, choice) pairs per example; inputs are [B, C, T]."""
 
     config: TransformerConfig
     pooling: str | None = None  # None: the family's
     backbone: Callable[..., nn.Module] | None = None  # None: the family's
-
-    def __post_init__(self):
-        encoder_backbone(self)
-        super().__post_init__()
 
     @nn.compact
     def __call__(self, input_ids, segment_ids=None, padding_mask=None, deterministic: bool = True):
@@ -167,7 +160,7 @@ class MultipleChoice(nn.Module):
         return scores.astype(jnp.float32).reshape(batch, choices)
 
 
-class CrfTagger(nn.Module):
+class CrfTagger(EncoderHead):
     """Emissions [B, W, num_labels] at the first subword of each word (`word_positions`), for a
     linear-chain CRF over the words; `labels` in tag order constrain its transitions to BIO's rules."""
 
@@ -175,11 +168,6 @@ class CrfTagger(nn.Module):
     num_labels: int
     labels: tuple[str, ...] | None = None
     backbone: Callable[..., nn.Module] | None = None  # None: the family's
-
-    def __post_init__(self):
-        check_labels(self)
-        encoder_backbone(self)
-        super().__post_init__()
 
     def setup(self):
         cfg = self.config
@@ -234,7 +222,7 @@ class DecoderClassifier(nn.Module):
         return (pooled @ score.astype(pooled.dtype)).astype(jnp.float32)
 
 
-class SpanLabeller(nn.Module):
+class SpanLabeller(EncoderHead):
     """Logits [B, S, num_labels + 1] (class 0: no entity) of the spans from `span_starts` to `span_ends`
     (tokens, inclusive), each span represented by its boundary states and an attention-pooled summary of
     its tokens (a learned score per token, softmax within the span), through a two-layer classifier."""
@@ -242,11 +230,6 @@ class SpanLabeller(nn.Module):
     config: TransformerConfig
     num_labels: int
     backbone: Callable[..., nn.Module] | None = None  # None: the family's
-
-    def __post_init__(self):
-        check_labels(self)
-        encoder_backbone(self)
-        super().__post_init__()
 
     @nn.compact
     def __call__(self, input_ids, segment_ids=None, padding_mask=None, span_starts=None, span_ends=None,
