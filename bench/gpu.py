@@ -220,6 +220,29 @@ def data_name(case: str) -> str:
     return f"{pathlib.Path(config).stem}-{seq}"
 
 
+def staged_tokenizer(config: str, data_dir: pathlib.Path) -> pathlib.Path:
+    """The folder under `data_dir` that holds the config's tokenizer for --train (`stage_tokenizer`)."""
+    return data_dir / f"{pathlib.Path(config).stem}-tokenizer"
+
+
+def stage_tokenizer(config: str, data_dir: pathlib.Path) -> None:
+    """Copies the files of the config's packaged tokenizer (BERT's vocab.txt, GPT-2's BPE files) into
+    `staged_tokenizer`, which its cases' preparation and training then name: the GPU machine cannot fetch the
+    packages they come from."""
+    # here, not at the top: on the GPU machine this script runs from the tree, without jaxlm on its path
+    from jaxlm.config import load
+    from jaxlm.data.tokenizers.load import NAME_IN_A_DIRECTORY, tokenizer_path
+
+    source = tokenizer_path(load(config).data.vocab)
+    target = staged_tokenizer(config, data_dir)
+    shutil.rmtree(target, ignore_errors=True)
+    if source.is_dir():
+        shutil.copytree(source, target)
+    else:
+        target.mkdir(parents=True)
+        shutil.copy(source, target / NAME_IN_A_DIRECTORY[source.suffix])
+
+
 def t5_vocabulary(data_dir: pathlib.Path) -> None:
     """Trains T5_VOCABULARY in `data_dir` unless it is there: a SentencePiece unigram model of T5's size
     (32,028 pieces and 100 sentinels make 32,128) on the demo corpus. T5's own spiece.model is not at hand
@@ -240,7 +263,7 @@ def data_overrides(case: str, data_dir: pathlib.Path) -> list[str]:
     """The case's data settings, for its preparation and its training alike (a run whose settings did not make its
     rows is refused): BERT's sentence pairs made in one pass, and for T5 the vocabulary `t5_vocabulary` trains."""
     config, overrides, _ = CASES[case]
-    vocab = [f"data.vocab={data_dir / T5_VOCABULARY}"] if config == T5_CONFIG else []
+    vocab = [f"data.vocab={data_dir / T5_VOCABULARY if config == T5_CONFIG else staged_tokenizer(config, data_dir)}"]
     one_pass = ["data.dupe_factor=1"] if "bert" in config else []
     return [*(o for o in overrides if o.startswith("data.")), *vocab, *one_pass,
             f"data.prepared_dir={data_dir / data_name(case)}"]
@@ -252,6 +275,8 @@ def prepare(cases: list[str], data_dir: pathlib.Path, out_dir: pathlib.Path, env
     for case in dict((data_name(c), c) for c in cases).values():
         if CASES[case][0] == T5_CONFIG:
             t5_vocabulary(data_dir)
+        else:
+            stage_tokenizer(CASES[case][0], data_dir)
         text = run_logged([sys.executable, "-m", "jaxlm.cli", "prepare", CASES[case][0],
                            *data_overrides(case, data_dir)], out_dir / f"prepare-{data_name(case)}.log",
                           env | {"JAX_PLATFORMS": "cpu"})

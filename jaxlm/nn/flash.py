@@ -56,7 +56,11 @@ BIAS_CHUNKS = 4  # the batch's chunks whose bias gradients are summed separately
 # key blocks whose bias gradients one program keeps in registers (and whose keys and values Triton buffers in
 # shared memory: 12 blocks overflow an H100's); longer keys are split into groups, their dq summed by XLA
 GROUP_BLOCKS = 8
-TRITON = plgpu.CompilerParams(num_warps=4, num_stages=2)  # each kernel's warps and software-pipelining stages
+# each kernel's warps and software-pipelining stages: 3 stages were 5% faster than 2 on an H200 (T5's encoder, BERT's
+# and GPT-2's shapes, `bench/attention_kernels.py --sweep`); the kernels that sum the bias's gradient over the
+# batch (BIAS_GRADIENT "fused" and "separate") keep 2, as 3 overflow the shared memory of the separate one
+TRITON = plgpu.CompilerParams(num_warps=4, num_stages=3)
+BIAS_SUM_TRITON = plgpu.CompilerParams(num_warps=4, num_stages=2)
 # "stored": the logits' gradient written by the keys' and values' kernel, dq and the bias's gradient from it in XLA;
 # "fused": the queries' gradient kernel sums the bias's too (DQ_BLOCK rows, GROUP_BLOCKS, BIAS_CHUNKS); "separate":
 # a kernel of its own, one program per (query block, key block, head) summing the whole batch in one tile, the
@@ -369,7 +373,7 @@ def _backward(q, k, v, bias, keys, segments, seed, out, stats, do, scale, causal
         out_specs=[_whole(dq_shape)] + ([] if not fused else [pl.BlockSpec(
             (None, None, block_q, group_length), lambda i, h, cg: (cg // groups, h, i, cg % groups))]),
         out_shape=[dq_shape] + ([] if not fused else [dbias_shape]),
-        compiler_params=TRITON, interpret=interpret, name="flash_query_grad",
+        compiler_params=BIAS_SUM_TRITON if fused else TRITON, interpret=interpret, name="flash_query_grad",
     )(seed, q, k, v, bias, keys, segments, do, stats, delta)
     dq = jnp.sum(outputs[0], axis=0).astype(q.dtype)
     if bias is None:
@@ -381,7 +385,7 @@ def _backward(q, k, v, bias, keys, segments, seed, out, stats, do, scale, causal
         functools.partial(_bias_grad_kernel, **statics), grid=(q_length // BLOCK, k_length // BLOCK, local_heads),
         in_specs=[_whole(seed), *whole, tile, *rest], out_specs=tile,
         out_shape=jax.ShapeDtypeStruct((1, local_heads, q_length, k_length), jnp.float32),
-        compiler_params=TRITON, interpret=interpret, name="flash_bias_grad",
+        compiler_params=BIAS_SUM_TRITON, interpret=interpret, name="flash_bias_grad",
     )(seed, q, k, v, bias, keys, segments, do, stats, delta)
     return dq, dk, dv, dbias.astype(bias.dtype)
 
