@@ -127,3 +127,18 @@ def test_options_another_mode_would_ignore_are_refused_before_any_work(options, 
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.endswith(f"gpu.py: error: {expected}\n"), proc.stderr
     assert not out.exists() and not (ROOT / "DIR").exists()
+
+
+@pytest.mark.parametrize("case", ["bert128", "gpt2"])
+def test_train_data_names_a_staged_copy_of_the_packaged_tokenizer(case, tmp_path):
+    """The GPU machine cannot fetch the packages BERT's and GPT-2's tokenizers come from: --prepare copies them
+    into DIR, and the cases' preparation and training name that copy, which tokenizes as the packaged one."""
+    from jaxlm.data.tokenizers.load import load_tokenizer
+
+    config = bench_gpu.CASES[case][0]
+    bench_gpu.stage_tokenizer(config, tmp_path)
+    staged = bench_gpu.staged_tokenizer(config, tmp_path)
+    assert f"data.vocab={staged}" in bench_gpu.data_overrides(case, tmp_path)
+    text = "The quick brown fox. Isn't it?"
+    packaged = load_tokenizer(config_lib.load(ROOT / config).data.vocab)
+    assert load_tokenizer(staged).encode(text) == packaged.encode(text)
