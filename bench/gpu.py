@@ -137,11 +137,12 @@ def last_json(text: str) -> dict | None:
     return None
 
 
-def run_logged(command: list[str], log: pathlib.Path, env: dict) -> str:
-    """Runs `command` from the repository root with its output in `log`; returns that output."""
+def run_logged(command: list[str], log: pathlib.Path, env: dict) -> subprocess.CompletedProcess:
+    """Runs `command` from the repository root with its output in `log`; returns its exit status and (as stdout)
+    that output."""
     with log.open("w") as out:
-        subprocess.run(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
-    return log.read_text()
+        done = subprocess.run(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
+    return subprocess.CompletedProcess(command, done.returncode, log.read_text())
 
 
 def case_env(case: str, env: dict) -> dict:
@@ -154,7 +155,7 @@ def bench_process(case: str, extra: list[str], options: list[str], log: pathlib.
     """`jaxlm bench` of the case with `options`, its output in `log`: its JSON row, or why there is none."""
     config, overrides, _ = CASES[case]
     text = run_logged([sys.executable, "-m", "jaxlm.cli", "bench", config, *overrides, *extra, "--json", *options],
-                      log, case_env(case, env))
+                      log, case_env(case, env)).stdout
     return last_json(text) or _failed(text, log)
 
 
@@ -185,7 +186,7 @@ def plan(case: str, extra: list[str], out_dir: pathlib.Path, env: dict) -> dict:
     path = os.pathsep.join(p for p in (str(plugin) if plugin.is_dir() else "", env.get("PYTHONPATH", "")) if p)
     text = run_logged([sys.executable, "-m", "jaxlm.cli", "compile", config, *overrides, *extra, "--topology", "h100",
                        "--plan", "--json"], out_dir / f"plan-{case}.log",
-                      case_env(case, env) | {"JAX_PLATFORMS": "cpu", "PYTHONPATH": path})
+                      case_env(case, env) | {"JAX_PLATFORMS": "cpu", "PYTHONPATH": path}).stdout
     return last_json(text) or _failed(text, out_dir / f"plan-{case}.log")
 
 
@@ -271,16 +272,23 @@ def data_overrides(case: str, data_dir: pathlib.Path) -> list[str]:
 
 def prepare(cases: list[str], data_dir: pathlib.Path, out_dir: pathlib.Path, env: dict) -> None:
     """Prepares the demo corpus once per data_name of `cases` into `data_dir` (on the CPU, where the corpora
-    and tokenizers are at hand), for `--train` on a machine that has neither."""
+    and tokenizers are at hand), for `--train` on a machine that has neither; exits 1 naming those that failed."""
+    failed = []
     for case in dict((data_name(c), c) for c in cases).values():
         if CASES[case][0] == T5_CONFIG:
             t5_vocabulary(data_dir)
         else:
             stage_tokenizer(CASES[case][0], data_dir)
-        text = run_logged([sys.executable, "-m", "jaxlm.cli", "prepare", CASES[case][0],
-                           *data_overrides(case, data_dir)], out_dir / f"prepare-{data_name(case)}.log",
-                          env | {"JAX_PLATFORMS": "cpu"})
-        print(f"prepared {data_dir / data_name(case)}: {_prepared_summary(text)}", flush=True)
+        log = out_dir / f"prepare-{data_name(case)}.log"
+        done = run_logged([sys.executable, "-m", "jaxlm.cli", "prepare", CASES[case][0],
+                           *data_overrides(case, data_dir)], log, env | {"JAX_PLATFORMS": "cpu"})
+        summary = _prepared_summary(done.stdout)
+        if done.returncode:
+            failed.append(data_name(case))
+            summary = f"failed: {_failed(done.stdout, log)['error']}"
+        print(f"prepare {data_dir / data_name(case)}: {summary}", flush=True)
+    if failed:
+        sys.exit(f"gpu.py: preparing {', '.join(failed)} failed: the errors are above")
 
 
 def _prepared_summary(text: str) -> str:
@@ -304,7 +312,7 @@ def train_rate(case: str, extra: list[str], data_dir: pathlib.Path, out_dir: pat
                        *data_overrides(case, data_dir), f"train.run_dir={run_dir}",
                        f"train.steps={TRAIN_STEPS}", f"train.log_every={TRAIN_LOG_EVERY}",
                        f"train.eval_every={never}", f"train.checkpoint_every={never}", "train.eval_batches=1"],
-                      out_dir / f"train-{case}.log", case_env(case, env))
+                      out_dir / f"train-{case}.log", case_env(case, env)).stdout
     metrics = run_dir / "metrics.jsonl"
     rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
     rates = [r["tokens_per_s"] for r in rows if r.get("split") == "train" and "tokens_per_s" in r][1:]
@@ -317,7 +325,7 @@ def peer(cases: list[str], script: pathlib.Path, out_dir: pathlib.Path, env: dic
     """(the peer's bf16 matmul line, its row per case): it prints the matmul line, then one line per case it
     is given (each of its cases once, however many of ours share it)."""
     theirs = list(dict.fromkeys(CASES[c][2] for c in cases))
-    text = run_logged([sys.executable, str(script), *theirs], out_dir / "peer.log", env)
+    text = run_logged([sys.executable, str(script), *theirs], out_dir / "peer.log", env).stdout
     lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
     if not lines:
         return {}, {c: _failed(text, out_dir / "peer.log") for c in cases}

@@ -142,3 +142,18 @@ def test_train_data_names_a_staged_copy_of_the_packaged_tokenizer(case, tmp_path
     text = "The quick brown fox. Isn't it?"
     packaged = load_tokenizer(config_lib.load(ROOT / config).data.vocab)
     assert load_tokenizer(staged).encode(text) == packaged.encode(text)
+
+
+def test_a_failed_preparation_is_named_and_ends_the_call(tmp_path, monkeypatch, capsys):
+    """--prepare printed a failed `jaxlm prepare`'s last line as if it were its summary, and exited 0."""
+    taken = tmp_path / bench_gpu.data_name("bert128")
+    taken.mkdir(parents=True)
+    (taken / "notes.txt").write_text("not prepared data")
+    monkeypatch.setattr(sys, "argv", ["gpu.py", "--prepare", str(tmp_path), "--cases", "bert128",
+                                      "--out", str(tmp_path / "out")])
+    with pytest.raises(SystemExit) as stopped:
+        bench_gpu.main()
+    assert stopped.value.code == f"gpu.py: preparing {taken.name} failed: the errors are above"
+    out = capsys.readouterr().out
+    assert f"prepare {taken}: failed: jaxlm prepare: error: output_dir {taken} already exists" in out
+    assert (taken / "notes.txt").read_text() == "not prepared data"
