@@ -60,8 +60,8 @@ PRESETS: dict[str, TransformerConfig] = {
 
 
 def model_config(preset: str | None = None, **overrides) -> TransformerConfig:
-    """A preset with field overrides, validated; unknown presets or fields, and values `TransformerConfig.validate`
-    refuses, raise ValueError naming them."""
+    """A preset with field overrides, validated; unknown presets, fields or families, and values
+    `TransformerConfig.validate` refuses, raise ValueError naming them."""
     if preset is None:
         base = TransformerConfig()
     elif preset in PRESETS:
@@ -72,6 +72,10 @@ def model_config(preset: str | None = None, **overrides) -> TransformerConfig:
     unknown = sorted(set(overrides) - valid)
     if unknown:
         raise ValueError(f"unknown model keys {unknown}; valid keys: preset, {', '.join(sorted(valid))}")
+    # here, not at the top: jaxlm.families imports the model modules, which this package's __init__ imports
+    from jaxlm.families import get as family
+
     config = dataclasses.replace(base, **overrides)
+    family(config.family)
     config.validate()
     return config

@@ -41,6 +41,8 @@ def test_a_model_size_or_dropout_out_of_range_is_named(field, value, expected):
     ({"num_heads": 0}, "model.num_heads=0 must be positive"),
     ({"attention_kernel": "fast"}, "model.attention_kernel='fast'; choose one of ('xla', 'cudnn', 'flash', 'splash')"),
     ({"hidden_size": 30, "num_heads": 4}, "model.hidden_size=30 is not divisible by model.num_heads=4"),
+    ({"family": "bret"}, "model.family='bret'; choose one of bert, roberta, distilbert, albert, spanbert, gpt2, "
+                         "llama, t5, bart"),
 ])
 def test_model_config_validates_its_overrides(overrides, expected):
     """The library's `model_config` once returned these, and the network failed later inside Flax (num_heads=0 as
