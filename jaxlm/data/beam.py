@@ -64,8 +64,13 @@ def check_beam_args(runner: str, beam_args: Sequence[str]) -> None:
     """ValueError naming what in `beam_args` Beam's option parser refuses (a malformed value, --help: Beam would exit
     inside the pipeline's thread) or does not know (Beam would drop it with a warning in its log)."""
     said, beams_warnings = io.StringIO(), logging.getLogger("apache_beam.options.pipeline_options")
-    level = beams_warnings.level
-    beams_warnings.setLevel(logging.ERROR)  # "Discarding unparseable args": said below, in one line
+    discarded = []
+    def discarding(record):  # "Discarding unparseable args: [...]": kept, and said below in one line
+        if str(record.msg).startswith("Discarding unparseable args"):
+            discarded.extend(record.args[0])
+            return False
+        return True
+    beams_warnings.addFilter(discarding)
     try:
         with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
             options = pipeline_options(runner, beam_args)
@@ -76,11 +81,14 @@ def check_beam_args(runner: str, beam_args: Sequence[str]) -> None:
         message = lines[-1].partition("error: ")[2] if lines else f"{' '.join(beam_args)} stops Beam's option parser"
         raise ValueError(f"Beam's options: {message}; fix --beam-args") from None
     finally:
-        beams_warnings.setLevel(level)
+        beams_warnings.removeFilter(discarding)
     unknown = [f"--{name}" for name in given if name not in known]
     if unknown:
         raise ValueError(f"Beam's options: no Beam runner knows {', '.join(unknown)}; fix --beam-args (the runner's "
                          "own flags, e.g. --beam-args \"--project=P --region=R\" for dataflow)")
+    if discarded:  # with every flag known, what Beam discards are words that no flag takes
+        raise ValueError(f"Beam's options: {' '.join(map(str, discarded))} follows no option that takes a value; fix "
+                         "--beam-args (give a value as --name=value)")
 
 
 def direct_workers(workers: int) -> list[str]:

@@ -196,11 +196,13 @@ def test_a_worker_that_dies_fails_the_preparation_and_no_piece_is_taken_for_comp
     ("--no_such_option", "no Beam runner knows --no_such_option; fix --beam-args (the runner's own flags, e.g. "
                          "--beam-args \"--project=P --region=R\" for dataflow)"),
     ("--direct_running_mode=threads", "argument --direct_running_mode: invalid choice: 'threads' (choose from "
-                                      "'in_memory', 'multi_threading', 'multi_processing'); fix --beam-args")])
+                                      "'in_memory', 'multi_threading', 'multi_processing'); fix --beam-args"),
+    ("--direct_num_workers 1 stray", "stray follows no option that takes a value; fix --beam-args (give a value as "
+                                     "--name=value)")])
 def test_beam_args_that_beam_refuses_are_named_before_any_work(tmp_path, bad_line_corpus, beam_args, expected):
     """Beam's option parser exited inside the pipeline's thread: `jaxlm prepare` once ended with status 2 and no
     word on the terminal (Beam's usage went to beam.log, deleted with the work directory); an unknown option was
-    dropped with a warning into that log."""
+    dropped with a warning into that log, as was a word no option takes."""
     _, clean = bad_line_corpus
     out = tmp_path / "out"
     config = write_config(tmp_path, {"data": {"corpus": [str(clean)], "valid_fraction": 0.3}})
