@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxlm import families
+from jaxlm import families, file_lock
 from jaxlm.data.layouts import build_rows, check_roles, record_dtype
 from jaxlm.data.pieces import Piece, is_tfds, piece_documents, plan_pieces, source_documents, source_info
 from jaxlm.data.records import write_shards
@@ -44,24 +44,34 @@ def split_documents(n: int, valid_fraction: float, seed: int) -> tuple[np.ndarra
     return np.sort(order[n_valid:]), np.sort(order[:n_valid])
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during a preparation, which stops as Ctrl-C stops it (Beam's workers too); its exit status is
+    128 + SIGTERM."""
+
+
 @contextlib.contextmanager
 def deferred_interrupts():
-    """Ctrl-C inside the block raises KeyboardInterrupt at the next call of the yielded check, not
-    wherever Python happens to be: raised inside JAX's garbage-collection hook it would be ignored."""
+    """Ctrl-C (and SIGTERM) inside the block raises KeyboardInterrupt (Terminated) at the next call of the yielded
+    check, not wherever Python happens to be: raised inside JAX's garbage-collection hook it would be ignored, and
+    SIGTERM's default action ended the process at once, leaving Beam's worker processes running."""
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         yield lambda: None
         return
-    pressed = []
-    previous = signal.signal(signal.SIGINT, lambda *_: pressed.append(True))
+    received = []
+    previous = {number: signal.signal(number, lambda number, _: received.append(number))
+                for number in (signal.SIGINT, signal.SIGTERM)}
 
     def check():
-        if pressed:
+        if signal.SIGTERM in received:
+            raise Terminated
+        if received:
             raise KeyboardInterrupt
 
     try:
         yield check
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
     check()
 
 
@@ -96,6 +106,27 @@ def _replace_dir(tmp: Path, output_dir: Path) -> None:
     os.replace(tmp, output_dir)
     if old is not None:
         shutil.rmtree(old)
+
+
+@contextlib.contextmanager
+def _preparing(output_dir: Path):
+    """Holds the lock of output_dir's preparation (`.NAME.lock` beside it, deleted as it ends) for the block; a
+    ValueError where another process holds it: two preparations of one folder would write each other's pieces and
+    rows."""
+    lock = lock_path(output_dir)
+    fd, holder = file_lock.take(lock)
+    if fd is None:
+        raise ValueError(f"{output_dir} is being prepared by {holder} (its lock {lock}); wait for it to end, or "
+                         "give another data.prepared_dir")
+    try:
+        yield
+    finally:
+        file_lock.release(lock, fd)
+
+
+def lock_path(output_dir: Path) -> Path:
+    """The lock file a preparation of output_dir holds."""
+    return output_dir.with_name(f".{output_dir.name}.lock")
 
 
 def partial_dir(output_dir: Path) -> Path:
@@ -249,54 +280,54 @@ def prepare(input_files: Sequence[str | os.PathLike], output_dir: str | os.PathL
     seed = data.seed
     sources = [source_info(p, tfds_dir(data.tfds_data_dir)) for p in input_files]  # as they are before reading
     recorded_settings = preparation_settings(input_files, tokenizer, family, data)
-    work = partial_dir(output_dir)
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    _open_work(work, recorded_settings | {"input_stats": [_input_stat(p) for p in input_files],
-                                          "piece_mb": data.piece_mb}, progress)
-    pieces = [piece for s, source in enumerate(input_files)
-              for piece in plan_pieces(s, source, tfds_dir(data.tfds_data_dir), piece_mb=data.piece_mb)]
-    with deferred_interrupts() as check:
-        if runner:
-            tokenize_on_beam(pieces, input_files, tokenizer, work, data, runner, beam_args, check)
-        else:
-            tokenize_pieces(pieces, input_files, tokenizer, work, data, progress, check)
-        corpus = TokenizedCorpus(work, pieces)
-        source_of = np.repeat([p.source for p in pieces], corpus.piece_documents).astype(np.int32)
-        per_source = np.bincount(source_of, minlength=len(input_files))
-        index_in_source = np.arange(len(corpus)) - np.r_[0, np.cumsum(per_source)][source_of]
-        split_ids = dict(zip(SPLITS, split_documents(len(corpus), data.valid_fraction, seed)))
-        dtype = record_dtype(tokenizer.vocab_size, data.max_seq_length)
-        manifest = {"format": FORMAT, "record": RECORD, **recorded_settings,
-                    "sources": [source | {"documents": int(n)} for source, n in zip(sources, per_source)],
-                    "vocab_size": int(tokenizer.vocab_size), "special_ids": special, "record_dtype": dtype,
-                    "splits": {}}
-        tmp = work / "out"
-        tmp.mkdir()
-        tmp.chmod(0o755)
-        for k, (split, ids) in enumerate(split_ids.items()):
-            if len(ids) == 0:
-                continue
-            with RowSpill(work / f"rows-{split}.bin", dtype) as spill, \
-                    tqdm(desc=f"rows {split}", unit="row", disable=not progress) as bar:
-                for row in build_rows(registered.layout, Documents(corpus, ids), np.random.default_rng([seed, 1, k]),
-                                      data, special):
-                    spill.append(row)
-                    bar.update()
-                    check()
-                spill.seal()
-                if len(spill) == 0:
-                    raise ValueError(_empty_split(split, len(ids), len(corpus), data.valid_fraction))
-                order = np.random.default_rng([seed, 2, k]).permutation(len(spill))
-                manifest["splits"][split] = {
-                    "documents": len(ids), "examples": len(spill), "tokens": spill.tokens,
-                    **({"random_next": spill.labels} if registered.layout == "nsp_pairs" else {}),
-                    "shards": write_shards(_Shuffled(spill, order), tmp, split, data.shard_size, progress),
-                }
-            os.remove(work / f"rows-{split}.bin")
-        corpus.close()
-    np.save(tmp / WORD_STARTS, word_start_table(tokenizer))
-    _write_documents_json(tmp / DOCUMENTS, split_ids, source_of, index_in_source)
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
-    _replace_dir(tmp, output_dir)
-    shutil.rmtree(work)
-    return manifest
+    with _preparing(output_dir):
+        work = partial_dir(output_dir)
+        _open_work(work, recorded_settings | {"input_stats": [_input_stat(p) for p in input_files],
+                                              "piece_mb": data.piece_mb}, progress)
+        pieces = [piece for s, source in enumerate(input_files)
+                  for piece in plan_pieces(s, source, tfds_dir(data.tfds_data_dir), piece_mb=data.piece_mb)]
+        with deferred_interrupts() as check:
+            if runner:
+                tokenize_on_beam(pieces, input_files, tokenizer, work, data, runner, beam_args, check)
+            else:
+                tokenize_pieces(pieces, input_files, tokenizer, work, data, progress, check)
+            corpus = TokenizedCorpus(work, pieces)
+            source_of = np.repeat([p.source for p in pieces], corpus.piece_documents).astype(np.int32)
+            per_source = np.bincount(source_of, minlength=len(input_files))
+            index_in_source = np.arange(len(corpus)) - np.r_[0, np.cumsum(per_source)][source_of]
+            split_ids = dict(zip(SPLITS, split_documents(len(corpus), data.valid_fraction, seed)))
+            dtype = record_dtype(tokenizer.vocab_size, data.max_seq_length)
+            manifest = {"format": FORMAT, "record": RECORD, **recorded_settings,
+                        "sources": [source | {"documents": int(n)} for source, n in zip(sources, per_source)],
+                        "vocab_size": int(tokenizer.vocab_size), "special_ids": special, "record_dtype": dtype,
+                        "splits": {}}
+            tmp = work / "out"
+            tmp.mkdir()
+            tmp.chmod(0o755)
+            for k, (split, ids) in enumerate(split_ids.items()):
+                if len(ids) == 0:
+                    continue
+                with RowSpill(work / f"rows-{split}.bin", dtype) as spill, \
+                        tqdm(desc=f"rows {split}", unit="row", disable=not progress) as bar:
+                    rng = np.random.default_rng([seed, 1, k])
+                    for row in build_rows(registered.layout, Documents(corpus, ids), rng, data, special):
+                        spill.append(row)
+                        bar.update()
+                        check()
+                    spill.seal()
+                    if len(spill) == 0:
+                        raise ValueError(_empty_split(split, len(ids), len(corpus), data.valid_fraction))
+                    order = np.random.default_rng([seed, 2, k]).permutation(len(spill))
+                    manifest["splits"][split] = {
+                        "documents": len(ids), "examples": len(spill), "tokens": spill.tokens,
+                        **({"random_next": spill.labels} if registered.layout == "nsp_pairs" else {}),
+                        "shards": write_shards(_Shuffled(spill, order), tmp, split, data.shard_size, progress),
+                    }
+                os.remove(work / f"rows-{split}.bin")
+            corpus.close()
+        np.save(tmp / WORD_STARTS, word_start_table(tokenizer))
+        _write_documents_json(tmp / DOCUMENTS, split_ids, source_of, index_in_source)
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        _replace_dir(tmp, output_dir)
+        shutil.rmtree(work)
+        return manifest

@@ -2,35 +2,19 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import pathlib
-import socket
 from typing import Iterator
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from jaxlm import file_lock
 from jaxlm.config import ConfigError
 from jaxlm.train.storage import in_cloud
 
 LOCK_FILE = "train.lock"
-
-
-def _take(run_dir: pathlib.Path) -> tuple[int | None, str]:
-    """(the open lock file, "") once the lock is ours; (None, who holds it) when another process does."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
-        os.close(fd)
-        return None, holder or "another process"
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}".encode(), 0)
-    return fd, ""
 
 
 @contextlib.contextmanager
@@ -42,7 +26,7 @@ def writing(run_dir: str) -> Iterator[None]:
     cloud storage has no lock."""
     fd, holder = None, ""
     if jax.process_index() == 0 and not in_cloud(run_dir):
-        fd, holder = _take(pathlib.Path(run_dir))
+        fd, holder = file_lock.take(pathlib.Path(run_dir) / LOCK_FILE)
     free = not holder
     if jax.process_count() > 1:
         free = bool(multihost_utils.broadcast_one_to_all(np.int32(free)))

@@ -4,6 +4,7 @@ import json
 import os
 import resource
 import shutil
+import socket
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -438,3 +439,27 @@ def test_a_split_that_comes_out_empty_is_refused_and_no_manifest_written(tmp_pat
         "give data.corpus more text")
     assert not (out / prep.MANIFEST).exists()
     assert prep._empty_split("valid", 1, 2, 0.05).endswith("or a larger data.valid_fraction (now 0.05)")
+
+
+def test_a_second_preparation_of_one_folder_is_refused_while_the_first_runs(tmp_path, tokenizer):
+    """Two preparations of one folder at once wrote each other's pieces and rows; the second is now refused before
+    any work, and the lock goes with its holder, even one killed (SIGKILL)."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("One sentence here.\nAnother one.\n\nSecond document.\nIt ends.\n\nThird document.\nMore.\n")
+    out, lock = tmp_path / "out", prep.lock_path(tmp_path / "out")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import pathlib, sys, time; from jaxlm import file_lock; "
+         "file_lock.take(pathlib.Path(sys.argv[1])); print('held', flush=True); time.sleep(600)", str(lock)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(ValueError) as refused:
+            prepare([corpus], out, tokenizer, progress=False)
+        assert str(refused.value) == (f"{out} is being prepared by process {holder.pid} on {socket.gethostname()} "
+                                      f"(its lock {lock}); wait for it to end, or give another data.prepared_dir")
+        assert not out.exists() and not partial_dir(out).exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    prepare([corpus], out, tokenizer, valid_fraction=0.3, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt", "out"]
