@@ -25,7 +25,7 @@ from jaxlm.convert.names import flatten
 from jaxlm.corpora.models import PACKAGED_MODELS
 from jaxlm.data.bench import bench_data, format_data_table, median_rows
 from jaxlm.data.pipeline import open_data
-from jaxlm.data.prepare import already_prepared, prepare, preparation_settings
+from jaxlm.data.prepare import Terminated, already_prepared, prepare, preparation_settings
 from jaxlm.data.sources import model_tokenizer, resolve_corpus
 from jaxlm.data.tokenized import TokenizationFailed
 from jaxlm.data.tokenizers import tokenize_cli, trainer_cli
@@ -501,10 +501,11 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingStopped as err:
         print(f"jaxlm {getattr(args, 'label', args.command)}: stopped: {err}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         again = " (the same command continues where this one stopped)" if args.command == "prepare" else ""
-        print(f"jaxlm {getattr(args, 'label', args.command)}: interrupted{again}", file=sys.stderr)
-        return 130
+        how = "stopped by SIGTERM" if isinstance(stop, Terminated) else "interrupted"
+        print(f"jaxlm {getattr(args, 'label', args.command)}: {how}{again}", file=sys.stderr)
+        return 128 + signal.SIGTERM if isinstance(stop, Terminated) else 130
     return 0
 
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 import jaxlm.data.prepare as prep
@@ -60,26 +61,49 @@ def _pieces_done(out):
     return len(list(partial_dir(out).glob("piece-*.documents")))
 
 
-def test_ctrl_c_to_a_beam_preparation_and_the_same_command_again_finish_with_the_same_output(tmp_path, demo_files):
-    config = write_config(tmp_path, {"data": {"corpus": [str(p) for p in demo_files], "dupe_factor": 1,
-                                              "piece_mb": 0.05, "valid_fraction": 0.1, "seed": 3}})
-    reference, out = tmp_path / "reference", tmp_path / "data" / "beam"
-    run_cli("prepare", config, f"data.prepared_dir={reference}")
-    # Ctrl-C's handler as in a terminal, even where the suite runs as a background job (SIGINT ignored)
+def _beam_preparation(config, out):
+    """`jaxlm prepare` on Beam with 2 workers, in a session of its own, once it has tokenized 3 more pieces than
+    `out` held; Ctrl-C's handler as in a terminal, even where the suite runs as a background job (SIGINT ignored)."""
+    start = _pieces_done(out)
     command = [sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
                "from jaxlm.cli import main; sys.exit(main(sys.argv[1:]))", "prepare", str(config),
                f"data.prepared_dir={out}", "--runner", "direct", "--workers", "2"]
     proc = subprocess.Popen(command, cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 300
-    while _pieces_done(out) < 3 and proc.poll() is None and time.time() < deadline:
+    while _pieces_done(out) < start + 3 and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
+    return proc
+
+
+def test_ctrl_c_or_sigterm_to_a_beam_preparation_and_the_same_command_again_finish_with_the_same_output(
+        tmp_path, demo_files):
+    """Ctrl-C to the command and its workers, then SIGTERM to the command alone (as a job scheduler stops it): each
+    stops it with its tokenized pieces kept. SIGTERM once ended the command at once, silent, its workers running."""
+    config = write_config(tmp_path, {"data": {"corpus": [str(p) for p in demo_files], "dupe_factor": 1,
+                                              "piece_mb": 0.05, "valid_fraction": 0.1, "seed": 3}})
+    reference, out = tmp_path / "reference", tmp_path / "data" / "beam"
+    run_cli("prepare", config, f"data.prepared_dir={reference}")
+    proc = _beam_preparation(config, out)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the command and its workers
     output = proc.communicate(timeout=300)[0]
     assert proc.returncode == 130 and "interrupted (the same command continues where this one stopped)" in output
     assert "Traceback" not in output and not out.exists()
     kept = _pieces_done(out)
     assert kept >= 3
+
+    proc = _beam_preparation(config, out)
+    workers = psutil.Process(proc.pid).children(recursive=True)
+    assert workers, "the preparation started no worker processes"
+    os.kill(proc.pid, signal.SIGTERM)
+    output = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 128 + signal.SIGTERM, output
+    assert "stopped by SIGTERM (the same command continues where this one stopped)" in output
+    assert "Traceback" not in output and not out.exists()
+    assert not [w.pid for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+    assert f"continuing an interrupted preparation: {kept} tokenized piece(s)" in output
+    kept = _pieces_done(out)
+
     again = run_cli("prepare", config, f"data.prepared_dir={out}", "--runner", "direct", "--workers", "2")
     assert f"continuing an interrupted preparation: {kept} tokenized piece(s)" in again.stdout
     assert files(out) == files(reference) and not partial_dir(out).exists()
