@@ -84,7 +84,14 @@ def _tfds_records(spec: str, where: str, data_dir):
         raise type(err)(f"{where}{err}") from None
     names = _class_names(source.dataset_info.features)
     for index in range(len(source)):
-        yield {key: _decoded(value, names.get(key)) for key, value in source[index].items()}
+        record = {}
+        for key, value in source[index].items():
+            try:
+                record[key] = _decoded(value, names.get(key))
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{where}{spec} example {index + 1}: not UTF-8 (byte {err.start} of its {key!r}: "
+                                 f"{err.reason}); fix the dataset") from None
+        yield record
 
 
 def _class_names(features) -> dict[str, list[str]]:

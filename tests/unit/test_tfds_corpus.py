@@ -264,3 +264,7 @@ def test_a_record_that_is_not_utf8_is_named_and_fatal_or_skipped(data_dir, tmp_p
                        undecodable="skip", valid_fraction=0.3, progress=False)
     assert sum(split["documents"] for split in manifest["splits"].values()) == 2
     assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")] == told
+    with pytest.raises(ValueError) as refused:  # as fine-tuning records: a UnicodeDecodeError naming no example
+        read_records(spec, {"text": "text"}, ("text",), "finetune.train", data_dir)
+    assert str(refused.value) == (f"finetune.train: {spec} example 2: not UTF-8 (byte 3 of its 'text': invalid "
+                                  "continuation byte); fix the dataset")
