@@ -20,11 +20,12 @@ from jaxlm import families
 from jaxlm.config import ConfigError, RunConfig
 from jaxlm.data import transfer
 from jaxlm.data.layouts import Row, decode_row
-from jaxlm.data.prepare import FORMAT, FORMAT_V1, MANIFEST, WORD_STARTS
+from jaxlm.data.prepare import FORMAT, FORMAT_V1, MANIFEST, SPACED, WORD_STARTS
 from jaxlm.data.records import ShardedRecords
 from jaxlm.data.seeds import RowGenerators
 from jaxlm.data.settings import PREPARATION_FIELDS, DataConfig, data_settings
 from jaxlm.data.sources import model_tokenizer
+from jaxlm.data.tokenized import sentence_space
 from jaxlm.jsonfile import read_json
 
 
@@ -273,6 +274,10 @@ def open_data(config: RunConfig) -> tuple[object, PretrainingData, PretrainingDa
                               tokenizer_fingerprint=tokenizer.fingerprint(), vocab_size=tokenizer.vocab_size,
                               max_seq_length=config.data.max_seq_length, data=config.data)
               for split in ("train", "valid")]
+    if sentence_space(tokenizer) and not splits[0].manifest.get(SPACED):
+        raise ConfigError(f"the data in {config.data.prepared_dir} was prepared before byte-level BPE kept the space "
+                          "between a document's sentences (GPT-2 read \"end.The\"); re-run `jaxlm prepare CONFIG "
+                          "--overwrite`")
     if len(splits[0]) < config.train.global_batch:
         raise ConfigError(f"the train split has {len(splits[0])} examples, fewer than train.global_batch="
                           f"{config.train.global_batch}; use more text or a smaller batch")

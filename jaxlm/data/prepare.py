@@ -24,10 +24,14 @@ from jaxlm.data.pieces import Piece, is_tfds, piece_documents, plan_pieces, sour
 from jaxlm.data.records import write_shards
 from jaxlm.data.settings import PREPARATION_FIELDS, DataConfig, check_data, data_settings
 from jaxlm.data.sources import tfds_dir
-from jaxlm.data.tokenized import Documents, RowSpill, TokenizedCorpus, piece_done, piece_path, tokenize_piece
+from jaxlm.data.tokenized import (Documents, RowSpill, TokenizedCorpus, piece_done, piece_path, sentence_space,
+                                  tokenize_piece)
 from jaxlm.data.tokenizers.roles import special_ids, word_start_table
 from jaxlm.jsonfile import read_json
 
+# in a manifest of byte-level BPE rows: its sentences kept the space before them (`sentence_space`); data prepared
+# before that has none, and is refused
+SPACED = "sentences_spaced"
 FORMAT = "jaxlm.rows.v2"
 FORMAT_V1 = "jaxlm.rows.v1"  # the same record always in int32, no record_dtype; still read
 RECORD = "little-endian record_dtype [label, len_a, n, *tokens (n), *sentence_starts]"
@@ -215,7 +219,8 @@ def preparation_settings(input_files, tokenizer, family: str, data: DataConfig) 
     """What a manifest records of how its data was made; equal settings give equal data."""
     return {"family": family, "layout": families.get(family).layout,
             **{name: getattr(data, name) for name in PREPARATION_FIELDS},
-            "tokenizer_fingerprint": tokenizer.fingerprint(), "inputs": [_input_name(p) for p in input_files]}
+            "tokenizer_fingerprint": tokenizer.fingerprint(), "inputs": [_input_name(p) for p in input_files],
+            **({SPACED: True} if sentence_space(tokenizer) else {})}
 
 
 def already_prepared(output_dir, settings: dict) -> bool:

@@ -30,6 +30,13 @@ def piece_done(work: Path, piece: Piece) -> bool:
     return piece_path(work, piece).with_suffix(".documents").is_file()
 
 
+def sentence_space(tokenizer) -> str:
+    """What goes before each sentence of a document but its first: a byte-level BPE keeps the space before a word
+    in its first piece, so those sentences are the text's with the space that separated them (GPT-2 reads " The",
+    not "The", after a full stop); nothing for the others, whose pieces carry no space."""
+    return " " if tokenizer.word_marker == "Ġ" else ""
+
+
 def tokenize_piece(documents: Iterable[Sequence[str]], tokenizer, target: Path,
                    check: Callable[[], None] = lambda: None) -> int:
     """Tokenizes `documents` batch by batch into target.ids (int32 tokens), target.sentences (tokens per
@@ -39,9 +46,7 @@ def tokenize_piece(documents: Iterable[Sequence[str]], tokenizer, target: Path,
     n_documents = 0
     batch: list[Sequence[str]] = []
 
-    # a byte-level BPE keeps the space before a word in its first piece: the sentences after a document's first
-    # are the text's with the space that separated them (GPT-2 reads " The", not "The", after a full stop)
-    space = " " if tokenizer.word_marker == "Ġ" else ""
+    space = sentence_space(tokenizer)
 
     def flush():
         sentences = [space + s if k else s for doc in batch for k, s in enumerate(doc)]

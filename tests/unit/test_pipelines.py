@@ -676,6 +676,30 @@ def test_data_of_another_layout_is_refused(build):
         PretrainingData(prepared.path, "train", seed=0, family="bert")
 
 
+def test_byte_level_bpe_data_prepared_before_its_sentences_kept_their_spaces_is_refused(build, tmp_path):
+    """Byte-level BPE rows once joined a document's sentences with no space ("end.The"); such data, whose manifest
+    lacks the mark, trained on silently, and `jaxlm prepare` called it prepared."""
+    from jaxlm.config import ConfigError
+    from jaxlm.data.pipeline import open_data
+    from jaxlm.data.prepare import SPACED, already_prepared, preparation_settings
+
+    gpt2 = build("gpt2")
+    assert gpt2.manifest[SPACED] is True and SPACED not in build("bert").manifest
+    old = tmp_path / "gpt2-before"
+    shutil.copytree(gpt2.path, old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest[SPACED]
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    config = dataclasses.replace(gpt2.config, data=dataclasses.replace(gpt2.config.data, prepared_dir=str(old)))
+    with pytest.raises(ConfigError) as refused:
+        open_data(config)
+    assert str(refused.value) == (f"the data in {old} was prepared before byte-level BPE kept the space between a "
+                                  "document's sentences (GPT-2 read \"end.The\"); re-run `jaxlm prepare CONFIG "
+                                  "--overwrite`")
+    with pytest.raises(ValueError, match="sentences_spaced: prepared None, config True"):
+        already_prepared(old, preparation_settings(manifest["inputs"], gpt2.tokenizer, "gpt2", config.data))
+
+
 def test_tokenizer_without_the_roles_is_refused(tmp_path, corpus):
     from jaxlm.data.tokenizers.load import load_tokenizer
 
