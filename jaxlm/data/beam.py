@@ -65,11 +65,13 @@ def check_beam_args(runner: str, beam_args: Sequence[str]) -> None:
     inside the pipeline's thread) or does not know (Beam would drop it with a warning in its log)."""
     said, beams_warnings = io.StringIO(), logging.getLogger("apache_beam.options.pipeline_options")
     discarded = []
+
     def discarding(record):  # "Discarding unparseable args: [...]": kept, and said below in one line
         if str(record.msg).startswith("Discarding unparseable args"):
             discarded.extend(record.args[0])
             return False
         return True
+
     beams_warnings.addFilter(discarding)
     try:
         with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
