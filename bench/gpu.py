@@ -166,16 +166,24 @@ def ours(case: str, extra: list[str], out_dir: pathlib.Path, env: dict, profile:
     return row | {"process_s": round(time.perf_counter() - started, 1)}
 
 
-def precompile(cases: list[str], extra: list[str], out_dir: pathlib.Path, env: dict, jobs: int) -> dict:
+def precompile(cases: list[str], extra: list[str], out_dir: pathlib.Path, env: dict, jobs: int,
+               train_dir: pathlib.Path | None = None) -> dict:
     """Compiles the cases' steps (and state initialisers) in `jobs` processes at once, before anything is
-    timed, into the compilation cache that each case's timed process then reads; {case: its row}. Each
-    process takes GPU memory as it needs it (no preallocation), so that they fit side by side."""
-    def one(case: str) -> dict:
-        return bench_process(case, extra, ["--compile-only"], out_dir / f"compile-{case}.log",
+    timed, into the compilation cache that each case's timed process then reads; with `train_dir`, also the
+    train steps of their `--train` runs (`train_settings`: another schedule, so another step); {name: its row},
+    the case's name or "train CASE". Each process takes GPU memory as it needs it (no preallocation), so that they
+    fit side by side."""
+    work = [(case, case, extra) for case in cases]
+    if train_dir:
+        work += [(f"train {case}", case, [*extra, *train_settings(case, train_dir)]) for case in cases]
+
+    def one(job: tuple) -> dict:
+        name, case, settings = job
+        return bench_process(case, settings, ["--compile-only"], out_dir / f"compile-{name.replace(' ', '-')}.log",
                              env | {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        return dict(zip(cases, pool.map(one, cases)))
+        return dict(zip((name for name, *_ in work), pool.map(one, work)))
 
 
 def plan(case: str, extra: list[str], out_dir: pathlib.Path, env: dict) -> dict:
@@ -301,6 +309,12 @@ def _prepared_summary(text: str) -> str:
     return f"{train['examples']:,} training examples, {train['tokens']:,} tokens"
 
 
+def train_settings(case: str, data_dir: pathlib.Path) -> list[str]:
+    """The settings of the case's `--train` run that its train step depends on (`precompile` compiles it with
+    them): its data's and its schedule's length."""
+    return [*data_overrides(case, data_dir), f"train.steps={TRAIN_STEPS}"]
+
+
 def train_rate(case: str, extra: list[str], data_dir: pathlib.Path, out_dir: pathlib.Path, env: dict) -> dict:
     """`jaxlm train` of the case on its prepared data for TRAIN_STEPS steps (no checkpoint or evaluation
     between): its tokens/s, the mean of the rates it logged after the first."""
@@ -309,9 +323,9 @@ def train_rate(case: str, extra: list[str], data_dir: pathlib.Path, out_dir: pat
     shutil.rmtree(run_dir, ignore_errors=True)
     never = 10 * TRAIN_STEPS
     text = run_logged([sys.executable, "-m", "jaxlm.cli", "train", config, *overrides, *extra,
-                       *data_overrides(case, data_dir), f"train.run_dir={run_dir}",
-                       f"train.steps={TRAIN_STEPS}", f"train.log_every={TRAIN_LOG_EVERY}",
-                       f"train.eval_every={never}", f"train.checkpoint_every={never}", "train.eval_batches=1"],
+                       *train_settings(case, data_dir), f"train.run_dir={run_dir}",
+                       f"train.log_every={TRAIN_LOG_EVERY}", f"train.eval_every={never}",
+                       f"train.checkpoint_every={never}", "train.eval_batches=1"],
                       out_dir / f"train-{case}.log", case_env(case, env)).stdout
     metrics = run_dir / "metrics.jsonl"
     rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
@@ -477,8 +491,8 @@ def main() -> None:
                      f"with --prepare {args.train}")
     if compile_jobs > 0:
         started = time.perf_counter()
-        compiled = precompile(cases, args.set, out_dir, env, compile_jobs)
-        print(f"compiled {len(cases)} cases, {compile_jobs} at a time: {time.perf_counter() - started:.0f} s; "
+        compiled = precompile(cases, args.set, out_dir, env, compile_jobs, train_dir)
+        print(f"compiled {len(compiled)} steps, {compile_jobs} at a time: {time.perf_counter() - started:.0f} s; "
               + ", ".join(f"{c} {_number(r.get('compile_s'), '.0f')} s" if "error" not in r else f"{c}: {r['error']}"
                           for c, r in compiled.items()), flush=True)
     matmul, peer_rows = {}, {}

@@ -65,16 +65,20 @@ def test_table_gives_the_ratio_mfu_and_where_each_process_spent_its_time():
 
 def test_precompile_fills_the_cache_the_timed_processes_read(tmp_path, monkeypatch):
     """bench/gpu.py's compiling ahead: two cases (tiny configs on the CPU) in two processes at once, each
-    row its compile time and the cache, the cache holding each one's train step."""
-    monkeypatch.setitem(bench_gpu.CASES, "bert-tiny", ("configs/bert-tiny.yaml", [], "bert128"))
-    monkeypatch.setitem(bench_gpu.CASES, "gpt2-tiny", ("configs/gpt2-tiny.yaml", [], "gpt2"))
+    row its compile time and the cache, the cache holding each one's train step, and with --train's folder that of
+    each one's `jaxlm train` run too (its schedule's length makes it another step)."""
+    monkeypatch.setitem(bench_gpu.CASES, "bert-tiny", ("configs/bert-tiny.yaml", ["data.max_seq_length=128"],
+                                                        "bert128"))
+    monkeypatch.setitem(bench_gpu.CASES, "gpt2-tiny", ("configs/gpt2-tiny.yaml", ["data.max_seq_length=128"], "gpt2"))
     cache = tmp_path / "cache"
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
-    rows = bench_gpu.precompile(["bert-tiny", "gpt2-tiny"], ["train.global_batch=8"], tmp_path, env, jobs=2)
+    rows = bench_gpu.precompile(["bert-tiny", "gpt2-tiny"], ["train.global_batch=8"], tmp_path, env, jobs=2,
+                                train_dir=tmp_path / "data")
+    assert sorted(rows) == ["bert-tiny", "gpt2-tiny", "train bert-tiny", "train gpt2-tiny"]
     assert all(rows[case]["compile_s"] > 0 and rows[case]["cache"] == str(cache) for case in rows), rows
-    assert len(list(cache.glob("jit_train_step-*"))) == 2
-    assert (tmp_path / "compile-bert-tiny.log").is_file()
+    assert len(list(cache.glob("jit_train_step-*"))) == 4
+    assert (tmp_path / "compile-bert-tiny.log").is_file() and (tmp_path / "compile-train-gpt2-tiny.log").is_file()
 
 
 def test_a_case_the_peer_gave_no_row_for_is_an_error(tmp_path):
