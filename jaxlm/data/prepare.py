@@ -58,12 +58,13 @@ def deferred_interrupts():
     """Ctrl-C (and SIGTERM) inside the block raises KeyboardInterrupt (Terminated) at the next call of the yielded
     check, not wherever Python happens to be: raised inside JAX's garbage-collection hook it would be ignored, and
     SIGTERM's default action ended the process at once, leaving Beam's worker processes running."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    # a signal ignored stays ignored (a job started in the background inherits SIGINT ignored)
+    taken = [number for number in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(number) is not signal.SIG_IGN]
+    if threading.current_thread() is not threading.main_thread() or not taken:
         yield lambda: None
         return
     received = []
-    previous = {number: signal.signal(number, lambda number, _: received.append(number))
-                for number in (signal.SIGINT, signal.SIGTERM)}
+    previous = {number: signal.signal(number, lambda number, _: received.append(number)) for number in taken}
 
     def check():
         if signal.SIGTERM in received:
