@@ -503,9 +503,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt as stop:
         again = " (the same command continues where this one stopped)" if args.command == "prepare" else ""
-        how = "stopped by SIGTERM" if isinstance(stop, Terminated) else "interrupted"
-        print(f"jaxlm {getattr(args, 'label', args.command)}: {how}{again}", file=sys.stderr)
-        return 128 + signal.SIGTERM if isinstance(stop, Terminated) else 130
+        terminated = isinstance(stop, Terminated)
+        print(f"jaxlm {getattr(args, 'label', args.command)}: {'stopped by SIGTERM' if terminated else 'interrupted'}"
+              f"{again}", file=sys.stderr)
+        return 128 + signal.SIGTERM if terminated else 130
     return 0
 
 
