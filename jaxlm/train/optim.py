@@ -1,4 +1,4 @@
-"""The optimiser: AdamW or LAMB, warm-up then linear decay, decay mask, global-norm clipping; the
+"""The optimiser: AdamW, LAMB or Adafactor, warm-up then linear decay, decay mask, global-norm clipping; the
 rejection of loss spikes; reductions over a whole tree of parameters or gradients."""
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ if TYPE_CHECKING:  # jaxlm.config validates optim.name against OPTIMIZERS, so it
     from jaxlm.config import OptimConfig
 
 NO_DECAY_NAMES = ("bias", "scale")
-OPTIMIZERS = {"adamw": optax.adamw, "lamb": optax.lamb}
 
 
 def schedule(config: OptimConfig, total_steps: int) -> optax.Schedule:
@@ -77,14 +76,32 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
     return optax.GradientTransformation(optax.init_empty_state, update)
 
 
+def _adam(factory):
+    def make(config: OptimConfig, learning_rate: optax.Schedule) -> optax.GradientTransformation:
+        return factory(learning_rate, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay,
+                       mask=decay_mask)
+    return make
+
+
+def adafactor(config: OptimConfig, learning_rate: optax.Schedule) -> optax.GradientTransformation:
+    """T5's Adafactor (optax's defaults: second moments factored into a row and a column per matrix, decaying by
+    step^-0.8; updates clipped to RMS 1 and scaled by each parameter's RMS), with momentum `b1` where it is above
+    0 and weight decay as AdamW's, `weight_decay` times the learning rate (optax's rate is not scaled by it)."""
+    return optax.adafactor(learning_rate, momentum=config.b1 or None,
+                           weight_decay_rate=(lambda step: config.weight_decay * learning_rate(step))
+                           if config.weight_decay else None, weight_decay_mask=decay_mask)
+
+
+OPTIMIZERS = {"adamw": _adam(optax.adamw), "lamb": _adam(optax.lamb), "adafactor": adafactor}
+
+
 def make_optimizer(config: OptimConfig, total_steps: int,
                    learning_rate: optax.Schedule | None = None) -> optax.GradientTransformation:
-    """Clipping, then AdamW or LAMB on `learning_rate` (default: the config's warm-up and linear decay)."""
+    """Clipping, then AdamW, LAMB or Adafactor on `learning_rate` (default: the config's warm-up and linear
+    decay)."""
     if config.name not in OPTIMIZERS:
         raise ValueError(f"unknown optimiser {config.name!r}; choose one of {', '.join(OPTIMIZERS)}")
-    learning_rate = learning_rate or schedule(config, total_steps)
-    base = OPTIMIZERS[config.name](learning_rate, b1=config.b1, b2=config.b2, eps=config.eps,
-                                   weight_decay=config.weight_decay, mask=decay_mask)
+    base = OPTIMIZERS[config.name](config, learning_rate or schedule(config, total_steps))
     clip = clip_by_global_norm(config.clip_norm) if config.clip_norm > 0 else optax.identity()
     return optax.chain(clip, base)
 

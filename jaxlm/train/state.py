@@ -32,10 +32,22 @@ def _state(init_params: Callable, optimizer: optax.GradientTransformation, rng) 
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params))
 
 
+def _unbox_reshaped(boxed_tree):
+    """The tree with a box that does not fit its value (another rank, or a single element) replaced by the value,
+    which is then replicated. Adafactor's second moments keep their parameter's box (an optimiser's state is
+    mapped over the parameters) but not its shape: a matrix's are a row and a column vector, the sizes of its
+    sides, and placeholders of shape (1,) stand for the moments a parameter does not have."""
+    def reshaped(x) -> bool:
+        return isinstance(x, nn.LogicallyPartitioned) and (len(x.names) != len(x.value.shape) or x.value.size == 1)
+
+    return jax.tree.map(lambda x: x.value if reshaped(x) else x, boxed_tree,
+                        is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+
+
 def state_shardings(init_params, optimizer, mesh: Mesh, rules: Rules):
     """NamedShardings for every leaf of the train state, from the parameters' logical names."""
     boxed = jax.eval_shape(lambda r: _boxed_state(init_params, optimizer, r), jax.random.key(0))
-    return tree_shardings(mesh, rules, boxed)
+    return tree_shardings(mesh, rules, _unbox_reshaped(boxed))
 
 
 def abstract_state(init_params, optimizer, shardings):

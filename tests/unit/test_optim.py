@@ -1,5 +1,5 @@
-"""Optimiser: decay mask, schedule, LAMB, gradient accumulation equal to one big batch, and loss spikes
-rejected."""
+"""Optimiser: decay mask, schedule, LAMB, Adafactor's sharded state and weight decay, gradient accumulation equal
+to one big batch, and loss spikes rejected."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -123,6 +123,35 @@ def test_adamw_and_lamb_fit_a_batch():
     for name, peak_lr in (("adamw", 1e-2), ("lamb", 5e-2)):
         _, losses = _run(_config(optim={"name": name, "peak_lr": peak_lr}), 10)
         assert losses[-1] < losses[0] - 0.5, (name, losses)
+
+
+def test_adafactor_replicates_a_matrix_s_factored_moments_keeps_the_rest_sharded_and_fits_a_batch():
+    """T5's optimiser on 8 devices (fsdp x tensor): a matrix's second moments, a row and a column the sizes of
+    its sides, replicated; those of the parameters it does not factor laid out as the parameter is."""
+    state, losses = _run(_config(model={"hidden_size": 128, "intermediate_size": 256},
+                                 optim={"name": "adafactor", "b1": 0.0}), 10)
+    assert losses[-1] < losses[0] - 0.4, losses
+    params = state.params
+    v_row, v_col, v = (optax.tree.get(state.opt_state, name) for name in ("v_row", "v_col", "v"))
+    embedding = params["encoder"]["embeddings"]["word"]["embedding"]
+    assert v_row["encoder"]["embeddings"]["word"]["embedding"].shape == embedding.shape[1:]
+    assert v_col["encoder"]["embeddings"]["word"]["embedding"].shape == embedding.shape[:1]
+    for moments in (v_row, v_col, v):
+        for moment, param in zip(jax.tree.leaves(moments), jax.tree.leaves(params)):
+            want = param.sharding.spec if moment.shape == param.shape else P()
+            assert moment.sharding.spec == want, (moment.shape, param.shape, moment.sharding.spec)
+    key = params["encoder"]["layer_0"]["attention"]["key"]["kernel"]  # per head, sides under 128: unfactored
+    assert v["encoder"]["layer_0"]["attention"]["key"]["kernel"].sharding.spec == key.sharding.spec != P()
+
+
+def test_adafactor_decays_weights_by_the_learning_rate_times_the_rate_and_spares_biases():
+    """AdamW's weight decay (optax's Adafactor takes its rate unscaled by the learning rate): with no gradient, a
+    kernel shrinks by lr x weight_decay of itself; a bias, masked, stays."""
+    adafactor = optim.adafactor(OptimConfig(name="adafactor", weight_decay=0.1, b1=0.0), lambda step: 0.5)
+    params = {"kernel": jnp.full((256, 128), 2.0), "bias": jnp.full((128,), 2.0)}
+    updates, _ = adafactor.update(jax.tree.map(jnp.zeros_like, params), adafactor.init(params), params)
+    np.testing.assert_allclose(updates["kernel"], -0.5 * 0.1 * 2.0, rtol=1e-6)
+    np.testing.assert_array_equal(updates["bias"], 0.0)
 
 
 def test_clipping_bounds_the_update():
