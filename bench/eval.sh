@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `jaxlm eval` throughput (items/s) on this machine: the demo run (held-out batches, and the
-# pseudo-perplexity of 64 lines of Austen) and SmolLM2-135M converted from its GGUF (BIG-bench
-# `general_knowledge`, zero-shot). Run `make demo` first; results go to .bench-eval/.
+# pseudo-perplexity of 64 lines of Austen) and SmolLM2-135M converted from its GGUF (ARC-Challenge's
+# validation questions, zero-shot). Run `make demo` first; results go to .bench-eval/.
 #   bash bench/eval.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,11 +12,10 @@ if [ ! -d runs/bert-tiny/checkpoints ]; then
   exit 1
 fi
 mkdir -p .bench-eval
-read -r austen gguf task < <(${PYTHON:-python3} -c "
-from jaxlm.corpora.bigbench import bigbench_task
+read -r austen gguf < <(${PYTHON:-python3} -c "
 from jaxlm.corpora.models import smollm2_gguf_path
 from jaxlm.corpora.registry import fetch_austen
-print(fetch_austen(), smollm2_gguf_path(), bigbench_task('general_knowledge'))")
+print(fetch_austen(), smollm2_gguf_path())")
 awk 'NF && ++n <= 64' "$austen" > .bench-eval/austen-64.txt
 [ -d .bench-eval/smollm2 ] || jaxlm convert from-gguf "$gguf" .bench-eval/smollm2 > /dev/null
 rm -rf .bench-eval/out-demo .bench-eval/out-smollm2
@@ -29,4 +28,4 @@ evaluate() {  # NAME ARGS: the items/s line of `jaxlm eval ARGS`, or why there i
   fi
 }
 evaluate demo runs/bert-tiny --select latest --tasks heldout,ppl:.bench-eval/austen-64.txt
-evaluate smollm2 .bench-eval/smollm2 --tasks "choice:$task@0"
+evaluate smollm2 .bench-eval/smollm2 --tasks choice:arc_challenge@0

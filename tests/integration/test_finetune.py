@@ -102,7 +102,7 @@ def test_question_answering_learns_the_answers_it_trained_on(tmp_path, minilm_co
     untrained head's long random spans score about as well as a trained one (F1 15 against 8);
     `bench/finetune_hf.py` compares generalisation with transformers."""
     config, run_dir = write(tmp_path, "squad", {
-        "task": "question_answering", "init_from": str(minilm_converted), "train": "squad:train[:160]", "epochs": 1,
+        "task": "question_answering", "init_from": str(minilm_converted), "train": "squad:train[:160]", "epochs": 2,
         "dev": "squad:train[:80]", "max_length": 128, "doc_stride": 32}, optim={**BASE["optim"], "peak_lr": 3.0e-4})
     finetune(config)
     summary = summary_of(run_dir)

@@ -1,6 +1,6 @@
 """`jaxlm eval` log-likelihoods against transformers (PyTorch, CPU, fp32). The real sweep (jaxlm.eval.sweep:
 plan, run) on converted checkpoints of SmolLM2-135M (from its GGUF), a random GPT-2 with GPT-2's own BPE and
-a random BertForMaskedLM with bert-base-uncased's WordPiece, over a real BIG-bench choice task (0- and
+a random BertForMaskedLM with bert-base-uncased's WordPiece, over a real choice task (0- and
 2-shot) and a ppl file of Austen lines: every per-item log-likelihood in the examples files equals the one
 transformers computes from the same token ids within 1e-4 relative (encoders: the pseudo-log-likelihood,
 each continuation token masked in turn), and the accuracy recomputed from transformers' log-likelihoods
@@ -24,7 +24,6 @@ transformers = pytest.importorskip("transformers")
 from hf_models import DECODERS, random_model, smollm2_transformers, torch_tensors  # noqa: E402
 from jaxlm.convert import hf as hf_bert  # noqa: E402
 from jaxlm.convert import registry, store  # noqa: E402
-from jaxlm.corpora.bigbench import bigbench_task  # noqa: E402
 from jaxlm.corpora.models import bert_vocab_path, gpt2_tokenizer_dir, smollm2_gguf_path  # noqa: E402
 from jaxlm.corpora.registry import fetch_austen  # noqa: E402
 from jaxlm.data.tokenizers.load import load_tokenizer  # noqa: E402
@@ -32,7 +31,7 @@ from jaxlm.eval import Item, choice_accuracy, loglikelihoods, perplexity, sweep 
 from jaxlm.parallel.rules import MESH_AXES, rules_for  # noqa: E402
 
 RTOL = 1e-4
-TASK = "simple_arithmetic_json_multiple_choice"  # 8 examples, 4 choices each
+TASK = "basic_arithmetic"  # the arithmetic_task fixture: 8 examples, 4 choices each
 GPT2_POSITIONS = 64  # so that the long Austen line takes several windows, and 2-shot prompts lose their start
 BERT_POSITIONS = 128
 GPT2_EOS = 50256
@@ -43,8 +42,8 @@ BERT = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention
 # ---------------------------------------------------------------- inputs
 
 @pytest.fixture(scope="session")
-def choice_path() -> pathlib.Path:
-    return bigbench_task(TASK)
+def choice_path(arithmetic_task) -> pathlib.Path:
+    return arithmetic_task
 
 
 @pytest.fixture(scope="session")

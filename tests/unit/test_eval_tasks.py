@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from jaxlm.corpora.bigbench import bigbench_task
+from jaxlm.corpora.choice_tasks import NAMES as CHOICE_TASKS
+from jaxlm.corpora.choice_tasks import bigbench_example, choice_task, choice_tasks
 from jaxlm.corpora.models import bert_vocab_path, gpt2_tokenizer_dir
 from jaxlm.data.tokenizers.load import load_tokenizer
 from jaxlm.eval import tasks
@@ -11,20 +12,19 @@ from jaxlm.eval.scoring import bucket
 
 
 @pytest.fixture(scope="module")
-def arithmetic():
-    return tasks.load_choice_task(bigbench_task("simple_arithmetic_json_multiple_choice"))
+def arithmetic(arithmetic_task):
+    return tasks.load_choice_task(arithmetic_task)
 
 
-def test_task_specs(tmp_path, arithmetic):
+def test_task_specs(tmp_path, arithmetic_task):
     lines = tmp_path / "valid.txt"
     lines.write_text("one line\n\n")
-    path = bigbench_task("simple_arithmetic_json_multiple_choice")
-    parsed = tasks.parse_tasks([f"heldout,ppl:{lines}", f"choice:{path}@3", "heldout"])
+    parsed = tasks.parse_tasks([f"heldout,ppl:{lines}", f"choice:{arithmetic_task}@3", "heldout", "choice:arc_easy"])
     assert [(t.kind, t.shots, t.name) for t in parsed] == [
         ("heldout", 0, "heldout"), ("ppl", 0, "ppl:valid"),
-        ("choice", 3, "choice:simple_arithmetic_json_multiple_choice@3")]
+        ("choice", 3, "choice:basic_arithmetic@3"), ("choice", 0, "choice:arc_easy@0")]
     with pytest.raises(ValueError, match="needs at least 9 examples"):
-        tasks.parse_task(f"choice:{path}@8")
+        tasks.parse_task(f"choice:{arithmetic_task}@8")
     with pytest.raises(FileNotFoundError, match="no such file"):
         tasks.parse_task(f"ppl:{tmp_path / 'missing.txt'}")
 
@@ -46,9 +46,9 @@ def test_a_file_that_is_not_a_bigbench_choice_task_names_what_is_missing(tmp_pat
 
 def test_zero_shot_prompt_follows_bigbench_default_format(arithmetic):
     first = arithmetic.examples[0]
-    assert first == {"input": "1 + 4 =", "target_scores": {"5": 1, "4": 0, "6": 0, "3": 0}}
-    shuffled = list(np.random.RandomState(0).permutation(["3", "4", "5", "6"]))
-    expected = "\nQ: 1 + 4 =" + "".join(" option: " + c for c in shuffled) + "\nA: "
+    assert first == {"input": "Calculate 5 + 91 =", "target_scores": {"97": 0, "95": 0, "106": 0, "96": 1}}
+    shuffled = list(np.random.RandomState(0).permutation(["106", "95", "96", "97"]))
+    expected = "\nQ: Calculate 5 + 91 =" + "".join("\n  choice: " + c for c in shuffled) + "\nA: "
     assert tasks.prompts(arithmetic, 0)[0] == expected
 
 
@@ -112,3 +112,22 @@ def test_two_tasks_of_the_same_name_are_refused(tmp_path):
         (tmp_path / folder / "test.txt").write_text("a line\n")
     with pytest.raises(ValueError, match="both named 'ppl:test'"):
         tasks.parse_tasks([f"ppl:{tmp_path / 'a' / 'test.txt'},ppl:{tmp_path / 'b' / 'test.txt'}"])
+
+
+def test_the_named_choice_tasks_are_real_questions_with_one_correct_choice_each():
+    for name, path in choice_tasks(*CHOICE_TASKS).items():
+        task = tasks.load_choice_task(path)
+        assert task.name == name and len(task.examples) >= 299
+        assert all(sorted(e["target_scores"].values())[-2:] == [0, 1] for e in task.examples)
+    arc = tasks.load_choice_task(choice_task("arc_easy"))
+    assert arc.examples[0] == {"input": "Which technology was developed most recently?", "target_scores": {
+        "cellular telephone": 1, "television": 0, "refrigerator": 0, "airplane": 0}}
+    with pytest.raises(ValueError, match="no choice task arc; the named ones are arc_easy, arc_challenge"):
+        choice_tasks("arc")
+
+
+def test_a_row_whose_choices_repeat_or_miss_the_answer_is_left_out():
+    row = {"question": "2 + 2 =", "choices": {"text": ["4", "5"], "label": ["A", "B"]}, "answerKey": "A"}
+    assert bigbench_example(row) == {"input": "2 + 2 =", "target_scores": {"4": 1, "5": 0}}
+    assert bigbench_example({**row, "choices": {"text": ["4", "4"], "label": ["A", "B"]}}) is None
+    assert bigbench_example({**row, "answerKey": "C"}) is None
