@@ -10,7 +10,7 @@ import tempfile
 from typing import Callable
 
 from jaxlm.corpora.austen import austen_chapters
-from jaxlm.corpora.download import apt_download, corpus_path, wheel_member, write_atomic
+from jaxlm.corpora.download import FetchError, apt_download, corpus_path, wheel_member, write_atomic
 from jaxlm.corpora.rlazyload import read_r_lazyload
 from jaxlm.corpora.rst import rst_corpus
 from jaxlm.corpora.text import format_documents, split_sentences
