@@ -75,13 +75,14 @@ def unfinished(directory: epath.PathLike) -> list[epath.Path]:
 def restore_newest(mngr: ocp.CheckpointManager, abstract_state, warn: Callable[[str], None]):
     """(state, data position, step) of the newest checkpoint that restores, or None when none does.
 
-    Uncommitted saves are named and left alone (Orbax never lists them). A committed checkpoint that
+    Uncommitted saves are named and not restored (Orbax never lists them); Orbax writes over one when
+    it saves that step again. A committed checkpoint that
     cannot be read (truncated or missing files) is moved to `unreadable-checkpoints/` beside the
     checkpoints, never deleted, and the one before it is tried. One whose shapes differ from the model
     is not broken: that stops the run with the shapes named."""
     for path in unfinished(mngr.directory):
         warn(f"{path} is a checkpoint save that never committed (the run stopped while writing it); "
-             "it is ignored and left on disk")
+             "it is not restored, and a new save of that step replaces it")
     for step in sorted(mngr.all_steps(), reverse=True):
         try:
             stored = stored_tree(mngr, step)
