@@ -187,6 +187,9 @@ def test_sentinels_follow_t5(spm_dir, tmp_path):
     assert t5.convert_tokens_to_ids([f"<extra_id_{i}>" for i in range(100)]) == [tok.sentinel_id(i) for i in range(100)]
     ids = tok.encode("the cat") + [tok.sentinel_id(0)] + tok.encode("sat") + [tok.sentinel_id(1)]
     assert tok.decode(ids) == t5.decode(ids) == "the cat<extra_id_0> sat<extra_id_1>"
+    converted = RustTokenizer(to_tokenizers(model, sentinels=100))  # what a conversion writes as tokenizer.json
+    closed = ids + [t5.eos_token_id]
+    assert converted.decode(closed) == tok.decode(closed) == "the cat<extra_id_0> sat<extra_id_1>"
     with pytest.raises(ValueError, match="out of range"):
         tok.sentinel_id(100)
     assert tok.fingerprint() != SentencePieceTokenizer(model).fingerprint()

@@ -9,6 +9,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Tokenizer, models
 
 from jaxlm.data.tokenizers.roles import ROLE_TOKENS
+from jaxlm.data.tokenizers.spm import SENTINEL
 
 
 class RustTokenizer:
@@ -68,8 +69,12 @@ class RustTokenizer:
         return encoding.ids, [tuple(span) for span in encoding.offsets]
 
     def decode(self, ids) -> str:
-        """Text of `ids`, special tokens left out."""
-        return self.backend.decode([int(i) for i in ids], skip_special_tokens=True)
+        """Text of `ids`, special tokens left out but for T5's sentinels, written as `<extra_id_i>` as
+        `SentencePieceTokenizer.decode` writes them: span corruption's targets read the same from a run's
+        SentencePiece model and from the tokenizer.json a conversion makes of it."""
+        hidden = {i for i, token in self.backend.get_added_tokens_decoder().items()
+                  if token.special and not SENTINEL.fullmatch(token.content)}
+        return self.backend.decode([int(i) for i in ids if int(i) not in hidden], skip_special_tokens=False)
 
     def convert_ids_to_tokens(self, ids) -> list[str]:
         return [self.backend.id_to_token(int(i)) for i in ids]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import sentencepiece
 
-_SENTINEL = re.compile(r"<extra_id_(\d+)>")
+SENTINEL = re.compile(r"<extra_id_(\d+)>")
 
 
 def char_index_of_byte(text: str) -> list[int]:
@@ -85,7 +85,7 @@ class SentencePieceTokenizer:
         return self.sp.id_to_piece(i)
 
     def piece_to_id(self, piece: str) -> int:
-        m = _SENTINEL.fullmatch(piece)
+        m = SENTINEL.fullmatch(piece)
         if m and int(m.group(1)) < self.sentinels:
             return self.sentinel_id(int(m.group(1)))
         return self.sp.piece_to_id(piece)
