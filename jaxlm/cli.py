@@ -6,12 +6,14 @@ if __name__ == "__main__":  # `python -m jaxlm.cli`: restarted as the `jaxlm` pr
     host_memory.restart_with_huge_pages(module="jaxlm.cli")
 
 import argparse
+import atexit
 import json
 import os
 import pathlib
 import shlex
 import signal
 import sys
+import traceback
 
 import jax
 import numpy as np
@@ -508,8 +510,25 @@ def main(argv: list[str] | None = None) -> int:
         terminated = isinstance(stop, Terminated)
         print(f"jaxlm {getattr(args, 'label', args.command)}: {'stopped by SIGTERM' if terminated else 'interrupted'}"
               f"{again}", file=sys.stderr)
-        return 128 + signal.SIGTERM if terminated else 130
+        status = 128 + signal.SIGTERM if terminated else 130
+        if interrupted_in_compilation(stop):
+            exit_before_teardown(status)
+        return status
     return 0
+
+
+def interrupted_in_compilation(stop: BaseException) -> bool:
+    """Whether the interrupt was raised inside XLA's compiler, whose threads may still be compiling."""
+    return any(frame.f_code.co_name == "backend_compile_and_load" for frame, _ in traceback.walk_tb(stop.__traceback__))
+
+
+def exit_before_teardown(status: int) -> None:
+    """Ends the process after Python's exit handlers but before the C++ teardown, which crashed (a segfault,
+    most times) while XLA's compiler threads were still at work on the program the interrupt cut off."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()  # Orbax's, JAX's: what a normal exit runs before it tears the runtime down
+    os._exit(status)
 
 
 if __name__ == "__main__":
