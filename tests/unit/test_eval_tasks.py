@@ -122,6 +122,12 @@ def test_the_named_choice_tasks_are_real_questions_with_one_correct_choice_each(
     arc = tasks.load_choice_task(choice_task("arc_easy"))
     assert arc.examples[0] == {"input": "Which technology was developed most recently?", "target_scores": {
         "cellular telephone": 1, "television": 0, "refrigerator": 0, "airplane": 0}}
+    expected = "Question: Which technology was developed most recently?\nAnswer: "
+    assert tasks.prompts(arc, 0)[0] == expected  # lm-evaluation-harness's form: the choices are not listed
+    shot, example = tasks.prompts(arc, 1)[0].split("\n\n")
+    question, answer = shot.removeprefix("Question: ").split("\nAnswer: ")
+    source = next(e for e in arc.examples if e["input"] == question)
+    assert example == expected and answer == tasks.correct_choice(source)
     with pytest.raises(ValueError, match="no choice task arc; the named ones are arc_easy, arc_challenge"):
         choice_tasks("arc")
 
