@@ -1,9 +1,10 @@
 """The `jaxlm` command line: parses arguments, loads the config, calls the library."""
 from __future__ import annotations
 
-if __name__ == "__main__":  # `python -m jaxlm.cli`: restarted as the `jaxlm` program is, before jax is imported
-    from jaxlm import host_memory
+if __name__ == "__main__":  # `python -m jaxlm.cli`: started as the `jaxlm` program is, before jax is imported
+    from jaxlm import entry, host_memory
     host_memory.restart_with_huge_pages(module="jaxlm.cli")
+    entry.skip_absent_tpu()
 
 import argparse
 import atexit
@@ -511,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"jaxlm {getattr(args, 'label', args.command)}: {'stopped by SIGTERM' if terminated else 'interrupted'}"
               f"{again}", file=sys.stderr)
         status = 128 + signal.SIGTERM if terminated else 130
-        if interrupted_in_compilation(stop):
+        if argv is None and interrupted_in_compilation(stop):  # the program's own process, not a caller's
             exit_before_teardown(status)
         return status
     return 0
@@ -523,11 +524,17 @@ def interrupted_in_compilation(stop: BaseException) -> bool:
 
 
 def exit_before_teardown(status: int) -> None:
-    """Ends the process after Python's exit handlers but before the C++ teardown, which crashed (a segfault,
-    most times) while XLA's compiler threads were still at work on the program the interrupt cut off."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    atexit._run_exitfuncs()  # Orbax's, JAX's: what a normal exit runs before it tears the runtime down
+    """Ends the process after its atexit handlers (JAX's backends and distributed client, logging) but before
+    the interpreter's teardown, which crashed (a segfault, most times) while XLA's compiler threads were still
+    at work on the program the interrupt cut off. Skipped with the teardown: the joins of non-daemon threads.
+    The interrupt has already unwound through every `finally` (metrics files closed, checkpoint managers
+    finished)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except OSError:  # a reader that went away
+            pass
+    atexit._run_exitfuncs()  # private, but the only way to run what a normal exit runs before its teardown
     os._exit(status)
 
 

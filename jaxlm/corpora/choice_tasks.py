@@ -19,9 +19,10 @@ SOURCES = {"arc_easy": "ai2_arc/ARC-Easy", "arc_challenge": "ai2_arc/ARC-Challen
            "openbookqa": "openbookqa/main", "commonsense_qa": "tau/commonsense_qa/none",
            "basic_arithmetic": "allenai/basic_arithmetic/none"}
 NAMES = tuple(SOURCES)
-# lm-evaluation-harness's prompt for these sets, so that scores compare with what is published: "Question: Q\nAnswer:"
-# scored on " choice", the choices not listed in the prompt, shots separated by a blank line. BIG-bench's default
-# lists them ("\nQ: Q\n  choice: A\n  choice: B\nA: "), which held SmolLM2-135M to 0.325 on ARC-Easy (0.523 in this form).
+# lm-evaluation-harness's prompt for ARC, so that its scores compare with what is published for ARC: "Question: Q
+# \nAnswer:" scored on " choice", the choices not listed, shots separated by a blank line; the other sets take the
+# same form (the harness prompts OpenBookQA and CommonsenseQA otherwise). BIG-bench's default lists the choices
+# ("\nQ: Q\n  choice: A\n  choice: B\nA: "), which held SmolLM2-135M to 0.325 on ARC-Easy (0.523 in this form).
 CLOZE = {"example_input_prefix": "Question: ", "example_output_prefix": "\nAnswer: ",
          "few_shot_example_separator": "\n\n", "append_choices_to_input": False}
 

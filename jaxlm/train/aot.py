@@ -13,13 +13,13 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import pathlib
 import re
 
 import jax
 from jax._src import xla_bridge
 
 from jaxlm.config import RunConfig
+from jaxlm.entry import tpu_device_files
 from jaxlm.train import flops, gpu_targets, hlo_cost
 from jaxlm.train.gpu_targets import TopologyError
 from jaxlm.train.loop import build, compile_steps
@@ -59,8 +59,7 @@ OFF_VM_HOST = {"TPU_ACCELERATOR_TYPE": "v5litepod-4", "TPU_WORKER_HOSTNAMES": "l
 def _off_vm_host_named():
     """OFF_VM_HOST in the environment while libtpu loads, where it has no TPU (no /dev/accel* or /dev/vfio) and
     the user set none of them; then taken out again, since the trainer reads TPU_WORKER_HOSTNAMES as a cluster's."""
-    on_a_tpu_vm = any(pathlib.Path("/dev").glob("accel*")) or pathlib.Path("/dev/vfio").exists()
-    added = {} if on_a_tpu_vm or any(name in os.environ for name in OFF_VM_HOST) else OFF_VM_HOST
+    added = {} if tpu_device_files() or any(name in os.environ for name in OFF_VM_HOST) else OFF_VM_HOST
     os.environ.update(added)
     try:
         yield

@@ -75,14 +75,17 @@ def unfinished(directory: epath.PathLike) -> list[epath.Path]:
 def restore_newest(mngr: ocp.CheckpointManager, abstract_state, warn: Callable[[str], None]):
     """(state, data position, step) of the newest checkpoint that restores, or None when none does.
 
-    Uncommitted saves are named and not restored (Orbax never lists them); Orbax writes over one when
-    it saves that step again. A committed checkpoint that
-    cannot be read (truncated or missing files) is moved to `unreadable-checkpoints/` beside the
-    checkpoints, never deleted, and the one before it is tried. One whose shapes differ from the model
-    is not broken: that stops the run with the shapes named."""
+    Uncommitted saves are named and not restored (Orbax never lists them); Orbax writes over its own
+    `N.orbax-checkpoint-tmp` when it saves step N again. A committed checkpoint that cannot be read
+    (truncated or missing files) is moved to `unreadable-checkpoints/` beside the checkpoints, never deleted,
+    and the one before it is tried. One whose shapes differ from the model is not broken: that stops the run
+    with the shapes named."""
+    suffix = ocp.path.step.TMP_DIR_SUFFIX
     for path in unfinished(mngr.directory):
+        own_name = path.name.endswith(suffix)  # older Orbax versions added a timestamp, which no save reuses
+        replaced = ", and a new save of that step replaces it" if own_name else ""
         warn(f"{path} is a checkpoint save that never committed (the run stopped while writing it); "
-             "it is not restored, and a new save of that step replaces it")
+             f"it is not restored{replaced}")
     for step in sorted(mngr.all_steps(), reverse=True):
         try:
             stored = stored_tree(mngr, step)

@@ -4,7 +4,9 @@ import subprocess
 import sys
 
 import pytest
-from jax._src import cloud_tpu_init, hardware_utils
+from jax._src import cloud_tpu_init, hardware_utils, xla_bridge
+
+from jaxlm import entry
 
 # the first line libtpu logs when it starts without a TPU VM around it
 LIBTPU_NOISE = "TPU_WORKER_HOSTNAMES"
@@ -20,6 +22,7 @@ print(jax.default_backend())
 
 def devices_probe(mode: str) -> subprocess.CompletedProcess:
     env = {name: value for name, value in os.environ.items() if name not in ("JAX_PLATFORMS", "JAX_FORCE_TPU_INIT")}
+    env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"  # libtpu starts (and logs) even where another process holds its lock
     return subprocess.run([sys.executable, "-c", PROBE, mode], env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -30,3 +33,13 @@ def test_libtpu_starts_only_where_there_are_tpu_chips():
     assert plain.returncode == 0 and skipped.returncode == 0, plain.stderr + skipped.stderr
     assert LIBTPU_NOISE in plain.stderr, "libtpu started quietly: this test no longer shows what the skip is for"
     assert LIBTPU_NOISE not in skipped.stderr and skipped.stdout == plain.stdout
+
+
+@pytest.mark.parametrize("setting", [{"JAX_PLATFORMS": "cpu"}, {"JAX_FORCE_TPU_INIT": "1"}])
+def test_libtpu_is_left_alone_where_the_user_names_the_platforms(monkeypatch, setting):
+    for name, value in setting.items():
+        monkeypatch.setenv(name, value)
+    registration = xla_bridge._backend_factories["tpu"]
+    before = registration.factory
+    entry.skip_absent_tpu()
+    assert registration.factory is before

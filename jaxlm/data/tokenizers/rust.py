@@ -70,11 +70,19 @@ class RustTokenizer:
 
     def decode(self, ids) -> str:
         """Text of `ids`, special tokens left out but for T5's sentinels, written as `<extra_id_i>` as
-        `SentencePieceTokenizer.decode` writes them: span corruption's targets read the same from a run's
-        SentencePiece model and from the tokenizer.json a conversion makes of it."""
-        hidden = {i for i, token in self.backend.get_added_tokens_decoder().items()
-                  if token.special and not SENTINEL.fullmatch(token.content)}
+        `SentencePieceTokenizer.decode` writes them: a T5 model's output reads the same through the run's
+        SentencePiece model and through the tokenizer.json a conversion makes of it."""
+        hidden = self._hidden_ids()
         return self.backend.decode([int(i) for i in ids if int(i) not in hidden], skip_special_tokens=False)
+
+    def _hidden_ids(self) -> frozenset[int]:
+        """The special tokens' ids but the sentinels', for the vocabulary as it is now (special tokens may be added
+        after loading: `mark_special_tokens`)."""
+        size = self.backend.get_vocab_size(with_added_tokens=True)
+        if getattr(self, "_hidden", (None, None))[0] != size:
+            self._hidden = (size, frozenset(i for i, token in self.backend.get_added_tokens_decoder().items()
+                                            if token.special and not SENTINEL.fullmatch(token.content)))
+        return self._hidden[1]
 
     def convert_ids_to_tokens(self, ids) -> list[str]:
         return [self.backend.id_to_token(int(i)) for i in ids]
