@@ -26,6 +26,7 @@ class RustTokenizer:
     def __init__(self, backend: Tokenizer, source: Path | None = None):
         self.backend = backend
         self.source = source
+        self._hidden: tuple[int, frozenset[int]] = (-1, frozenset())  # (vocabulary size, ids) of _hidden_ids
 
     @classmethod
     def from_file(cls, path) -> "RustTokenizer":
@@ -79,7 +80,7 @@ class RustTokenizer:
         """The special tokens' ids but the sentinels', for the vocabulary as it is now (special tokens may be added
         after loading: `mark_special_tokens`)."""
         size = self.backend.get_vocab_size(with_added_tokens=True)
-        if getattr(self, "_hidden", (None, None))[0] != size:
+        if self._hidden[0] != size:
             self._hidden = (size, frozenset(i for i, token in self.backend.get_added_tokens_decoder().items()
                                             if token.special and not SENTINEL.fullmatch(token.content)))
         return self._hidden[1]
