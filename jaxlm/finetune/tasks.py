@@ -11,7 +11,7 @@ import numpy as np
 
 from jaxlm import families, generate
 from jaxlm.config import ConfigError, FinetuneConfig
-from jaxlm.data.tokenizers.roles import special_ids
+from jaxlm.data.tokenizers.roles import sentinel_ids, special_ids
 from jaxlm.finetune import data as task_data
 from jaxlm.finetune import metrics, qa, spans
 from jaxlm.finetune.features import DecoderEncoder, PairEncoder, Rows, stack
@@ -521,17 +521,18 @@ def squad_cast(record: dict) -> dict:
 
 def generated_texts(ctx: Context, runner, params, ids: np.ndarray, mask: np.ndarray, max_new_tokens: int) -> list[str]:
     """What the model generates after each row of `ids` (greedy, or finetune.num_beams beam search), by
-    jaxlm.generate on the run's mesh, in batches of the run's size; end-of-text and padding dropped."""
+    jaxlm.generate on the run's mesh, in batches of the run's size; end-of-text, padding and T5's sentinels dropped
+    (as transformers' `skip_special_tokens` drops them)."""
     model = ctx.family.network(ctx.model)
     special = special_ids(ctx.tokenizer)
-    stop = {special["eos"], special["pad"]}
+    dropped = {special["eos"], special["pad"], *sentinel_ids(ctx.tokenizer)}
     texts, size = [], runner.size
     for start in range(0, len(ids), size):
         result = generate.generate(model, params, ids[start:start + size], mask[start:start + size],
                                    max_new_tokens=max_new_tokens, eos_id=special["eos"],
                                    num_beams=ctx.settings.num_beams, mesh=runner.setup.mesh, rules=runner.setup.rules)
         for tokens, length in zip(result.tokens, result.lengths):
-            texts.append(ctx.tokenizer.decode([int(t) for t in tokens[:length] if int(t) not in stop]).strip())
+            texts.append(ctx.tokenizer.decode([int(t) for t in tokens[:length] if int(t) not in dropped]).strip())
     return texts
 
 

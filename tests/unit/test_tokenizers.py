@@ -15,7 +15,7 @@ from jaxlm.corpora.models import bert_vocab_path, gpt2_tokenizer_dir, minilm_dir
 from jaxlm.corpora.registry import fetch_austen, fetch_demo_corpus
 from jaxlm.data.tokenizers.bpe import Gpt2Tokenizer
 from jaxlm.data.tokenizers.load import load_tokenizer
-from jaxlm.data.tokenizers.roles import special_ids, word_start_table
+from jaxlm.data.tokenizers.roles import sentinel_ids, special_ids, word_start_table
 from jaxlm.data.tokenizers.rust import RustTokenizer
 from jaxlm.data.tokenizers.spm import SentencePieceTokenizer, train_sentencepiece
 from jaxlm.data.tokenizers.spm_json import to_tokenizers
@@ -190,6 +190,11 @@ def test_sentinels_follow_t5(spm_dir, tmp_path):
     converted = RustTokenizer(to_tokenizers(model, sentinels=100))  # what a conversion writes as tokenizer.json
     closed = ids + [t5.eos_token_id]
     assert converted.decode(closed) == tok.decode(closed) == "the cat<extra_id_0> sat<extra_id_1>"
+    sentinels = sentinel_ids(tok)  # what a fine-tune's generated text is scored without, as transformers scores it
+    assert sentinels == sentinel_ids(converted) == [tok.sentinel_id(i) for i in range(100)]
+    kept = [i for i in closed if i not in {*sentinels, t5.eos_token_id}]
+    assert converted.decode(kept) == tok.decode(kept) == t5.decode(closed, skip_special_tokens=True) == "the cat sat"
+    assert sentinel_ids(RustTokenizer(to_tokenizers(model))) == []
     with pytest.raises(ValueError, match="out of range"):
         tok.sentinel_id(100)
     assert tok.fingerprint() != SentencePieceTokenizer(model).fingerprint()

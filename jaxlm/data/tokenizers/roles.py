@@ -48,6 +48,17 @@ def special_ids(tokenizer) -> dict[str, int | None]:
     return roles | {"sentinels": []}
 
 
+def sentinel_ids(tokenizer) -> list[int]:
+    """T5's sentinel ids: a SentencePiece model's (`special_ids`), or a tokenizer.json's `<extra_id_0>`,
+    `<extra_id_1>`, ... for as long as it has them (a converted T5 tokenizer)."""
+    if isinstance(tokenizer, SentencePieceTokenizer):
+        return special_ids(tokenizer)["sentinels"]
+    found = []
+    while (i := tokenizer.token_to_id(f"<extra_id_{len(found)}>")) is not None:
+        found.append(i)
+    return found
+
+
 def word_start_table(tokenizer) -> np.ndarray:
     """bool[vocab_size]: True for pieces that begin a word (WordPiece: no "##"; byte-level BPE:
     a leading space "Ġ"; SentencePiece: a leading "▁"). Sentence-initial BPE pieces carry no space,
