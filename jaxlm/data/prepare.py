@@ -93,14 +93,25 @@ class _Shuffled(Sequence):
         return self._spill.record(int(self._order[k]))
 
 
-def _check_arguments(data: DataConfig, output_dir: Path, overwrite: bool) -> None:
+def _check_arguments(data: DataConfig, input_files: list, output_dir: Path, overwrite: bool) -> None:
+    """Refuses an output_dir that replacing would lose anything in: files that are not a prepared dataset (which
+    `overwrite` does not delete either), or the inputs themselves."""
     check_data(data)
     if output_dir.exists() and not output_dir.is_dir():
         raise FileExistsError(f"output_dir {output_dir} exists and is not a directory")
-    if output_dir.is_dir() and any(output_dir.iterdir()) and not overwrite:
-        raise FileExistsError(
-            f"output_dir {output_dir} already exists and is not empty; pass overwrite=True "
-            "(CLI: --overwrite) to replace it, or choose another output_dir")
+    inside = [str(p) for p in input_files if not is_tfds(p) and Path(p).resolve().is_relative_to(output_dir.resolve())]
+    if inside:
+        raise FileExistsError(f"output_dir {output_dir} holds the input {inside[0]}, which preparing would delete; "
+                              "choose another output_dir (data.prepared_dir)")
+    if output_dir.is_dir() and any(output_dir.iterdir()):
+        if not (output_dir / "manifest.json").is_file():
+            raise FileExistsError(f"output_dir {output_dir} holds files and is not a prepared dataset (no "
+                                  "manifest.json), so they are not replaced; choose an empty or a new output_dir "
+                                  "(data.prepared_dir)")
+        if not overwrite:
+            raise FileExistsError(
+                f"output_dir {output_dir} already exists and is not empty; pass overwrite=True "
+                "(CLI: --overwrite) to replace it, or choose another output_dir")
 
 
 def _replace_dir(tmp: Path, output_dir: Path) -> None:
@@ -275,7 +286,7 @@ def prepare(input_files: Sequence[str | os.PathLike], output_dir: str | os.PathL
         raise FileNotFoundError(f"input file(s) not found: {', '.join(missing)}")
     data = data_settings(data, **settings)
     registered = families.get(family)
-    _check_arguments(data, output_dir, overwrite)
+    _check_arguments(data, input_files, output_dir, overwrite)
     if runner:
         # Beam takes seconds to import and only a Beam preparation needs it
         from jaxlm.data.beam import check_beam_args, tokenize_on_beam

@@ -130,11 +130,23 @@ def test_existing_output_is_kept_unless_overwrite(tmp_path, tokenizer):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("precious")
+    for overwrite in (False, True):  # not a prepared dataset: --overwrite does not delete it either
+        with pytest.raises(FileExistsError, match="holds files and is not a prepared dataset"):
+            prepare([corpus], out, tokenizer, progress=False, overwrite=overwrite)
+    assert (out / "keep.txt").read_text() == "precious"
+    (out / "keep.txt").unlink()
+    prepare([corpus], out, tokenizer, progress=False)
+    (out / "keep.txt").write_text("beside the shards")
     with pytest.raises(FileExistsError, match="overwrite=True"):
         prepare([corpus], out, tokenizer, progress=False)
-    assert (out / "keep.txt").read_text() == "precious"
     manifest = prepare([corpus], out, tokenizer, valid_fraction=0.3, progress=False, overwrite=True)
     assert not (out / "keep.txt").exists() and (out / "manifest.json").exists()
+    inside = out / "c.txt"
+    inside.write_text(corpus.read_text())
+    with pytest.raises(FileExistsError, match="holds the input .*c.txt, which preparing would delete"):
+        prepare([inside], out, tokenizer, progress=False, overwrite=True)
+    assert inside.exists()
+    inside.unlink()
     assert manifest["splits"]["valid"]["documents"] == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt", "out"]
 
