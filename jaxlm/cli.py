@@ -260,9 +260,15 @@ def cmd_eval(args) -> None:
     plan = sweep.plan(paths, args.tasks or ["heldout"], args.select, args.out, overrides, args.batch_size,
                       args.encoder_input, args.watch, args.idle_timeout, args.poll)
     progress = sweep.run(plan, watch=args.watch, idle_timeout=args.idle_timeout, poll=args.poll)
-    if jax.process_index() == 0:
-        print(sweep.summary(progress))
-        print(f"results: {plan.out / 'results.jsonl'}, {plan.out / 'results.csv'}, {plan.out / 'curves.png'}")
+    if jax.process_index() != 0:
+        return
+    print(sweep.summary(progress))
+    if not (plan.out / "results.jsonl").is_file():
+        if progress.errors:
+            raise ValueError(f"no checkpoint could be evaluated ({len(progress.errors)} skipped, the first: "
+                             f"{progress.errors[0]}); pick steps whose checkpoints restore (--select)")
+        return
+    print(f"results: {plan.out / 'results.jsonl'}, {plan.out / 'results.csv'}, {plan.out / 'curves.png'}")
 
 
 def cmd_finetune(args) -> None:

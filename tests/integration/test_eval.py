@@ -229,6 +229,11 @@ def test_a_broken_checkpoint_is_reported_and_skipped(trained, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "skipped:" in printed and "run step 10: could not restore" in printed
     assert sorted({r["step"] for r in records_of(out)}) == [5, 15, 20]
+    alone = tmp_path / "alone"  # nothing evaluated: an error, and no results files named
+    assert main(["eval", str(run_dir), "--select", "steps:10", "--out", str(alone)]) == 2
+    printed = capsys.readouterr()
+    assert "results:" not in printed.out and not records_of(alone)
+    assert "error: no checkpoint could be evaluated (1 skipped, the first: run step 10: could not restore" in printed.err
 
 
 def test_one_checkpoint_directory_is_evaluated_alone(trained, tmp_path):
