@@ -317,6 +317,16 @@ def test_a_save_cut_off_before_its_commit_is_named_and_the_run_resumes_from_the_
     text = resumed.stdout + resumed.stderr
     assert f"{cut} is a checkpoint save that never committed" in text and "resumed from step 10" in text
     assert not cut.exists() and committed(run_dir) == [10, 20]  # saving step 20 again replaced it
+    for step in (10, 20):  # none restores: the run stops, where starting afresh would train (and log) them again
+        for data in (checkpoints / str(step) / "state").rglob("d/*"):
+            data.write_bytes(b"")
+    logged = (run_dir / "metrics.jsonl").read_text()
+    stopped = run_cli("train", path, check=False)
+    aside = run_dir / "unreadable-checkpoints"
+    assert stopped.returncode == 2 and f"error: no checkpoint of {checkpoints} restores (moved to {aside}: 20, 10)" \
+        in stopped.stderr, stopped.stderr[-2000:]
+    assert committed(run_dir) == [] and sorted(p.name for p in aside.iterdir()) == ["10", "20"]
+    assert (run_dir / "metrics.jsonl").read_text() == logged
 
 
 def test_a_checkpoint_that_cannot_be_written_stops_the_run_and_keeps_the_older_ones(prepared_dir, tmp_path):
