@@ -73,8 +73,8 @@ def unfinished(directory: epath.PathLike) -> list[epath.Path]:
 
 
 def restore_newest(mngr: ocp.CheckpointManager, abstract_state, warn: Callable[[str], None]):
-    """(state, data position, step) of the newest checkpoint that restores, None when there is none; a
-    ValueError when there are some and none restores.
+    """(state, data position, step) of the newest checkpoint that restores, None when the run has none; a
+    ValueError when none restores but some were set aside as unreadable (now or by an earlier start).
 
     Uncommitted saves are named and not restored (Orbax never lists them); Orbax writes over its own
     `N.orbax-checkpoint-tmp` when it saves step N again. A committed checkpoint that cannot be read
@@ -87,31 +87,41 @@ def restore_newest(mngr: ocp.CheckpointManager, abstract_state, warn: Callable[[
         replaced = ", and a new save of that step replaces it" if own_name else ""
         warn(f"{path} is a checkpoint save that never committed (the run stopped while writing it); "
              f"it is not restored{replaced}")
-    set_aside = []
     for step in sorted(mngr.all_steps(), reverse=True):
         try:
             stored = stored_tree(mngr, step)
         except Exception as err:  # Orbax and TensorStore raise many kinds for a broken directory
-            set_aside.append(_set_aside(mngr, step, err, warn))
+            _set_aside(mngr, step, err, warn)
             continue
         check_state_fits(stored, abstract_state, f"resuming from {mngr.directory / str(step)}")
         try:
             state, position, _ = restore(mngr, abstract_state, step)
         except Exception as err:  # likewise
-            set_aside.append(_set_aside(mngr, step, err, warn))
+            _set_aside(mngr, step, err, warn)
             continue
         return state, position, step
-    if set_aside:  # starting from step 0 would train those steps again, and log them twice
-        raise ValueError(f"no checkpoint of {mngr.directory} restores (moved to {set_aside[0].parent}: "
-                         f"{', '.join(p.name for p in set_aside)}); put a repaired one back in {mngr.directory}, "
-                         "or remove the run directory (or choose another train.run_dir) to start afresh")
+    aside = unreadable_dir(mngr)
+    if aside.is_dir() and any(aside.iterdir()):  # from step 0, their steps would be trained (and logged) again
+        raise ValueError(f"no checkpoint of {mngr.directory} restores (set aside in {aside}: "
+                         f"{', '.join(sorted((p.name for p in aside.iterdir()), key=_step_order))}); put a repaired "
+                         f"one back in {mngr.directory}, or remove the run directory (or choose another "
+                         "train.run_dir) to start afresh")
     return None
 
 
-def _set_aside(mngr: ocp.CheckpointManager, step: int, err: Exception, warn) -> epath.Path:
-    """Moves an unreadable checkpoint into `unreadable-checkpoints/`, saying why; where it went."""
+def unreadable_dir(mngr: ocp.CheckpointManager) -> epath.Path:
+    """Where the run's unreadable checkpoints are set aside."""
+    return mngr.directory.parent / "unreadable-checkpoints"
+
+
+def _step_order(name: str) -> tuple[int, str]:
+    step, _, copy = name.partition("-")
+    return (-int(step) if step.isdigit() else 0, copy)
+
+
+def _set_aside(mngr: ocp.CheckpointManager, step: int, err: Exception, warn) -> None:
     source = mngr.directory / str(step)
-    aside = mngr.directory.parent / "unreadable-checkpoints"
+    aside = unreadable_dir(mngr)
     target = next(aside / name for name in (str(step), *(f"{step}-{n}" for n in range(2, 10**6)))
                   if not (aside / name).exists())
     if jax.process_index() == 0:
@@ -121,7 +131,6 @@ def _set_aside(mngr: ocp.CheckpointManager, step: int, err: Exception, warn) -> 
     mngr.reload()
     reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
     warn(f"checkpoint {step} cannot be restored ({reason}); moved to {target}; trying an older one")
-    return target
 
 
 def resolve(path: epath.PathLike) -> tuple[epath.Path, int | None]:

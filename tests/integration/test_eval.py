@@ -233,7 +233,8 @@ def test_a_broken_checkpoint_is_reported_and_skipped(trained, tmp_path, capsys):
     assert main(["eval", str(run_dir), "--select", "steps:10", "--out", str(alone)]) == 2
     printed = capsys.readouterr()
     assert "results:" not in printed.out and not records_of(alone)
-    assert "error: no checkpoint could be evaluated (1 skipped, the first: run step 10: could not restore" in printed.err
+    expected = "error: no checkpoint could be evaluated (1 skipped, the first: run step 10: could not restore"
+    assert expected in printed.err
 
 
 def test_one_checkpoint_directory_is_evaluated_alone(trained, tmp_path):
