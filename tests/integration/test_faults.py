@@ -232,6 +232,7 @@ INTERRUPTED_IN_COMPILATION = """\
 import os, signal, sys, threading
 from jax._src import compiler
 from jaxlm import cli
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal: a test worker's children may ignore it
 compile_, seen = compiler.backend_compile_and_load, cli.interrupted_in_compilation
 def interrupted(backend, module, *args, **kwargs):
     if "train_step" in str(module.operation.attributes["sym_name"]):
