@@ -101,11 +101,11 @@ def restore_newest(mngr: ocp.CheckpointManager, abstract_state, warn: Callable[[
             continue
         return state, position, step
     aside = unreadable_dir(mngr)
-    if aside.is_dir() and any(aside.iterdir()):  # from step 0, their steps would be trained (and logged) again
-        raise ValueError(f"no checkpoint of {mngr.directory} restores (set aside in {aside}: "
-                         f"{', '.join(sorted((p.name for p in aside.iterdir()), key=_step_order))}); put a repaired "
-                         f"one back in {mngr.directory}, or remove the run directory (or choose another "
-                         "train.run_dir) to start afresh")
+    set_aside = sorted((p.name for p in aside.iterdir()), key=_step_order) if aside.is_dir() else []
+    if set_aside:  # from step 0, their steps would be trained (and logged) again
+        raise ValueError(f"no checkpoint of {mngr.directory} restores (set aside in {aside}: {', '.join(set_aside)}); "
+                         f"put a repaired one back in {mngr.directory}, or remove the run directory (or choose "
+                         "another train.run_dir) to start afresh")
     return None
 
 
