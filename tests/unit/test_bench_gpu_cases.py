@@ -159,5 +159,5 @@ def test_a_failed_preparation_is_named_and_ends_the_call(tmp_path, monkeypatch, 
         bench_gpu.main()
     assert stopped.value.code == f"gpu.py: preparing {taken.name} failed: the errors are above"
     out = capsys.readouterr().out
-    assert f"prepare {taken}: failed: jaxlm prepare: error: output_dir {taken} already exists" in out
+    assert f"prepare {taken}: failed: jaxlm prepare: error: output_dir {taken} holds files and is not a prepared" in out
     assert (taken / "notes.txt").read_text() == "not prepared data"
