@@ -131,6 +131,8 @@ def embed_file(ckpt, input_path, output=None, *, pooling: str = "mean", normaliz
     output = pathlib.Path(output) if output else pathlib.Path(input_path).with_suffix(".npy")
     if output.suffix != ".npy":
         raise ValueError(f"--output {output} must end in .npy")
+    if output.resolve() == pathlib.Path(input_path).resolve():
+        raise ValueError(f"--output {output} is the input file, which writing would replace; name another --output")
     if output.exists() and not overwrite:
         raise FileExistsError(f"{output} exists; pass --overwrite to replace it or choose another --output")
     if batch_size <= 0:

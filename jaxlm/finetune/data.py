@@ -14,6 +14,15 @@ from jaxlm.corpora.text import utf8_text
 from jaxlm.data.sources import tfds_dir
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
+FIRST_N = re.compile(r"(.+)\[:(\d+)\]")  # a spec's `[:N]` suffix: its first N records
+
+
+def spec_file(spec: str) -> pathlib.Path | None:
+    """The file read_records reads for `spec`; None for a `tfds:` spec."""
+    if spec.startswith("tfds:"):
+        return None
+    match = FIRST_N.fullmatch(spec)
+    return labelled.resolve(match.group(1) if match else spec)
 
 
 def read_records(spec: str, roles: dict[str, str], required: tuple[str, ...], where: str = "",
@@ -23,7 +32,7 @@ def read_records(spec: str, roles: dict[str, str], required: tuple[str, ...], wh
     setting: empty is the jaxlm cache) or a named dataset `NAME:SPLIT`; a `[:N]` suffix keeps the first
     N (e.g. squad:train[:500])."""
     where = f"{where}: " if where else ""
-    match = re.fullmatch(r"(.+)\[:(\d+)\]", spec)
+    match = FIRST_N.fullmatch(spec)
     if match and not spec.startswith("tfds:"):  # TFDS slices its splits itself
         records = read_records(match.group(1), roles, required, where.removesuffix(": "), tfds_data_dir)
         return records[:int(match.group(2))]

@@ -37,6 +37,9 @@ def predict(checkpoint_path, input_spec: str, output, batch_size: int = 32, over
     number of lines. Every check (checkpoint, input fields, output) comes before any compute."""
     output = pathlib.Path(output)
     check_output(output, overwrite)
+    input_file = task_data.spec_file(input_spec)
+    if input_file is not None and output.resolve() == input_file.resolve():
+        raise ValueError(f"--output {output} is the --input file, which writing would replace; name another file")
     trained = sorted(set(config_lib.parse_overrides(list(overrides)).get("finetune", {})) - set(PREDICT_SETTINGS))
     if trained:
         raise ConfigError(f"finetune.{trained[0]} is what the checkpoint was fine-tuned with; predict changes only "

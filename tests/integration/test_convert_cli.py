@@ -338,6 +338,12 @@ def test_embed_refuses_decoders_missing_input_and_blank_lines(tmp_path, capsys, 
                      "tokenizer and checkpoint do not match")
     code, _, err = cli(capsys, "embed", converted["bert"][2], "--input", text, "--max-length", 100)
     assert_one_error(code, err, "embed", "--max-length 100 must lie in [2, 64]")
+    named_npy = tmp_path / "text.npy"  # whose default output is itself
+    named_npy.write_text("one sentence\nanother\n")
+    code, _, err = cli(capsys, "embed", converted["bert"][2], "--input", named_npy, "--overwrite")
+    assert_one_error(code, err, "embed", "text.npy is the input file, which writing would replace")
+    assert named_npy.read_text() == "one sentence\nanother\n"
+    named_npy.unlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["text.txt"]
 
 

@@ -135,6 +135,16 @@ def test_predict_refuses_what_the_head_was_trained_with():
             predict("no-run", "polarity:test", "out.jsonl", overrides=[override])
 
 
+def test_predict_refuses_to_write_over_its_input(tmp_path):
+    """`--output` naming the `--input` file, with --overwrite, once replaced the records with their predictions."""
+    records = tmp_path / "records.jsonl"
+    records.write_text('{"text": "a"}\n')
+    for spec in (str(records), f"{records}[:1]"):
+        with pytest.raises(ValueError, match=r"records.jsonl is the --input file, which writing would replace"):
+            predict("no-run", spec, records, overwrite=True)
+    assert records.read_text() == '{"text": "a"}\n'
+
+
 def test_sentence_pairs_are_checked_as_their_loss_reads_them():
     """loss=ranking reads no label, so one that is text is no error; cosine's is a score, and a pair without one
     was once found only when the rows were built."""
