@@ -202,7 +202,12 @@ def _train(config: RunConfig, setup: Setup, train_data, valid, multiprocess: boo
     warnings = []
     with compile_cache.counted() as lookups:
         state, start, how = restore_or_init(setup, mngr, init_rng, warnings.append)
-        if start >= tcfg.steps and (done := final_evaluation(run_dir, start)) is not None:
+        if start > tcfg.steps:
+            mngr.close()
+            raise ValueError(f"the run in {run_dir} is at step {start}, past train.steps={tcfg.steps}: there is "
+                             f"nothing to train; set train.steps above {start} to train on, or choose a new "
+                             "train.run_dir")
+        if start == tcfg.steps and (done := final_evaluation(run_dir, start)) is not None:
             mngr.close()  # a finished run only reports: nothing compiled, evaluated or written again
             return done
         started = time.perf_counter()

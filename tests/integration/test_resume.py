@@ -64,6 +64,13 @@ def test_sigkill_then_resume_matches_uninterrupted(tiny_config, tmp_path, monkey
 def test_init_from_starts_from_another_runs_parameters(tiny_config, tmp_path):
     source = tiny_config({"train": {"steps": 30, "run_dir": str(tmp_path / "source")}}, "source.yaml")
     run_cli("train", source)
+    recorded = (tmp_path / "source" / "metrics.jsonl").read_bytes()
+    shorter = tiny_config({"train": {"steps": 10, "run_dir": str(tmp_path / "source")}}, "shorter.yaml")
+    past = run_cli("train", shorter, check=False)  # once exited 0, reporting step 30 as if it had trained to 10
+    assert past.returncode == 2 and past.stderr.strip().splitlines()[-1] == (
+        f"jaxlm train: error: the run in {tmp_path / 'source'} is at step 30, past train.steps=10: there is nothing "
+        "to train; set train.steps above 30 to train on, or choose a new train.run_dir")
+    assert (tmp_path / "source" / "metrics.jsonl").read_bytes() == recorded
     fresh = tiny_config({"train": {"steps": 2, "run_dir": str(tmp_path / "fresh")}}, "fresh.yaml")
     warm = tiny_config({"train": {"steps": 2, "run_dir": str(tmp_path / "warm"),
                                   "init_from": str(tmp_path / "source")}}, "warm.yaml")
