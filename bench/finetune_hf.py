@@ -72,7 +72,7 @@ def hf_copy(checkpoint: str, directory: pathlib.Path) -> pathlib.Path:
 
 
 def transformers_finetune(plan: run.Plan, seed: int, weights: pathlib.Path) -> dict:
-    config, settings, task = plan.config, plan.config.finetune, plan.task
+    config, task = plan.config, plan.task
     torch.manual_seed(seed)
     labelled = task.name in ("sequence_classification", "token_classification")
     extra = {"num_labels": len(plan.ctx.labels)} if labelled else {}
@@ -101,7 +101,7 @@ def transformers_finetune(plan: run.Plan, seed: int, weights: pathlib.Path) -> d
         if (step + 1) % plan.eval_every == 0 or step + 1 == total:
             scores = task.score(plan.ctx, task.predict(plan.ctx, outputs(task.name, model, plan.rows["dev"], size),
                                                        plan.rows["dev"], plan.records["dev"]), plan.records["dev"])
-            metric = task.metric_for(settings) or next(iter(scores))
+            metric = plan.metric
             if best is None or scores[metric] > best[metric]:
                 best, best_state = scores, {k: v.clone() for k, v in model.state_dict().items()}
     model.load_state_dict(best_state)

@@ -24,7 +24,7 @@ from jaxlm.eval.sources import Source, eval_config, open_source, source_tokenize
 from jaxlm.finetune import data as task_data
 from jaxlm.finetune.features import Rows, batch_rows
 from jaxlm.finetune.optim import check_ulmfit, slanted_triangular, ulmfit
-from jaxlm.finetune.tasks import TASKS, Context, Task
+from jaxlm.finetune.tasks import LOWER_IS_BETTER, TASKS, Context, Task
 from jaxlm.parallel.mesh import replicated
 from jaxlm.parallel.xla_options import project_xla_options
 from jaxlm.train import checkpoint, run_lock
@@ -136,6 +136,11 @@ class Plan:
     def total_steps(self) -> int:
         return self.config.train.steps
 
+    @property
+    def metric(self) -> str:
+        """The dev metric that picks the best checkpoint."""
+        return self.task.metric_for(self.config.finetune, self.records.get("dev") or self.records["train"])
+
 
 def read_split(task: Task, config: RunConfig, split: str) -> list[dict]:
     settings = config.finetune
@@ -165,8 +170,10 @@ def plan(config: RunConfig, source: Source) -> Plan:
         train=dataclasses.replace(config.train, steps=total, checkpoint_every=total, eval_every=total),
         optim=dataclasses.replace(config.optim, warmup_steps=int(settings.warmup_ratio * total)))
     eval_every = max(1, steps_per_epoch // settings.evals_per_epoch)
-    return Plan(config, task, dataclasses.replace(ctx, settings=config.finetune), source, records, rows,
-                steps_per_epoch, eval_every)
+    the_plan = Plan(config, task, dataclasses.replace(ctx, settings=config.finetune), source, records, rows,
+                    steps_per_epoch, eval_every)
+    the_plan.metric  # a finetune.metric the task does not report fails here, before any compute
+    return the_plan
 
 
 def optimizer_for(config: RunConfig, steps_per_epoch: int):
@@ -290,7 +297,6 @@ class BestDev:
     """The best dev scores so far (before any, the untrained model's, which no checkpoint holds) and how
     many evaluations have passed since they last improved."""
     metric: str
-    lower_is_better: bool
     scores: dict
     step: int | None = None
     value: float | None = None
@@ -298,7 +304,7 @@ class BestDev:
 
     def offer(self, step: int, scores: dict) -> bool:
         """Takes `scores` if they beat the best; whether they did."""
-        value = rank_value(scores[self.metric], self.lower_is_better)
+        value = rank_value(scores[self.metric], self.metric in LOWER_IS_BETTER)
         if self.value is not None and value <= self.value:
             self.stale += 1
             return False
@@ -318,7 +324,7 @@ def finetune(config: RunConfig, source: Source) -> dict:
 def _finetune(the_plan: Plan, source: Source) -> dict:
     """The fine-tune, once every check has passed and its run directory is this command's alone."""
     config, task, settings = the_plan.config, the_plan.task, the_plan.config.finetune
-    metric = task.metric_for(settings)
+    metric = the_plan.metric
     run_dir, config = prepare_run_dir(config, source)
     setup = build(config, objective=task.objective(the_plan.ctx),
                   optimizer_for=optimizer_for(config, the_plan.steps_per_epoch))
@@ -352,10 +358,7 @@ def _finetune(the_plan: Plan, source: Source) -> dict:
         if has_dev:  # where the dev metric starts, before any training
             dev_scores = evaluate(the_plan, runner, state.params, "dev")[0]
             writer.write(0, dev_scores, split="eval")
-            metric = metric or next(iter(dev_scores))
-            if metric not in dev_scores:
-                raise ConfigError(f"finetune.metric={metric!r}: {task.name} reports {', '.join(dev_scores)}")
-            best = BestDev(metric, task.lower_is_better, dev_scores)
+            best = BestDev(metric, dev_scores)
         mngr = (checkpoint.best_manager(run_dir / "checkpoints", metric) if has_dev
                 else checkpoint.manager(run_dir / "checkpoints", keep=1))
         step = 0

@@ -53,21 +53,31 @@ class Context:
                            self.family.pair_separators)
 
 
+LOWER_IS_BETTER = ("mse",)  # the metrics whose best checkpoint is the lowest
+
+
 class Task:
     """One head. `roles`: the fields every labelled record has; `input_roles`: those prediction needs;
-    `optional_roles`: read when the data has them. `metric` picks the best checkpoint (higher is better
-    unless `lower_is_better`). `own_settings`: the finetune settings this head reads that not every head does."""
+    `optional_roles`: read when the data has them. finetune.metric, else the first of `metric_names`, picks the
+    best checkpoint (higher is better, but for LOWER_IS_BETTER). `own_settings`: the finetune settings this head
+    reads that not every head does."""
 
     name = ""
     own_settings: tuple[str, ...] = ()
     roles: tuple[str, ...] = ()
     input_roles: tuple[str, ...] = ()
     optional_roles: tuple[str, ...] = ()
-    metric = ""
-    lower_is_better = False
 
-    def metric_for(self, settings: FinetuneConfig) -> str:
-        return settings.metric or self.metric
+    def metric_names(self, settings: FinetuneConfig, records: list[dict]) -> tuple[str, ...]:
+        """The metrics `score` reports for `records`, the default one first."""
+        raise NotImplementedError
+
+    def metric_for(self, settings: FinetuneConfig, records: list[dict]) -> str:
+        """The metric that picks the best checkpoint: finetune.metric, checked against what `score` reports."""
+        names = self.metric_names(settings, records)
+        if settings.metric and settings.metric not in names:
+            raise ConfigError(f"finetune.metric={settings.metric!r}: {self.name} reports {', '.join(names)}")
+        return settings.metric or names[0]
 
     def field_names(self, settings: FinetuneConfig) -> dict[str, str]:
         """Role -> the data's field: finetune.fields renames, a role it does not name keeps its name."""
@@ -132,10 +142,9 @@ class SequenceClassification(Task):
     roles = ("text", "label")
     input_roles = ("text",)
     optional_roles = ("text_pair",)
-    metric = "accuracy"
 
-    def metric_for(self, settings):
-        return settings.metric or ("pearson" if settings.regression else self.metric)
+    def metric_names(self, settings, records):
+        return ("pearson", "spearman", "mse") if settings.regression else ("accuracy", "macro_f1")
 
     def labels(self, settings, train):
         return () if settings.regression else task_data.label_list(train, settings.labels)
@@ -227,7 +236,9 @@ class TokenClassification(Task):
     own_settings = ("crf",)
     roles = ("words", "tags")
     input_roles = ("words",)
-    metric = "f1"
+
+    def metric_names(self, settings, records):
+        return ("f1", "precision", "recall", "tag_accuracy")
 
     def labels(self, settings, train):
         return task_data.label_list(train, settings.labels, field="tags")
@@ -331,7 +342,9 @@ class MultipleChoiceTask(Task):
     own_settings = ("pooling",)
     roles = ("context", "choices", "label")
     input_roles = ("context", "choices")
-    metric = "accuracy"
+
+    def metric_names(self, settings, records):
+        return ("accuracy",)
 
     def labels(self, settings, train):
         """The choice indices, "0" to "C-1": every record has the same number C of choices."""
@@ -379,7 +392,9 @@ class QuestionAnsweringTask(Task):
     own_settings = ("doc_stride", "max_query_length", "max_answer_length", "n_best")
     roles = ("id", "question", "context", "answers")
     input_roles = ("id", "question", "context")
-    metric = "f1"
+
+    def metric_names(self, settings, records):
+        return SQUAD_METRICS
 
     def check_settings(self, settings):
         budget = settings.max_length - settings.max_query_length - 3
@@ -440,8 +455,9 @@ class SentenceEmbedding(Task):
     input_roles = ("text", "text_pair")
     optional_roles = ("label",)
 
-    def metric_for(self, settings):
-        return settings.metric or {"softmax": "accuracy", "cosine": "spearman"}.get(settings.loss, "recall_at_1")
+    def metric_names(self, settings, records):
+        return {"softmax": ("accuracy", "macro_f1"), "cosine": ("spearman", "pearson")}.get(
+            settings.loss, ("recall_at_1", "positive_cosine"))
 
     def labels(self, settings, train):
         if settings.loss not in SENTENCE_LOSSES:
@@ -536,13 +552,17 @@ def generated_texts(ctx: Context, runner, params, ids: np.ndarray, mask: np.ndar
     return texts
 
 
+def text_metric_names(records: list[dict]) -> tuple[str, ...]:
+    """SQuAD's metrics when the records are SQuAD questions, else ROUGE's, ROUGE-L first."""
+    return SQUAD_METRICS if records and "question" in records[0] else ("rougeL", "rouge1", "rouge2")
+
+
 def text_scores(records: list[dict], texts: list[str], target: str) -> dict:
-    """SQuAD's F1 and exact match when the records are SQuAD questions, else ROUGE-L first, against
-    each record's `target` text."""
+    """`text_metric_names` of the texts against each record's `target` text."""
     if records and "question" in records[0]:
         return squad_metrics(records, texts)
     scores = metrics.rouge(texts, [r[target] for r in records])
-    return {"rougeL": scores.pop("rougeL"), **scores}
+    return {name: scores[name] for name in text_metric_names(records)}
 
 
 class TextToText(Task):
@@ -554,7 +574,9 @@ class TextToText(Task):
     own_settings = ("prefix", "num_beams", "max_target_length")
     roles = ()
     optional_roles = ("source", "target", "id", "question", "context", "answers")
-    metric = ""  # the first score: SQuAD's F1, or ROUGE-L
+
+    def metric_names(self, settings, records):
+        return text_metric_names(records)
 
     def cast(self, records: list[dict]) -> list[dict]:
         return [squad_cast(r) if "question" in r else r for r in records]
@@ -621,7 +643,9 @@ class CausalLanguageModelling(Task):
     own_settings = ("num_beams", "max_target_length")
     roles = ("prompt", "response")
     input_roles = ("prompt",)
-    metric = "rougeL"
+
+    def metric_names(self, settings, records):
+        return text_metric_names(records)
 
     def check_settings(self, settings):
         if settings.max_target_length >= settings.max_length:
@@ -675,12 +699,15 @@ class CausalLanguageModelling(Task):
         return text_scores(records, [""] * len(records), "response")
 
 
+SQUAD_METRICS = ("f1", "exact_match")
+
+
 def squad_metrics(records: list[dict], answers: list[str]) -> dict:
     """{f1, exact_match} of answers to SQuAD questions (every gold answer counts), each record against its own
     answer: records are matched by their place, not their ids, which may repeat."""
     dataset = [{"id": str(i), "answers": [a["text"] for a in r["answers"]]} for i, r in enumerate(records)]
     scores = metrics.squad_scores({str(i): answer for i, answer in enumerate(answers)}, dataset)
-    return {"f1": scores["f1"], "exact_match": scores["exact_match"]}
+    return {name: scores[name] for name in SQUAD_METRICS}
 
 
 TASKS: dict[str, Task] = {task.name: task for task in (SequenceClassification(), TokenClassification(), SpanLabelling(),

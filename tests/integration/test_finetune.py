@@ -12,6 +12,7 @@ import yaml
 
 from conftest import ROOT, run_cli
 from jaxlm.cli import main
+from jaxlm.config import ConfigError
 from jaxlm.corpora.labelled import dataset_path
 
 BASE = {"mesh": {"data": -1, "rules": "dp"},
@@ -259,6 +260,16 @@ def test_every_finetune_config_plans(name, minilm_converted, tiny_t5):
     the_plan = run.plan(config, source)
     assert len(the_plan.rows["train"]) >= len(the_plan.records["train"]) > 0
     assert the_plan.total_steps >= the_plan.steps_per_epoch
+
+
+def test_a_metric_the_task_does_not_report_fails_in_the_plan(minilm_converted):
+    """finetune.metric=bleu was refused only after compiling and the untrained model's dev evaluation."""
+    from jaxlm.finetune import run
+    config, source = run.load(ROOT / "configs" / "finetune" / "polarity-minilm.yaml", ["finetune.metric=bleu"],
+                              init_from=str(minilm_converted))
+    with pytest.raises(ConfigError, match=r"^finetune.metric='bleu': sequence_classification reports accuracy, "
+                                          r"macro_f1$"):
+        run.plan(config, source)
 
 
 def choice_records(split: str, count: int, seed: int) -> list[dict]:

@@ -1,19 +1,23 @@
 """Fine-tuning metrics: entity scores against seqeval on real WNUT-16 tags, first-subword label
 alignment against transformers' tokenizer, SQuAD v1.1 EM/F1 on hand-derived numbers, classification
 on hand-made cases, Pearson and Spearman against scipy."""
+import dataclasses
+import types
+
 import numpy as np
 import pytest
 from seqeval.metrics import f1_score, precision_score, recall_score
 from seqeval.metrics.sequence_labeling import get_entities
 from seqeval.scheme import IOB2
 
+from jaxlm.config import ConfigError, FinetuneConfig
 from jaxlm.corpora.models import bert_vocab_path, wnut16_path
 from jaxlm.data.tokenizers.load import load_tokenizer
 from jaxlm.finetune.metrics import (accuracy, average_ranks, entity_scores, macro_f1, majority_baseline,
                                     normalize_answer, pearson, spearman, squad_exact_match, squad_f1,
                                     squad_scores, subword_predictions_to_words, word_ids,
                                     word_labels_to_subwords)
-from jaxlm.finetune.tasks import squad_metrics
+from jaxlm.finetune.tasks import TASKS, squad_metrics
 
 
 @pytest.fixture(scope="module")
@@ -230,3 +234,34 @@ def test_pearson_and_spearman_equal_scipy():
     assert np.isnan(pearson([1, 1, 1], [1, 2, 3])) and np.isnan(spearman([1, 2, 3], [5, 5, 5]))
     with pytest.raises(ValueError):
         pearson([1, 2], [1, 2, 3])
+
+
+SQUAD_RECORD = {"question": "who?", "context": "Ann came.", "answers": [{"text": "Ann", "answer_start": 0}]}
+SCORED = [  # (task, settings, predictions, records)
+    ("sequence_classification", {}, [{"label": "a"}, {"label": "b"}], [{"label": "a"}, {"label": "a"}]),
+    ("sequence_classification", {"regression": True}, [{"score": 0.1}, {"score": 0.5}],
+     [{"label": 0.2}, {"label": 0.7}]),
+    ("token_classification", {}, [{"tags": ["B-PER", "O"]}], [{"tags": ["B-PER", "O"]}]),
+    ("span_labelling", {}, [{"tags": ["B-PER", "O"]}], [{"tags": ["O", "O"]}]),
+    ("multiple_choice", {}, [{"choice": 1}], [{"label": 1}]),
+    ("question_answering", {}, [{"answer": "Ann"}], [SQUAD_RECORD]),
+    ("sentence_embedding", {"loss": "softmax"}, [{"label": "a", "cosine": 0.1}], [{"label": "a"}]),
+    ("sentence_embedding", {"loss": "cosine"}, [{"cosine": 0.1}, {"cosine": 0.4}], [{"label": 0.2}, {"label": 0.9}]),
+    ("sentence_embedding", {"loss": "ranking"}, [{"rank": 1, "cosine": 0.4}], [{}]),
+    ("text_to_text", {}, [{"text": "the cat"}], [{"source": "s", "target": "the cat sat"}]),
+    ("text_to_text", {}, [{"text": "Ann"}], [SQUAD_RECORD]),
+    ("causal_lm", {}, [{"response": "the cat"}], [{"prompt": "p", "response": "the cat sat"}]),
+]
+
+
+@pytest.mark.parametrize("task_name, settings, predictions, records", SCORED)
+def test_each_task_names_the_metrics_it_reports(task_name, settings, predictions, records):
+    """`finetune.metric` is checked against metric_names before any compute (it was checked against the step-0
+    dev scores, after compiling), so they must be what score reports, the default first."""
+    task, config = TASKS[task_name], FinetuneConfig(task=task_name, **settings)
+    scores = task.score(types.SimpleNamespace(settings=config), predictions, records)
+    assert tuple(scores) == task.metric_names(config, records)
+    assert task.metric_for(config, records) == tuple(scores)[0]
+    assert task.metric_for(dataclasses.replace(config, metric=tuple(scores)[-1]), records) == tuple(scores)[-1]
+    with pytest.raises(ConfigError, match=rf"^finetune.metric='bleu': {task_name} reports {', '.join(scores)}$"):
+        task.metric_for(dataclasses.replace(config, metric="bleu"), records)

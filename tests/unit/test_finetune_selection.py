@@ -10,7 +10,7 @@ from jaxlm.finetune.run import BestDev, train_batch
 
 
 def test_the_best_dev_scores_and_the_evaluations_since():
-    best = BestDev("accuracy", lower_is_better=False, scores={"accuracy": 0.9})
+    best = BestDev("accuracy", scores={"accuracy": 0.9})
     assert best.step is None  # the untrained model's scores stand until the first evaluation, which replaces them
     offered = [best.offer(step, {"accuracy": value}) for step, value in [(10, 0.5), (20, 0.7), (30, 0.6), (40, 0.7)]]
     assert offered == [True, True, False, False]  # a tie does not improve
@@ -19,10 +19,11 @@ def test_the_best_dev_scores_and_the_evaluations_since():
 
 
 def test_lower_is_better_and_nan_is_the_worst():
-    loss = BestDev("loss", lower_is_better=True, scores={"loss": 3.0})
-    assert [loss.offer(s, {"loss": v}) for s, v in [(1, 2.0), (2, 2.5), (3, 1.5)]] == [True, False, True]
-    assert (loss.step, loss.value) == (3, -1.5)
-    pearson = BestDev("pearson", lower_is_better=False, scores={})
+    """finetune.metric=mse once kept the checkpoint of the highest error."""
+    mse = BestDev("mse", scores={"mse": 3.0})
+    assert [mse.offer(s, {"mse": v}) for s, v in [(1, 2.0), (2, 2.5), (3, 1.5)]] == [True, False, True]
+    assert (mse.step, mse.value) == (3, -1.5)
+    pearson = BestDev("pearson", scores={})
     assert pearson.offer(1, {"pearson": math.nan}) and pearson.value == -math.inf
     assert not pearson.offer(2, {"pearson": math.nan})
     assert pearson.offer(3, {"pearson": -0.2}) and pearson.step == 3
