@@ -90,6 +90,13 @@ class ShardedRecords(Sequence):
                 records.append(reader.read())
         return records
 
+    def check(self) -> None:
+        """Opens every shard once, so that one cut short or missing fails before any compute, not at its first
+        batch."""
+        with self._lock:
+            for shard in range(len(self._paths)):
+                self._reader(shard)
+
     def _reader(self, shard: int) -> ArrayRecordReader:
         """`shard`'s reader, opened if need be, closing the least recently read one where this many are open."""
         reader = self._readers.get(shard)
@@ -105,7 +112,12 @@ class ShardedRecords(Sequence):
         path = self._paths[shard]
         reader = ArrayRecordReader(path, READER_OPTIONS, file_reader_buffer_size=READ_BUFFER_BYTES)
         if not reader.ok():
-            reader.seek(0)  # a reader that failed to open raises its reason here (e.g. too many open files)
+            try:
+                reader.seek(0)  # a reader that failed to open raises its reason here (e.g. too many open files)
+            except RuntimeError as err:
+                reason = str(err).strip().split("\n")[0] or "cut short, or not an ArrayRecord file"
+                raise ValueError(f"{path} cannot be read ({reason}); if the file is damaged, re-run `jaxlm prepare "
+                                 "CONFIG --overwrite`") from None
         held, expected = reader.num_records(), len(_shard_span(self._count, self._shard_size, shard))
         if held != expected:
             raise ValueError(f"{path} holds {held} records where its manifest needs {expected}; the prepared "

@@ -1,6 +1,7 @@
 """Each bad input stops with a clear message and a non-zero exit, before compute, losing nothing."""
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -94,6 +95,19 @@ def test_a_directory_as_a_corpus_file_is_named_as_one(tmp_path):
 def test_train_without_prepared_data_says_to_prepare(tiny_config, tmp_path):
     proc = run_cli("train", tiny_config({"data": {"prepared_dir": str(tmp_path / "none")}}), check=False)
     assert proc.returncode == 2 and "jaxlm prepare" in proc.stderr
+
+
+def test_a_shard_cut_short_is_named_before_any_compute(tiny_config, prepared_dir, tmp_path):
+    """A train shard cut short (a copy that ran out of disk) was a traceback at the first batch, after compiling."""
+    copy = tmp_path / "data"
+    shutil.copytree(prepared_dir, copy)
+    shard = sorted(copy.glob("train-*.array_record"))[-1]
+    shard.write_bytes(shard.read_bytes()[:shard.stat().st_size // 2])
+    proc = run_cli("train", tiny_config({"data": {"prepared_dir": str(copy)}}), check=False)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and last.startswith(f"jaxlm train: error: {shard} cannot be read (")
+    assert last.endswith("); if the file is damaged, re-run `jaxlm prepare CONFIG --overwrite`")
+    assert not list((tmp_path / "run").rglob("*.*"))  # nothing written: no metrics, config or checkpoint
 
 
 def test_prepare_refuses_other_settings_in_the_same_directory(tiny_config, prepared_dir):

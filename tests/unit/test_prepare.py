@@ -317,7 +317,24 @@ def test_sharded_records_read_what_grain_reads(prepared):
     with pytest.raises(ValueError, match="listed.*re-run `jaxlm prepare"):
         ShardedRecords([out / n for n in names[:-1]], manifest["shard_size"], count)
     with pytest.raises(ValueError, match=f"{names[0]} holds 3000 records where its manifest needs 2999"):
-        ShardedRecords([out / n for n in names], 2999, count - len(names) + 1).read([0])
+        ShardedRecords([out / n for n in names], 2999, count - len(names) + 1).check()
+
+
+def test_a_shard_cut_short_or_missing_fails_its_check(prepared, tmp_path):
+    out, manifest = prepared
+    names, count = manifest["splits"]["train"]["shards"], manifest["splits"]["train"]["examples"]
+    for name in names:
+        shutil.copy(out / name, tmp_path / name)
+    records = ShardedRecords([tmp_path / n for n in names], manifest["shard_size"], count)
+    records.check()
+    cut = tmp_path / names[-1]
+    cut.write_bytes(cut.read_bytes()[:cut.stat().st_size // 2])
+    with pytest.raises(ValueError, match=rf"^{cut} cannot be read \(.+\); if the "
+                                         r"file is damaged, re-run `jaxlm prepare CONFIG --overwrite`$"):
+        ShardedRecords([tmp_path / n for n in names], manifest["shard_size"], count).check()
+    cut.unlink()
+    with pytest.raises(ValueError, match=rf"^{cut} cannot be read \(open\(\) failed: No such file or directory"):
+        ShardedRecords([tmp_path / n for n in names], manifest["shard_size"], count).check()
 
 
 def test_rows_are_stored_in_uint16_where_they_fit_and_int32_data_still_loads(prepared, train, tmp_path):
