@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from jaxlm import families
+from jaxlm.corpora.text import check_file
 from jaxlm.data.settings import DataConfig, check_data
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.presets import model_config
@@ -277,8 +278,7 @@ def load_tree(path: str | pathlib.Path) -> dict:
 
 def file_tree(path: pathlib.Path) -> dict:
     """One YAML config file's own mapping, its `include:` not followed."""
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist; configs live in configs/ (e.g. configs/bert-tiny.yaml)")
+    check_file(path, "config file", "configs live in configs/ (e.g. configs/bert-tiny.yaml)")
     try:
         tree = read_yaml(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as err:

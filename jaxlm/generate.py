@@ -11,7 +11,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxlm import families
-from jaxlm.corpora.text import utf8_lines
+from jaxlm.corpora.text import check_file, utf8_lines
 from jaxlm.convert.store import checkpoint_config, load_checkpoint
 from jaxlm.models.config import check_ids
 from jaxlm.parallel.mesh import batch_shards, mesh_and_rules
@@ -443,8 +443,7 @@ def model_for(config):
 def read_prompts(path) -> list[str]:
     """The non-blank lines of a prompt file."""
     path = pathlib.Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no prompt file {path}")
+    check_file(path, "prompt file", "give a text file, one prompt per line")
     prompts = [line for line in utf8_lines(path) if line.strip()]
     if not prompts:
         raise ValueError(f"{path} holds no prompts (one per line)")

@@ -12,7 +12,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxlm import families
 from jaxlm.convert import store
-from jaxlm.corpora.text import utf8_lines
+from jaxlm.corpora.text import check_file, utf8_lines
 from jaxlm.models.config import TransformerConfig
 from jaxlm.parallel.xla_options import project_xla_options
 
@@ -29,8 +29,7 @@ def check_encoder(config: TransformerConfig) -> None:
 def read_sentences(path) -> list[str]:
     """One sentence per line; a blank line is an error (each output row must match an input line)."""
     path = pathlib.Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"input file {path} does not exist")
+    check_file(path, "input file", "give a text file, one sentence per line")
     lines = list(utf8_lines(path))
     blank = [str(i + 1) for i, line in enumerate(lines) if not line.strip()]
     if blank:

@@ -67,6 +67,14 @@ def warn_on_stderr(message: str) -> None:
     print(message, file=sys.stderr)
 
 
+def check_file(path: pathlib.Path, what: str, fix: str) -> None:
+    """Unless `path` is a file, an OSError that says "`what` PATH is a directory" or "does not exist", then `fix`."""
+    if path.is_dir():
+        raise IsADirectoryError(f"{what} {path} is a directory; {fix}")
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} {path} does not exist; {fix}")
+
+
 def utf8_text(path: pathlib.Path) -> str:
     """A UTF-8 text file's contents, without a byte-order mark; a ValueError names the first line that is not
     UTF-8."""

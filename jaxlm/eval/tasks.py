@@ -14,7 +14,7 @@ import numpy as np
 
 from jaxlm.corpora.choice_tasks import NAMES as CHOICE_TASKS
 from jaxlm.corpora.choice_tasks import choice_task
-from jaxlm.corpora.text import utf8_lines
+from jaxlm.corpora.text import check_file, utf8_lines
 from jaxlm.eval.scoring import Item
 
 # BIG-bench's own defaults for JSON tasks (bigbench/api/json_task.py).
@@ -52,8 +52,10 @@ def parse_task(spec: str) -> Task:
         return Task("ppl", path, name=f"ppl:{path.stem}")
     if kind == "choice" and rest:
         file, shots = rest, 0
-        match = re.fullmatch(r"(.+)@(\d+)", rest)
+        match = re.fullmatch(r"(.+)@([^@/]*)", rest)
         if match:
+            if not match.group(2).isdigit():
+                raise ValueError(f"{spec}: the shots after @ must be a number, e.g. choice:{match.group(1)}@3")
             file, shots = match.group(1), int(match.group(2))
         path = choice_task(file) if file in CHOICE_TASKS and not pathlib.Path(file).exists() else pathlib.Path(file)
         task = load_choice_task(path)
@@ -62,8 +64,7 @@ def parse_task(spec: str) -> Task:
         return Task("choice", path, shots, f"choice:{task.name}@{shots}")
     if kind == "finetune" and rest:
         path = pathlib.Path(rest)
-        if not path.is_file():
-            raise FileNotFoundError(f"finetune:{path}: no such config; give a fine-tune config (configs/finetune/)")
+        check_file(path, "finetune: config", "give a fine-tune config (configs/finetune/)")
         return Task("finetune", path, name=f"finetune:{path.stem}")
     raise ValueError(f"unknown task {spec!r}; tasks are heldout, ppl:FILE (a text file, one sequence per line), "
                      f"choice:FILE.json[@K] (a BIG-bench JSON task, K shots; or one of {', '.join(CHOICE_TASKS)}) and "
@@ -92,8 +93,7 @@ def parse_tasks(specs: Sequence[str]) -> list[Task]:
 
 def read_lines(path: pathlib.Path) -> list[str]:
     """The non-blank lines of a text file."""
-    if not path.is_file():
-        raise FileNotFoundError(f"ppl:{path}: no such file; give a text file with one sequence per line")
+    check_file(path, "ppl: file", "give a text file with one sequence per line")
     lines = [line for line in utf8_lines(path) if line.strip()]
     if not lines:
         raise ValueError(f"ppl:{path} holds no text; give one sequence per line")
@@ -169,8 +169,7 @@ def _missing(path, where: str, field: str, what: str) -> ValueError:
 
 def load_choice_task(path: pathlib.Path) -> ChoiceTask:
     """A BIG-bench JSON task's multiple-choice examples, each checked (ValueError naming the field)."""
-    if not path.is_file():
-        raise FileNotFoundError(f"choice:{path}: no such file; give a BIG-bench JSON task (task.json)")
+    check_file(path, "choice: file", "give a BIG-bench JSON task (task.json)")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:

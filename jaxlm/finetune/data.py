@@ -10,7 +10,7 @@ import pathlib
 import re
 
 from jaxlm.corpora import labelled
-from jaxlm.corpora.text import utf8_text
+from jaxlm.corpora.text import check_file, utf8_text
 from jaxlm.data.sources import tfds_dir
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
@@ -40,9 +40,8 @@ def read_records(spec: str, roles: dict[str, str], required: tuple[str, ...], wh
         return [_roles(raw, roles, required, f"{where}{spec} example {i + 1}")
                 for i, raw in enumerate(_tfds_records(spec, where, tfds_data_dir))]
     path = labelled.resolve(spec)
-    if not path.is_file():
-        raise FileNotFoundError(f"{where}{spec}: no such file; give a JSONL, CSV or TSV file, tfds:NAME[:SPLIT] or "
-                                f"a named dataset ({', '.join(labelled.NAMES)}) as NAME:SPLIT")
+    check_file(path, f"{where}file", "give a JSONL, CSV or TSV file, tfds:NAME[:SPLIT] or a named dataset "
+               f"({', '.join(labelled.NAMES)}) as NAME:SPLIT")
     kind = FORMATS.get(path.suffix.lower())
     if kind is None:
         raise ValueError(f"{where}{path}: unknown format {path.suffix!r}; name a .jsonl, .csv or .tsv file")

@@ -52,6 +52,9 @@ def load(path, overrides=(), init_from: str | None = None) -> tuple[RunConfig, S
     if init_from is not None:
         settings = {**settings, "init_from": init_from}
     task = settings.get("task")
+    if task is None:
+        raise ConfigError(f"{path} has no finetune.task: it is not a fine-tuning config (those are in "
+                          "configs/finetune/); set finetune.task to one of " + ", ".join(TASKS))
     if task not in TASKS:
         raise ConfigError(f"{path}: finetune.task={task!r}; choose one of {', '.join(TASKS)}")
     if not settings.get("init_from"):

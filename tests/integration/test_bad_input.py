@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import VOCAB_SIZE, run_cli
+from conftest import ROOT, VOCAB_SIZE, run_cli
 
 
 def _snapshot(directory):
@@ -120,6 +120,20 @@ def test_prepare_refuses_other_settings_in_the_same_directory(tiny_config, prepa
 def test_missing_config_file(tmp_path):
     proc = run_cli("train", tmp_path / "missing.yaml", check=False)
     assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["train", "configs"], "config file configs is a directory; configs live in configs/ (e.g. configs/bert-tiny.yaml)"),
+    (["finetune", "configs/bert-tiny.yaml"], "configs/bert-tiny.yaml has no finetune.task: it is not a fine-tuning "
+                                             "config (those are in configs/finetune/); set finetune.task to one of "),
+])
+def test_a_config_of_the_wrong_kind_is_named_for_what_it_is(argv, expected, capsys, monkeypatch):
+    """A folder was said not to exist, and a pretraining config given to finetune was "finetune.task=None"."""
+    from jaxlm.cli import main  # in this process: the config is refused before any device is used
+
+    monkeypatch.chdir(ROOT)
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith(f"jaxlm {argv[0]}: error: {expected}")
 
 
 def test_a_config_that_is_not_a_yaml_mapping_names_the_file_and_line(tmp_path):

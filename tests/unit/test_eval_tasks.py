@@ -27,8 +27,14 @@ def test_task_specs(tmp_path, arithmetic_task):
         ("choice", 3, "choice:basic_arithmetic@3"), ("choice", 0, "choice:arc_easy@0")]
     with pytest.raises(ValueError, match="needs at least 9 examples"):
         tasks.parse_task(f"choice:{arithmetic_task}@8")
-    with pytest.raises(FileNotFoundError, match="no such file"):
+    with pytest.raises(FileNotFoundError, match=r"^ppl: file .*missing.txt does not exist; give a text file"):
         tasks.parse_task(f"ppl:{tmp_path / 'missing.txt'}")
+    # a folder was "no such file", and shots that are not a number a file named with them
+    with pytest.raises(IsADirectoryError, match=rf"^ppl: file {tmp_path} is a directory; give a text file"):
+        tasks.parse_task(f"ppl:{tmp_path}")
+    with pytest.raises(ValueError, match=r"^choice:arc_easy@x: the shots after @ must be a number, e.g. "
+                                         r"choice:arc_easy@3$"):
+        tasks.parse_task("choice:arc_easy@x")
 
 
 @pytest.mark.parametrize("content, message", [

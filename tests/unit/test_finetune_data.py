@@ -77,8 +77,10 @@ def test_words_and_choices_are_texts_and_a_label_list_needs_its_field(tmp_path):
 
 
 def test_missing_file_and_bad_choices(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no such file"):
+    with pytest.raises(FileNotFoundError, match=r"^file .*none.jsonl does not exist; give a JSONL, CSV or TSV"):
         read_records(str(tmp_path / "none.jsonl"), ROLES, ("text",))
+    with pytest.raises(IsADirectoryError, match=rf"^finetune.train: file {tmp_path} is a directory; give a JSONL"):
+        read_records(str(tmp_path), ROLES, ("text",), "finetune.train")
     with pytest.raises(ValueError, match="has 3 choices, the training data 2"):
         check_choices([{"choices": ["a", "b", "c"], "label": 0}], 2, "dev")
     with pytest.raises(ValueError, match="label 2; give the index"):
