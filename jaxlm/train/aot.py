@@ -95,6 +95,10 @@ def topology_devices(topology: str = DEFAULT_TOPOLOGY, *, chips_per_host_bounds=
         if "lockfile" in text:
             raise TopologyError(f"libtpu is locked by another process ({text}); set ALLOW_MULTIPLE_LIBTPU_LOAD=1 "
                                 "before jax starts") from err
+        if chips_per_host_bounds is not None and "chips_per_host" in text:
+            shown = "x".join(map(str, chips_per_host_bounds))
+            raise TopologyError(f"--chips-per-host {shown} does not fit TPU topology {topology!r}: {text}; leave it "
+                                "out for libtpu's default, or give bounds the topology divides into") from err
         if "INVALID_ARGUMENT" in text or "invalid" in text.lower():
             raise TopologyError(f"unknown or unsupported TPU topology {topology!r}: {text}. Use a name like "
                                 "v5e:2x2, v5e:4x4, v5p:2x2x1, v4:2x2x1 or v6e:2x2, or for GPUs h100, h100:8") from err

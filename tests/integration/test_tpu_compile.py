@@ -174,6 +174,9 @@ def test_unknown_topology_says_what_to_use():
 
     with pytest.raises(TopologyError, match=r"unknown or unsupported TPU topology 'v9z:2x2'.*v5e:2x2"):
         topology_devices("v9z:2x2")
+    with pytest.raises(TopologyError, match=r"^--chips-per-host 3x3x1 does not fit TPU topology 'v5e:2x2': .*"
+                                            r"leave it out for libtpu's default"):  # once blamed on the topology
+        topology_devices("v5e:2x2", chips_per_host_bounds=(3, 3, 1))
     assert not set(OFF_VM_HOST) & set(os.environ)  # the trainer would take TPU_WORKER_HOSTNAMES for a cluster's
 
 
