@@ -467,8 +467,12 @@ def generate_from_checkpoint(checkpoint, prompts: list[str], *, max_new_tokens: 
     if checkpoint_tokenizer is None:
         raise ValueError(f"{checkpoint} has no tokenizer to turn prompts into ids; convert it with one")
     tokenizer = checkpoint_tokenizer.load()
-    _, params, _ = load_checkpoint(checkpoint)
     encoded = [list(tokenizer.encode(p, add_special_tokens=True)) for p in prompts]
+    empty = next((index for index, e in enumerate(encoded) if not e), None)
+    if empty is not None:
+        raise ValueError(f"prompt {empty + 1} ({prompts[empty]!r}) gives the tokenizer no tokens; give each prompt "
+                         "some text to continue")
+    _, params, _ = load_checkpoint(checkpoint)
     width = max(len(e) for e in encoded)
     pad = config.pad_token_id
     ids = np.array([e + [pad] * (width - len(e)) for e in encoded], np.int32)

@@ -333,6 +333,9 @@ def test_cli_prints_one_json_line_per_prompt(tmp_path, capsys):
                               "--max-new-tokens", "6"])
     args.handler(args)
     assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == lines
+    assert cli.main(["generate", str(checkpoint), "--prompt", "Hello", ""]) == 2  # was "rows [1] have no tokens"
+    assert capsys.readouterr().err == ("jaxlm generate: error: prompt 2 ('') gives the tokenizer no tokens; give each "
+                                       "prompt some text to continue\n")
 
 
 # ---------------------------------------------------------------- bad input
