@@ -152,8 +152,9 @@ def open_checkpoint(path: epath.PathLike, step: int | None = None
     """(read-only manager, step) of any path `resolve` takes: `step`, else the path's own step, else
     the latest committed one (None when there is none)."""
     directory, own = resolve(path)
-    mngr = ocp.CheckpointManager(directory, item_names=ITEMS,
-                                 options=ocp.CheckpointManagerOptions(read_only=True))
+    # the settings read_only implies, given, so that Orbax does not warn that it set them
+    options = ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0, create=False)
+    mngr = ocp.CheckpointManager(directory, item_names=ITEMS, options=options)
     try:
         yield mngr, step if step is not None else own if own is not None else mngr.latest_step()
     finally:
@@ -174,6 +175,9 @@ def quiet_failed_writes() -> None:
 
 
 def _orbax_error_in_one_line(record: logging.LogRecord) -> bool:
+    """Orbax's errors without their tracebacks; its notice that a manager opened read-only (as asked) dropped."""
+    if record.getMessage().startswith("Given directory is read only"):
+        return False
     if record.levelno >= logging.ERROR and record.exc_info and "/orbax/" in record.pathname:
         record.msg, record.args = (record.getMessage().strip().splitlines() or [""])[0], ()
         record.exc_info = record.exc_text = None
@@ -239,6 +243,11 @@ def leaf_shapes(tree) -> dict[str, tuple]:
 def check_fits(stored, abstract, where: str, listed: int = 6) -> None:
     """Raise ValueError naming each parameter the checkpoint lacks or holds with another shape."""
     have = leaf_shapes(stored)
+    if have and not set(have) & set(leaf_shapes(abstract)):
+        raise ValueError(f"{where}: the checkpoint holds another model ({', '.join(sorted(stored))}; this config: "
+                         f"{', '.join(sorted(abstract))}), none of whose parameters this config has: a run of another "
+                         "model family or objective? Give a checkpoint of this model, or the config it was trained "
+                         "with")
     problems = []
     for name, shape in leaf_shapes(abstract).items():
         if name not in have:

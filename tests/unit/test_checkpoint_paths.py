@@ -86,6 +86,22 @@ def test_an_explicit_step_wins_and_empty_or_missing_paths_are_refused(run_dir, t
         store.load_checkpoint(tmp_path / "empty")
 
 
+def test_another_models_checkpoint_is_named_as_one_without_orbax_notices(run_dir, tmp_path, caplog):
+    """A GPT-2 run given to a BERT config listed six parameter names of 200 characters each; opening a checkpoint
+    to read logged three absl warnings about the read-only manager it asked for."""
+    decoder = store.save_converted(tmp_path / "decoder", CONFIG, {"decoder": {"kernel": np.ones((2, 3), np.float32)},
+                                                                  "lm_head": {"bias": np.ones(3, np.float32)}})
+    with pytest.raises(ValueError, match=r"^train.init_from=.*decoder: the checkpoint holds another model \(decoder, "
+                                         r"lm_head; this config: encoder\), none of whose parameters this config "
+                                         r"has: a run of another model family or objective\?"):
+        checkpoint.restore_params(decoder, abstract())
+    checkpoint.quiet_failed_writes()  # as `jaxlm` does first
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="absl"), checkpoint.open_checkpoint(run_dir):
+        pass
+    assert not [r for r in caplog.records if "read only" in r.getMessage() or "read_only" in r.getMessage()]
+
+
 def run_with_tokenizer(directory, data: dict, model: dict):
     """A run directory whose one checkpoint records a run config with these data and model settings, as a
     training run records its own."""
