@@ -314,6 +314,14 @@ def unread_settings(path: str | pathlib.Path, overrides: list[str], config: RunC
     return notes
 
 
+def refuse_unread_sections(overrides: list[str], reads: tuple[str, ...]) -> None:
+    """ConfigError for an override of a section outside `reads`, those the command reads: it would change nothing."""
+    unread = [section for section in parse_overrides(list(overrides)) if section not in reads]
+    if unread:
+        raise ConfigError(f"the {unread[0]}.* overrides change nothing: this command reads only the "
+                          f"{', '.join(reads)} settings; remove them")
+
+
 def to_dict(config: RunConfig) -> dict:
     return dataclasses.asdict(config)
 

@@ -15,6 +15,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
+from jaxlm import config as config_lib
 from jaxlm.data.pipeline import open_data
 from jaxlm.data.tokenizers.roles import special_ids
 from jaxlm.eval import results, tasks as tasks_lib
@@ -134,6 +135,7 @@ def plan(paths: list[str], task_specs: list[str], select: str = "all", out: str 
         raise ValueError(f"--poll {poll:g}: give the seconds between looks for new checkpoints, above 0")
     if idle_timeout < 0:
         raise ValueError(f"--idle-timeout {idle_timeout:g}: give the seconds to wait for a new checkpoint, 0 or more")
+    config_lib.refuse_unread_sections(overrides, ("model", "mesh", "distributed", "data", "train"))
     selection = parse_selection(select)
     task_list = tasks_lib.parse_tasks(task_specs)
     wait = idle_timeout if watch else 0.0

@@ -23,7 +23,7 @@ from jaxlm.data.sources import resolve_vocab
 from jaxlm.eval.sources import Source, eval_config, open_source, source_tokenizer
 from jaxlm.finetune import data as task_data
 from jaxlm.finetune.features import Rows, batch_rows
-from jaxlm.finetune.optim import check_ulmfit, slanted_triangular, ulmfit
+from jaxlm.finetune.optim import check_ulmfit, layer_groups, slanted_triangular, ulmfit
 from jaxlm.finetune.tasks import LOWER_IS_BETTER, TASKS, Context, Task
 from jaxlm.parallel.mesh import replicated
 from jaxlm.parallel.xla_options import project_xla_options
@@ -164,6 +164,7 @@ def plan(config: RunConfig, source: Source) -> Plan:
         raise ConfigError(f"{source.path}'s tokenizer has {tokenizer.vocab_size} tokens, more than the model's "
                           f"vocabulary ({config.model.vocab_size}): tokenizer and checkpoint do not match")
     ctx = Context(config.model, settings, labels, tokenizer)
+    check_train_layers(settings.train_layers, task.objective(ctx))
     rows = {split: task.rows(ctx, split_records, labelled=True) for split, split_records in records.items()}
     batch = config.train.global_batch
     steps_per_epoch = math.ceil(len(rows["train"]) / batch)
@@ -177,6 +178,17 @@ def plan(config: RunConfig, source: Source) -> Plan:
                     steps_per_epoch, eval_every)
     the_plan.metric  # a finetune.metric the task does not report fails here, before any compute
     return the_plan
+
+
+def check_train_layers(train_layers: int, objective) -> None:
+    """ConfigError for a finetune.train_layers beyond the model's layers (every one of them would train, the
+    embeddings not: a larger number was taken as that, silently)."""
+    if train_layers <= 0:
+        return
+    layers = layer_groups(nn.unbox(jax.eval_shape(objective.init, jax.random.key(0))))[1] - 1
+    if train_layers > layers:
+        raise ConfigError(f"finetune.train_layers={train_layers} exceeds the model's {layers} layers; give at most "
+                          f"{layers}, or -1 to train every parameter")
 
 
 def optimizer_for(config: RunConfig, steps_per_epoch: int):

@@ -262,13 +262,17 @@ def test_every_finetune_config_plans(name, minilm_converted, tiny_t5):
     assert the_plan.total_steps >= the_plan.steps_per_epoch
 
 
-def test_a_metric_the_task_does_not_report_fails_in_the_plan(minilm_converted):
-    """finetune.metric=bleu was refused only after compiling and the untrained model's dev evaluation."""
+@pytest.mark.parametrize("override, expected", [
+    ("finetune.metric=bleu", r"^finetune.metric='bleu': sequence_classification reports accuracy, macro_f1$"),
+    ("finetune.train_layers=7", r"^finetune.train_layers=7 exceeds the model's 6 layers; give at most 6, or -1 to "
+                                r"train every parameter$")])
+def test_settings_the_model_or_task_cannot_take_fail_in_the_plan(override, expected, minilm_converted):
+    """finetune.metric=bleu was refused only after compiling and the untrained model's dev evaluation, and
+    train_layers beyond the model's layers was taken as all of them."""
     from jaxlm.finetune import run
-    config, source = run.load(ROOT / "configs" / "finetune" / "polarity-minilm.yaml", ["finetune.metric=bleu"],
+    config, source = run.load(ROOT / "configs" / "finetune" / "polarity-minilm.yaml", [override],
                               init_from=str(minilm_converted))
-    with pytest.raises(ConfigError, match=r"^finetune.metric='bleu': sequence_classification reports accuracy, "
-                                          r"macro_f1$"):
+    with pytest.raises(ConfigError, match=expected):
         run.plan(config, source)
 
 

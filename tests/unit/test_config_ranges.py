@@ -135,6 +135,18 @@ def test_predict_refuses_what_the_head_was_trained_with():
             predict("no-run", "polarity:test", "out.jsonl", overrides=[override])
 
 
+def test_predict_and_eval_refuse_overrides_they_do_not_read():
+    """`predict RUN train.global_batch=3` and `eval RUN optim.peak_lr=1` were accepted and changed nothing."""
+    from jaxlm.eval import sweep  # the sweep's module loads the scorers: only this test needs it
+
+    with pytest.raises(ConfigError, match=r"^the train.\* overrides change nothing: this command reads only the "
+                                          r"model, mesh, distributed, data, finetune settings; remove them$"):
+        predict("no-run", "polarity:test", "out.jsonl", overrides=["train.global_batch=3"])
+    with pytest.raises(ConfigError, match=r"^the optim.\* overrides change nothing: this command reads only the "
+                                          r"model, mesh, distributed, data, train settings; remove them$"):
+        sweep.plan(["no-run"], ["heldout"], overrides=["optim.peak_lr=1"])
+
+
 def test_predict_refuses_to_write_over_its_input(tmp_path):
     """`--output` naming the `--input` file, with --overwrite, once replaced the records with their predictions."""
     records = tmp_path / "records.jsonl"
