@@ -79,7 +79,7 @@ class Source:
 
     def committed_steps(self) -> list[int]:
         """Steps Orbax has finalised, read afresh from disk (a checkpoint still being written is not one)."""
-        mngr = read_only_manager(self.directory)
+        mngr = checkpoint.read_only_manager(self.directory)
         try:
             steps = sorted(mngr.all_steps())
         finally:
@@ -88,20 +88,15 @@ class Source:
 
     def stored_params(self, step: int) -> dict:
         """The parameter tree's metadata at `step` (shapes only; no array is read)."""
-        mngr = read_only_manager(self.directory)
+        mngr = checkpoint.read_only_manager(self.directory)
         try:
             return checkpoint.stored_tree(mngr, step).get("params", {})
         finally:
             mngr.close()
 
 
-def read_only_manager(directory: pathlib.Path) -> ocp.CheckpointManager:
-    return ocp.CheckpointManager(directory, item_names=checkpoint.ITEMS,
-                                 options=ocp.CheckpointManagerOptions(read_only=True))
-
-
 def _stored_config(directory: pathlib.Path, step: int, path: pathlib.Path) -> dict:
-    mngr = read_only_manager(directory)
+    mngr = checkpoint.read_only_manager(directory)
     try:
         stored = mngr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
     except Exception as err:  # Orbax raises many kinds for an unreadable item
@@ -137,7 +132,7 @@ def _open_source(given: pathlib.Path, overrides: list[str]) -> Source:
                                 "checkpoints/<step> directories or a `jaxlm convert` output")
     directory, own = checkpoint.resolve(given)
     directory = directory.absolute()
-    mngr = read_only_manager(directory)
+    mngr = checkpoint.read_only_manager(directory)
     try:
         steps = sorted(mngr.all_steps())
     finally:

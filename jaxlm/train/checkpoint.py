@@ -146,15 +146,20 @@ def resolve(path: epath.PathLike) -> tuple[epath.Path, int | None]:
     return path, None
 
 
+def read_only_manager(directory: epath.PathLike) -> ocp.CheckpointManager:
+    """A manager that reads `directory`'s checkpoints and writes nothing."""
+    # the settings read_only implies, given, so that Orbax does not warn that it set them
+    options = ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0, create=False)
+    return ocp.CheckpointManager(directory, item_names=ITEMS, options=options)
+
+
 @contextlib.contextmanager
 def open_checkpoint(path: epath.PathLike, step: int | None = None
                     ) -> Iterator[tuple[ocp.CheckpointManager, int | None]]:
     """(read-only manager, step) of any path `resolve` takes: `step`, else the path's own step, else
     the latest committed one (None when there is none)."""
     directory, own = resolve(path)
-    # the settings read_only implies, given, so that Orbax does not warn that it set them
-    options = ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0, create=False)
-    mngr = ocp.CheckpointManager(directory, item_names=ITEMS, options=options)
+    mngr = read_only_manager(directory)
     try:
         yield mngr, step if step is not None else own if own is not None else mngr.latest_step()
     finally:
