@@ -14,6 +14,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
 from tokenizers.models import BPE
 
+from jaxlm.corpora.text import utf8_text
 from jaxlm.data.tokenizers.rust import RustTokenizer
 from jaxlm.jsonfile import read_json
 
@@ -21,7 +22,7 @@ EOS = "<|endoftext|>"
 
 
 def load_merges(path: str | Path) -> list[tuple[str, str]]:
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    lines = utf8_text(path).splitlines()
     return [tuple(line.split()) for line in lines if line and not line.startswith("#version")]
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, models
 
+from jaxlm.corpora.text import utf8_text
 from jaxlm.data.tokenizers.roles import ROLE_TOKENS
 from jaxlm.data.tokenizers.spm import SENTINEL
 
@@ -34,7 +35,12 @@ class RustTokenizer:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"tokenizer file not found: {path}")
-        backend = Tokenizer.from_file(str(path))
+        text = utf8_text(path)
+        try:
+            backend = Tokenizer.from_str(text)
+        except Exception as err:  # noqa: BLE001 - the library raises a bare Exception for text it cannot read
+            raise ValueError(f"{path} is not a tokenizers JSON file: {_why_not_a_tokenizer(text, err)}; give a "
+                             "tokenizer.json saved by the tokenizers library (Tokenizer.save)") from None
         backend.no_padding()
         backend.no_truncation()
         tokenizer = cls(backend, path)
@@ -95,6 +101,18 @@ class RustTokenizer:
         h = hashlib.sha256(self.backend.to_str().encode() if self.source is None else self.source.read_bytes())
         h.update(b"\0tokenizer.json")
         return h.hexdigest()
+
+
+def _why_not_a_tokenizer(text: str, err: Exception) -> str:
+    """Why the `tokenizers` library refused `text`: its message's first line, but for JSON with no "model" section,
+    where the library names a place in the text that is fine."""
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict) and "model" not in parsed:
+        return 'it is JSON with no "model" section'
+    return (str(err).splitlines() or [type(err).__name__])[0]
 
 
 def _uses_byte_level(node) -> bool:

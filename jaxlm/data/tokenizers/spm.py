@@ -31,7 +31,13 @@ class SentencePieceTokenizer:
         self.model_path = Path(model_path)
         if not self.model_path.is_file():
             raise FileNotFoundError(f"SentencePiece model file not found: {self.model_path}")
-        self.sp = sentencepiece.SentencePieceProcessor(model_file=str(self.model_path))
+        try:
+            self.sp = sentencepiece.SentencePieceProcessor(model_file=str(self.model_path))
+        except RuntimeError as err:  # sentencepiece's word for a file it cannot read as a model
+            reason = (str(err).splitlines() or ["unreadable"])[0].removeprefix("INTERNAL: ")
+            reason = reason.replace(f" from {self.model_path}", "")
+            raise ValueError(f"{self.model_path} is not a SentencePiece model ({reason.rstrip('.')}); give a .model "
+                             "file trained by sentencepiece") from None
         self.model_size = self.sp.get_piece_size()
         self.sentinels = sentinels
         self.vocab_size = self.model_size + sentinels

@@ -12,6 +12,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
 
+from jaxlm.corpora.text import text_lines, utf8_text
 from jaxlm.data.tokenizers.rust import RustTokenizer
 
 UNK, PAD, CLS, SEP, MASK = "[UNK]", "[PAD]", "[CLS]", "[SEP]", "[MASK]"
@@ -20,12 +21,12 @@ CONTINUATION = "##"
 
 
 def load_vocab(path: str | Path) -> dict[str, int]:
-    """One token per line, id = line number (a repeated token keeps its last line)."""
+    """One token per line, id = line number (a repeated token keeps its last line); a ValueError names the line
+    where the file is not UTF-8."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"WordPiece vocab file not found: {path}")
-    with path.open(encoding="utf-8") as f:
-        vocab = {line.rstrip("\n"): i for i, line in enumerate(f.readlines())}
+    vocab = {line: i for i, line in enumerate(text_lines(utf8_text(path)))}
     if not vocab:
         raise ValueError(f"WordPiece vocab file is empty: {path}")
     return vocab
