@@ -7,7 +7,7 @@ import re
 from typing import Mapping
 
 import numpy as np
-from gguf import GGUFReader
+from gguf import READER_SUPPORTED_VERSIONS, GGUFReader
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from jaxlm.convert.hf_decoder import llama_config_from_hf, llama_params_from_hf
@@ -22,20 +22,28 @@ _REQUIRED = object()
 # ---------------------------------------------------------------- reading the file
 
 def open_gguf(path):
-    """A `gguf.GGUFReader` over `path`, after checking that the file is a little-endian GGUF."""
+    """A `gguf.GGUFReader` over `path`, after checking that the file is a little-endian GGUF of a version the
+    reader reads; a file cut short or damaged is a ValueError that says so."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no GGUF file at {path}")
     with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != MAGIC:
-        raise ValueError(f"{path} is not a GGUF file: it starts with {magic!r}, not {MAGIC!r}. "
-                         "Pass a llama.cpp .gguf model file (Hugging Face checkpoint directories load "
-                         "with jaxlm.convert.hf_decoder.load_hf_decoder)")
-    reader = GGUFReader(path)
-    if int(reader.endianess) != 0:
+        head = f.read(8)
+    if head[:4] != MAGIC:
+        found = f"it starts with {head[:4]!r}, not {MAGIC!r}" if head else "it is empty"
+        raise ValueError(f"{path} is not a GGUF file ({found}); pass a llama.cpp .gguf model file, or convert a "
+                         "Hugging Face model directory with `jaxlm convert from-hf`")
+    version = int.from_bytes(head[4:], "little") if len(head) == 8 else None
+    if version is not None and version & 0xFFFF == 0:  # as GGUFReader tells a file of the other byte order
         raise ValueError(f"{path} is a big-endian GGUF; only little-endian files are supported")
-    return reader
+    if version is not None and version not in READER_SUPPORTED_VERSIONS:
+        raise ValueError(f"{path} is a GGUF file of version {version}, which jaxlm cannot read (it reads versions "
+                         f"{', '.join(map(str, READER_SUPPORTED_VERSIONS))}); re-create it with a current llama.cpp")
+    try:
+        return GGUFReader(path)
+    except (ValueError, IndexError, KeyError, OverflowError):  # GGUFReader's words for metadata or data cut short
+        raise ValueError(f"{path} is a truncated or damaged GGUF file ({path.stat().st_size} bytes): its metadata "
+                         "or tensor data could not be read; download it again or re-create it with llama.cpp") from None
 
 
 def _reader(path_or_reader):

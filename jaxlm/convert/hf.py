@@ -18,6 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import safetensors
 import safetensors.flax
 import safetensors.numpy
 
@@ -45,6 +46,7 @@ OPTIONAL_GROUPS = ("pooler", "mlm", "nsp")
 TIED_DECODER = "cls.predictions.decoder.weight"
 TIED_DECODER_BIAS = "cls.predictions.decoder.bias"
 BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
+SAFETENSORS_PREFIX = "Error while deserializing header: "  # what safetensors says of every unreadable file
 BERT_LAYER_NAMES = ("attention.self.query", "attention.self.key", "attention.self.value",
                     "attention.output.dense", "attention.output.LayerNorm", "intermediate.dense", "output.dense",
                     "output.LayerNorm")
@@ -147,11 +149,22 @@ def read_config(model_dir) -> dict:
 
 # ---------------------------------------------------------------- reading tensors
 
+def _unreadable_weights(path: pathlib.Path, kind: str, err: Exception) -> ValueError:
+    """The one-line error for a weight file its library cannot read: the library's first sentence, the file's size."""
+    reason = (str(err).strip().splitlines() or [type(err).__name__])[0].removeprefix(SAFETENSORS_PREFIX)
+    reason = reason.split(". ", 1)[0].rstrip(".")  # torch goes on to explain what a damaged file is
+    return ValueError(f"{path} could not be read as a {kind} file ({reason}; {path.stat().st_size} bytes): it is "
+                      "truncated or damaged; download or save the model again")
+
+
 def _read_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:
     try:
-        return safetensors.numpy.load_file(str(path))
-    except TypeError:
-        return {k: np.asarray(v.astype("float32")) for k, v in safetensors.flax.load_file(str(path)).items()}
+        try:
+            return safetensors.numpy.load_file(str(path))
+        except TypeError:
+            return {k: np.asarray(v.astype("float32")) for k, v in safetensors.flax.load_file(str(path)).items()}
+    except safetensors.SafetensorError as err:
+        raise _unreadable_weights(path, "safetensors", err) from None
 
 
 def _read_torch_bin(path: pathlib.Path) -> dict[str, np.ndarray]:
@@ -161,7 +174,10 @@ def _read_torch_bin(path: pathlib.Path) -> dict[str, np.ndarray]:
         raise ImportError(
             f"{path} is a PyTorch checkpoint and reading it needs torch; install torch or convert "
             "the checkpoint to model.safetensors") from err
-    state = torch.load(str(path), map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises many kinds (RuntimeError, UnpicklingError, EOFError) for a damaged file
+        raise _unreadable_weights(path, "PyTorch checkpoint", err) from None
     return {k: v.detach().to(torch.float32 if v.is_floating_point() else v.dtype).numpy()
             for k, v in state.items()}
 

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import shutil
 import tempfile
 from typing import Mapping
@@ -18,6 +19,7 @@ import safetensors.numpy
 from jaxlm import config as config_lib
 from jaxlm import families
 from jaxlm.convert import registry
+from jaxlm.corpora.text import utf8_text
 from jaxlm.data.sources import resolve_vocab
 from jaxlm.data.tokenizers.load import NAME_IN_A_DIRECTORY, load_tokenizer
 from jaxlm.data.tokenizers.roles import special_ids
@@ -29,8 +31,10 @@ from jaxlm.train import checkpoint
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json",
                    "spiece.model", "vocab.json", "merges.txt", "encoder.json", "vocab.bpe")
+BINARY_TOKENIZER_FILES = ("spiece.model",)  # the rest of TOKENIZER_FILES are UTF-8 text
 TOKENIZER_DIR = "tokenizer"
 ROBERTA_TOKENS = {"<s>", "</s>", "<pad>", "<unk>", "<mask>"}
+MAX_REASON = 160  # characters of a library's reason for a damaged checkpoint
 NOT_A_CHECKPOINT = ("expected a directory written by `jaxlm convert from-hf`, a training run directory "
                     "(train.run_dir) or one of its checkpoints/<step> directories")
 
@@ -88,11 +92,9 @@ def staged(out, overwrite: bool = False):
         shutil.rmtree(old, ignore_errors=True)
 
 
-def copy_tokenizer(source, target, lowercase: bool = True) -> list[str]:
-    """Copies whichever TOKENIZER_FILES `source` (a directory, or one tokenizer file) has into `target`, and returns
-    their names there. One file takes the name a directory of its kind is read by (`my-vocab.txt` becomes
-    vocab.txt), whatever its own; a vocab.txt without a tokenizer_config.json also gets one saying `lowercase`,
-    which loaders (ours, transformers') otherwise take to be true."""
+def tokenizer_sources(source) -> list[tuple[pathlib.Path, str]]:
+    """(file, its name in a tokenizer directory) of whichever TOKENIZER_FILES `source` (a directory, or one
+    tokenizer file) has; a text file among them that is not UTF-8 is a ValueError naming it and its line."""
     if source is None:
         return []
     source = pathlib.Path(source)
@@ -100,6 +102,18 @@ def copy_tokenizer(source, target, lowercase: bool = True) -> list[str]:
         named = [(source, NAME_IN_A_DIRECTORY.get(source.suffix, source.name))]
     else:
         named = [(source / name, name) for name in TOKENIZER_FILES if (source / name).is_file()]
+    for path, name in named:
+        if name not in BINARY_TOKENIZER_FILES:
+            utf8_text(path)
+    return named
+
+
+def copy_tokenizer(source, target, lowercase: bool = True) -> list[str]:
+    """Copies whichever TOKENIZER_FILES `source` (a directory, or one tokenizer file) has into `target`, and returns
+    their names there (see `tokenizer_sources`). One file takes the name a directory of its kind is read by
+    (`my-vocab.txt` becomes vocab.txt), whatever its own; a vocab.txt without a tokenizer_config.json also gets
+    one saying `lowercase`, which loaders (ours, transformers') otherwise take to be true."""
+    named = tokenizer_sources(source)
     if not named:
         return []
     target = pathlib.Path(target)
@@ -171,6 +185,7 @@ def save_converted(out_dir, config: TransformerConfig, params: Mapping, tokenize
         OUT/0/config     {"model": TransformerConfig as a dict, "source": where it came from}
         OUT/tokenizer/   whichever TOKENIZER_FILES `tokenizer_dir` has, and `tokenizer_files` (name -> text)
     """
+    tokenizer_sources(tokenizer_dir)  # a tokenizer file that is not text is refused before anything is written
     with staged(out_dir, overwrite) as staging:
         mngr = checkpoint.manager(staging, keep=1, async_save=False)
         record = {"model": dataclasses.asdict(config), "source": str(source)}
@@ -201,8 +216,33 @@ def _opened(path: pathlib.Path):
         yield mngr, step
 
 
+@contextlib.contextmanager
+def _damaged(path: pathlib.Path, mngr, step: int, part: str):
+    """Whatever Orbax or TensorStore raise while the block reads `part` of a step becomes one line: the checkpoint
+    and step, the reason (the array it names and the last clause of its message), and what to do instead."""
+    try:
+        yield
+    except Exception as err:  # Orbax, TensorStore and json raise many kinds for a truncated or emptied file
+        others = [str(s) for s in mngr.all_steps() if s != step]
+        instead = (f"pass another of its steps (checkpoints/<step>: {', '.join(others)})" if others
+                   else "convert or save it again")
+        raise ValueError(f"{path} step {step} could not be read: {part}: {_reason(err)}; the checkpoint is damaged: "
+                         f"{instead}") from None
+
+
+def _reason(err: Exception) -> str:
+    """TensorStore's message cut to the array it names and its last clause (it names every layer it went through
+    and appends its whole spec); others' first line."""
+    text = (str(err).strip().splitlines() or [type(err).__name__])[0].split(" [tensorstore_spec=", 1)[0]
+    if len(text) <= MAX_REASON:
+        return text
+    array = re.search(r'Error reading "([^"/]+)', text)
+    return (f"array {array.group(1)}: " if array else "") + text.rsplit(": ", 1)[-1][:MAX_REASON]
+
+
 def _config(mngr, step: int, path: pathlib.Path) -> tuple[TransformerConfig, CheckpointTokenizer | None]:
-    stored = mngr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
+    with _damaged(path, mngr, step, "its config item"):
+        stored = mngr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
     if not isinstance(stored, dict) or not isinstance(stored.get("model"), dict):
         raise _not_a_checkpoint(path, "its config item has no model")
     return _stored_config(stored, path)
@@ -220,7 +260,12 @@ def load_checkpoint(path) -> tuple[TransformerConfig, dict, CheckpointTokenizer 
     path = pathlib.Path(path)
     with _opened(path) as (mngr, step):
         config, tokenizer = _config(mngr, step, path)
-        return config, _restore_params(mngr, step), tokenizer
+        with _damaged(path, mngr, step, "its state metadata"):
+            tree = checkpoint.stored_tree(mngr, step)
+        if "params" not in tree:
+            raise ValueError(f"{mngr.directory / str(step) / 'state'} holds no params")
+        with _damaged(path, mngr, step, "its parameters"):
+            return config, _restore_params(mngr, step, tree), tokenizer
 
 
 def _stored_config(stored: dict, path: pathlib.Path) -> tuple[TransformerConfig, CheckpointTokenizer | None]:
@@ -236,11 +281,8 @@ def _stored_config(stored: dict, path: pathlib.Path) -> tuple[TransformerConfig,
     return config, CheckpointTokenizer(tokenizer, layout=families.get(config.family).layout)
 
 
-def _restore_params(mngr, step: int) -> dict:
-    """The `params` subtree of the state item as numpy arrays, shapes and dtypes from its metadata."""
-    tree = checkpoint.stored_tree(mngr, step)
-    if "params" not in tree:
-        raise ValueError(f"{mngr.directory / str(step) / 'state'} holds no params")
+def _restore_params(mngr, step: int, tree) -> dict:
+    """The `params` subtree of the state item as numpy arrays, shapes and dtypes from its metadata `tree`."""
     target = {"params": tree["params"]}
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)
     restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
@@ -255,6 +297,8 @@ def save_hf(out_dir, config: TransformerConfig, params: Mapping, tokenizer: Chec
     """Writes config.json, model.safetensors (float32) and the tokenizer files at `out_dir`; returns
     the transformers auto class that loads it."""
     hf_config, tensors, auto_class = registry.to_hf(config, params)
+    if tokenizer:
+        tokenizer_sources(tokenizer.location)  # as save_converted: refused before anything is written
     with staged(out_dir, overwrite) as staging:
         if tokenizer:
             write_hf_tokenizer(tokenizer, staging, registry.family_of(config).layout)

@@ -321,6 +321,44 @@ def test_to_hf_on_something_that_is_not_a_jaxlm_checkpoint(tmp_path, capsys, con
     assert not (tmp_path / "out").exists()
 
 
+def test_from_hf_refuses_a_truncated_safetensors_file_and_a_binary_vocab(tmp_path, capsys, converted):
+    """Both named in one line, before anything is written: no output, no staging directory left beside it."""
+    cut = shutil.copytree(converted["gpt2"][1], tmp_path / "cut")
+    weights = cut / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:weights.stat().st_size // 2])
+    code, _, err = cli(capsys, "convert", "from-hf", cut, tmp_path / "out")
+    assert_one_error(code, err, "convert from-hf", f"{weights} could not be read as a safetensors file",
+                     "truncated or damaged", "download or save the model again")
+    binary = shutil.copytree(converted["bert"][1], tmp_path / "binary")
+    (binary / "vocab.txt").write_bytes(bytes(range(128, 256)) * 8)
+    code, _, err = cli(capsys, "convert", "from-hf", binary, tmp_path / "out")
+    assert_one_error(code, err, "convert from-hf", f"{binary / 'vocab.txt'}:1: not UTF-8", "save the file as UTF-8")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["binary", "cut"]
+
+
+def damaged_copy(source, target, cut):
+    """A copy of converted checkpoint `source` whose largest array data file keeps only `cut` of its bytes."""
+    target = shutil.copytree(source, target)
+    data = max((p for p in (target / "0" / "state").rglob("*") if p.is_file() and p.parent.name == "d"),
+               key=lambda p: p.stat().st_size)
+    data.write_bytes(data.read_bytes()[:int(data.stat().st_size * cut)])
+    return target
+
+
+@pytest.mark.parametrize("cut", [0.5, 0.0], ids=["truncated", "emptied"])
+def test_a_damaged_checkpoint_is_one_line_for_to_hf_and_generate(tmp_path, capsys, converted, cut):
+    ckpt = damaged_copy(converted["gpt2"][2], tmp_path / "ckpt", cut)
+    shutil.copytree(converted["bert"][2] / "tokenizer", ckpt / "tokenizer")  # generate reads the tokenizer first
+    expected = (f"{ckpt} step 0 could not be read: its parameters: array params.", "is not valid for value of size",
+                "the checkpoint is damaged: convert or save it again")
+    code, _, err = cli(capsys, "convert", "to-hf", ckpt, tmp_path / "out")
+    assert_one_error(code, err, "convert to-hf", *expected)
+    assert len(err.strip()) < 400 and "tensorstore_spec" not in err
+    code, _, err = cli(capsys, "generate", ckpt, "--prompt", "hello", "--max-new-tokens", 2)
+    assert_one_error(code, err, "generate", *expected)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
 def test_embed_refuses_decoders_missing_input_and_blank_lines(tmp_path, capsys, converted):
     text = tmp_path / "text.txt"
     text.write_text("one sentence\n\nanother\n")

@@ -1,5 +1,6 @@
 """`jaxlm convert from-gguf` on the real SmolLM2-135M-Instruct Q4_1 GGUF, then `to-hf`: transformers loads the
-result (model and tokenizer) and reproduces the perplexity ASSETS.md records for the GGUF (15.9)."""
+result (model and tokenizer) and reproduces the perplexity ASSETS.md records for the GGUF (15.9); a truncated file
+or one that is not GGUF is refused in one line, with nothing written."""
 from __future__ import annotations
 
 import json
@@ -59,3 +60,32 @@ def test_from_gguf_to_hf_loads_in_transformers_with_the_recorded_perplexity(tmp_
                                   do_sample=False)[0, len(ours.encode(prompt, add_special_tokens=True)):].tolist()
     print(f"jaxlm generate: {line['generated']!r}")
     assert line["token_ids"] == expected
+
+
+CUT = ("is a truncated or damaged GGUF file ({kept} bytes): its metadata or tensor data could not be read; "
+       "download it again or re-create it with llama.cpp")
+NOT_GGUF = ("is not a GGUF file ({why}); pass a llama.cpp .gguf model file, or convert a Hugging Face model "
+            "directory with `jaxlm convert from-hf`")
+
+
+@pytest.mark.parametrize("kept, says", [(1000, CUT), (3 << 20, CUT), (0, NOT_GGUF.format(why="it is empty"))],
+                         ids=["metadata-cut", "tensors-cut", "empty"])
+def test_from_gguf_refuses_a_truncated_file_in_one_line_and_writes_nothing(tmp_path, capsys, kept, says):
+    with open(smollm2_gguf_path(), "rb") as f:  # the first bytes only: the header ends before 3 MiB
+        head = f.read(kept)
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(head)
+    assert main(["convert", "from-gguf", str(path), str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"jaxlm convert from-gguf: error: {path} {says.format(kept=kept)}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.gguf"]
+
+
+def test_from_gguf_says_a_file_is_not_gguf_without_naming_python(tmp_path, capsys):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"PK\x03\x04 this is a zip, not a model")
+    assert main(["convert", "from-gguf", str(path), str(tmp_path / "out")]) == 2
+    why = "it starts with b'PK\\x03\\x04', not b'GGUF'"
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"jaxlm convert from-gguf: error: {path} {NOT_GGUF.format(why=why)}"]
+    assert not (tmp_path / "out").exists()
