@@ -297,8 +297,13 @@ def test_tokenize_cli_errors(capsys, sample_file, tmp_path):
         tokenize(capsys, tmp_path / "missing.model", sample_file)
     with pytest.raises(FileNotFoundError, match="encoder.json"):
         tokenize(capsys, tmp_path, sample_file)
-    with pytest.raises(FileNotFoundError, match="input file not found"):
+    with pytest.raises(FileNotFoundError, match=r"^input file .*nope.txt does not exist; give a UTF-8 text file"):
         tokenize(capsys, "gpt2", tmp_path / "nope.txt")
+    with pytest.raises(IsADirectoryError, match=rf"^input file {tmp_path} is a directory"):  # was "not found"
+        tokenize(capsys, "gpt2", tmp_path)
+    with pytest.raises(ValueError, match=r"^--cased changes only a WordPiece vocab.txt without settings of its own; "
+                                         r"gpt2 keeps or folds case as it was made: remove --cased$"):  # was ignored
+        tokenize(capsys, "gpt2", sample_file, cased=True)
 
 
 def test_tokenize_cli_google_test_vocab(capsys, tmp_path):

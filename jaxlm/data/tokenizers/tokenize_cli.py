@@ -5,7 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
-from jaxlm.corpora.text import utf8_lines
+from jaxlm.corpora.text import check_file, utf8_lines
 from jaxlm.data.tokenizers.load import SPEC_FORMS, load_tokenizer
 
 
@@ -20,9 +20,11 @@ def format_line(tokenizer, text: str, pieces: bool = False, offsets: bool = Fals
 
 def run(args) -> None:
     source = Path(args.input).expanduser()
-    if not source.is_file():
-        raise FileNotFoundError(f"input file not found: {source}")
+    check_file(source, "input file", "give a UTF-8 text file, one sequence per line")
     tokenizer = load_tokenizer(args.tokenizer, lowercase=not args.cased)
+    if args.cased and getattr(tokenizer, "lowercase", True):
+        raise ValueError(f"--cased changes only a WordPiece vocab.txt without settings of its own; {args.tokenizer} "
+                         "keeps or folds case as it was made: remove --cased")
     for line in utf8_lines(source):
         print(format_line(tokenizer, line, args.pieces, args.offsets))
 

@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from jaxlm.corpora.text import utf8_lines
+from jaxlm.corpora.text import check_file, utf8_lines
 from jaxlm.data.tokenizers.trainer import train_wordpiece, write_vocab
 
 
@@ -45,9 +45,8 @@ def run(args) -> list[str]:
     if output.exists() and not args.overwrite:
         raise FileExistsError(f"{output} exists; pass --overwrite to replace it")
     inputs = [Path(p) for p in args.input]
-    missing = [str(p) for p in inputs if not p.is_file()]
-    if missing:
-        raise FileNotFoundError(f"no input file {', '.join(missing)}")
+    for path in inputs:
+        check_file(path, "input file", "give UTF-8 text files, one sentence per line")
     start = time.perf_counter()
     vocab = train_wordpiece(read_lines(inputs), args.vocab_size, lowercase=not args.cased,
                             min_frequency=args.min_frequency, limit_alphabet=args.limit_alphabet,
