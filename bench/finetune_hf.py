@@ -86,7 +86,7 @@ def transformers_finetune(plan: run.Plan, seed: int, weights: pathlib.Path) -> d
     total, warmup = config.train.steps, config.optim.warmup_steps
     scheduler = transformers.get_linear_schedule_with_warmup(optimizer, warmup, total)
     rows, size = plan.rows["train"], config.train.global_batch
-    best, best_state = None, None
+    best, best_state = run.BestDev(plan.metric, scores={}), None
     model.train()
     for step in range(total):
         epoch, within = divmod(step, plan.steps_per_epoch)
@@ -101,13 +101,12 @@ def transformers_finetune(plan: run.Plan, seed: int, weights: pathlib.Path) -> d
         if (step + 1) % plan.eval_every == 0 or step + 1 == total:
             scores = task.score(plan.ctx, task.predict(plan.ctx, outputs(task.name, model, plan.rows["dev"], size),
                                                        plan.rows["dev"], plan.records["dev"]), plan.records["dev"])
-            metric = plan.metric
-            if best is None or scores[metric] > best[metric]:
-                best, best_state = scores, {k: v.clone() for k, v in model.state_dict().items()}
+            if best.offer(step + 1, scores):
+                best_state = {k: v.clone() for k, v in model.state_dict().items()}
     model.load_state_dict(best_state)
     test = task.score(plan.ctx, task.predict(plan.ctx, outputs(task.name, model, plan.rows["test"], size),
                                              plan.rows["test"], plan.records["test"]), plan.records["test"])
-    return {"dev": best, "test": test}
+    return {"dev": best.scores, "test": test}
 
 
 def ours(path: str, seed: int, overrides: list[str]) -> dict:

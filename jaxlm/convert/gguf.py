@@ -41,9 +41,11 @@ def open_gguf(path):
                          f"{', '.join(map(str, READER_SUPPORTED_VERSIONS))}); re-create it with a current llama.cpp")
     try:
         return GGUFReader(path)
-    except (ValueError, IndexError, KeyError, OverflowError):  # GGUFReader's words for metadata or data cut short
-        raise ValueError(f"{path} is a truncated or damaged GGUF file ({path.stat().st_size} bytes): its metadata "
-                         "or tensor data could not be read; download it again or re-create it with llama.cpp") from None
+    except (ValueError, IndexError, KeyError, OverflowError) as err:  # GGUFReader's words for what it cannot read
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+        raise ValueError(f"{path} could not be read as GGUF ({reason}; {path.stat().st_size} bytes): it is truncated "
+                         "or damaged, or newer than the installed gguf package reads; download it again, or upgrade "
+                         "gguf") from None
 
 
 def _reader(path_or_reader):

@@ -222,6 +222,8 @@ def _damaged(path: pathlib.Path, mngr, step: int, part: str):
     and step, the reason (the array it names and the last clause of its message), and what to do instead."""
     try:
         yield
+    except (PermissionError, MemoryError):  # not damage: said as they are
+        raise
     except Exception as err:  # Orbax, TensorStore and json raise many kinds for a truncated or emptied file
         others = [str(s) for s in mngr.all_steps() if s != step]
         instead = (f"pass another of its steps (checkpoints/<step>: {', '.join(others)})" if others

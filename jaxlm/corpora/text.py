@@ -68,10 +68,10 @@ def warn_on_stderr(message: str) -> None:
 
 
 def check_file(path: pathlib.Path, what: str, fix: str) -> None:
-    """Unless `path` is a file, an OSError that says "`what` PATH is a directory" or "does not exist", then `fix`."""
+    """An OSError that says "`what` PATH is a directory" or "does not exist", then `fix`; a file (or pipe) passes."""
     if path.is_dir():
         raise IsADirectoryError(f"{what} {path} is a directory; {fix}")
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"{what} {path} does not exist; {fix}")
 
 

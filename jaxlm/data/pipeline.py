@@ -278,8 +278,6 @@ def open_data(config: RunConfig) -> tuple[object, PretrainingData, PretrainingDa
                               tokenizer_fingerprint=tokenizer.fingerprint(), vocab_size=tokenizer.vocab_size,
                               max_seq_length=config.data.max_seq_length, data=config.data)
               for split in ("train", "valid")]
-    for split in splits:
-        split.check_shards()
     if sentence_space(tokenizer) and not splits[0].manifest.get(SPACED):
         raise ConfigError(f"the data in {config.data.prepared_dir} was prepared before byte-level BPE kept the space "
                           "between a document's sentences (GPT-2 read \"end.The\"); re-run `jaxlm prepare CONFIG "

@@ -91,11 +91,9 @@ class ShardedRecords(Sequence):
         return records
 
     def check(self) -> None:
-        """Opens every shard once, so that one cut short or missing fails before any compute, not at its first
-        batch."""
-        with self._lock:
-            for shard in range(len(self._paths)):
-                self._reader(shard)
+        """Opens and closes every shard, so that one cut short or missing fails before any compute."""
+        for shard in range(len(self._paths)):
+            self._open(shard).close()
 
     def _reader(self, shard: int) -> ArrayRecordReader:
         """`shard`'s reader, opened if need be, closing the least recently read one where this many are open."""

@@ -52,7 +52,7 @@ def parse_task(spec: str) -> Task:
         return Task("ppl", path, name=f"ppl:{path.stem}")
     if kind == "choice" and rest:
         file, shots = rest, 0
-        match = re.fullmatch(r"(.+)@([^@/]*)", rest)
+        match = None if pathlib.Path(rest).is_file() else re.fullmatch(r"(.+)@([^@/]*)", rest)
         if match:
             if not match.group(2).isdigit():
                 raise ValueError(f"{spec}: the shots after @ must be a number, e.g. choice:{match.group(1)}@3")

@@ -18,11 +18,12 @@ FIRST_N = re.compile(r"(.+)\[:(\d+)\]")  # a spec's `[:N]` suffix: its first N r
 
 
 def spec_file(spec: str) -> pathlib.Path | None:
-    """The file read_records reads for `spec`; None for a `tfds:` spec."""
-    if spec.startswith("tfds:"):
-        return None
+    """The user's file that `spec` names; None for a `tfds:` spec or a named dataset (nothing is fetched)."""
     match = FIRST_N.fullmatch(spec)
-    return labelled.resolve(match.group(1) if match else spec)
+    spec = match.group(1) if match else spec
+    if spec.startswith("tfds:") or spec.partition(":")[0] in labelled.DATASETS:
+        return None
+    return pathlib.Path(spec)
 
 
 def read_records(spec: str, roles: dict[str, str], required: tuple[str, ...], where: str = "",

@@ -40,7 +40,7 @@ def predict(checkpoint_path, input_spec: str, output, batch_size: int = 32, over
     input_file = task_data.spec_file(input_spec)
     if input_file is not None and output.resolve() == input_file.resolve():
         raise ValueError(f"--output {output} is the --input file, which writing would replace; name another file")
-    config_lib.refuse_unread_sections(overrides, ("model", "mesh", "distributed", "data", "finetune"))
+    config_lib.refuse_unread_sections(overrides, ("model", "mesh", "data", "finetune"))
     trained = sorted(set(config_lib.parse_overrides(list(overrides)).get("finetune", {})) - set(PREDICT_SETTINGS))
     if trained:
         raise ConfigError(f"finetune.{trained[0]} is what the checkpoint was fine-tuned with; predict changes only "

@@ -187,8 +187,8 @@ def check_train_layers(train_layers: int, objective) -> None:
         return
     layers = layer_groups(nn.unbox(jax.eval_shape(objective.init, jax.random.key(0))))[1] - 1
     if train_layers > layers:
-        raise ConfigError(f"finetune.train_layers={train_layers} exceeds the model's {layers} layers; give at most "
-                          f"{layers}, or -1 to train every parameter")
+        raise ConfigError(f"finetune.train_layers={train_layers} exceeds the model's {layers} layer groups (ALBERT's "
+                          f"shared layer is one); give at most {layers}, or -1 to train every parameter")
 
 
 def optimizer_for(config: RunConfig, steps_per_epoch: int):

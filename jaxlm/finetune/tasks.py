@@ -559,7 +559,7 @@ def text_metric_names(records: list[dict]) -> tuple[str, ...]:
 
 def text_scores(records: list[dict], texts: list[str], target: str) -> dict:
     """`text_metric_names` of the texts against each record's `target` text."""
-    if records and "question" in records[0]:
+    if text_metric_names(records) == SQUAD_METRICS:
         return squad_metrics(records, texts)
     scores = metrics.rouge(texts, [r[target] for r in records])
     return {name: scores[name] for name in text_metric_names(records)}

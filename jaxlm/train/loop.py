@@ -187,6 +187,8 @@ def train(config: RunConfig) -> dict:
     multiprocess = distributed.initialize(config.distributed)
     preflight(config)
     _, train_data, valid = open_data(config)
+    for split in (train_data, valid):  # a shard cut short fails here, not at its first batch after compiling
+        split.check_shards()
     setup = build(config)
     with run_lock.writing(config.train.run_dir):
         return _train(config, setup, train_data, valid, multiprocess)

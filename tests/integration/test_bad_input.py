@@ -123,7 +123,8 @@ def test_missing_config_file(tmp_path):
 
 
 @pytest.mark.parametrize("argv, expected", [
-    (["train", "configs"], "config file configs is a directory; configs live in configs/ (e.g. configs/bert-tiny.yaml)"),
+    (["train", "configs"], "config file configs is a directory; configs live in configs/ "
+                           "(e.g. configs/bert-tiny.yaml)"),
     (["finetune", "configs/bert-tiny.yaml"], "configs/bert-tiny.yaml has no finetune.task: it is not a fine-tuning "
                                              "config (those are in configs/finetune/); set finetune.task to one of "),
 ])

@@ -264,8 +264,8 @@ def test_every_finetune_config_plans(name, minilm_converted, tiny_t5):
 
 @pytest.mark.parametrize("override, expected", [
     ("finetune.metric=bleu", r"^finetune.metric='bleu': sequence_classification reports accuracy, macro_f1$"),
-    ("finetune.train_layers=7", r"^finetune.train_layers=7 exceeds the model's 6 layers; give at most 6, or -1 to "
-                                r"train every parameter$")])
+    ("finetune.train_layers=7", r"^finetune.train_layers=7 exceeds the model's 6 layer groups \(ALBERT's shared layer "
+                                r"is one\); give at most 6, or -1 to train every parameter$")])
 def test_settings_the_model_or_task_cannot_take_fail_in_the_plan(override, expected, minilm_converted):
     """finetune.metric=bleu was refused only after compiling and the untrained model's dev evaluation, and
     train_layers beyond the model's layers was taken as all of them."""

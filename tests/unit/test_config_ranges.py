@@ -140,7 +140,7 @@ def test_predict_and_eval_refuse_overrides_they_do_not_read():
     from jaxlm.eval import sweep  # the sweep's module loads the scorers: only this test needs it
 
     with pytest.raises(ConfigError, match=r"^the train.\* overrides change nothing: this command reads only the "
-                                          r"model, mesh, distributed, data, finetune settings; remove them$"):
+                                          r"model, mesh, data, finetune settings; remove them$"):
         predict("no-run", "polarity:test", "out.jsonl", overrides=["train.global_batch=3"])
     with pytest.raises(ConfigError, match=r"^the optim.\* overrides change nothing: this command reads only the "
                                           r"model, mesh, distributed, data, train settings; remove them$"):

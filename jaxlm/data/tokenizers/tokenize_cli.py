@@ -23,8 +23,8 @@ def run(args) -> None:
     check_file(source, "input file", "give a UTF-8 text file, one sequence per line")
     tokenizer = load_tokenizer(args.tokenizer, lowercase=not args.cased)
     if args.cased and getattr(tokenizer, "lowercase", True):
-        raise ValueError(f"--cased changes only a WordPiece vocab.txt without settings of its own; {args.tokenizer} "
-                         "keeps or folds case as it was made: remove --cased")
+        raise ValueError(f"--cased changes only a WordPiece vocab.txt; {args.tokenizer} keeps or folds case as it was "
+                         "made (or as its tokenizer_config.json says): remove --cased")
     for line in utf8_lines(source):
         print(format_line(tokenizer, line, args.pieces, args.offsets))
 
