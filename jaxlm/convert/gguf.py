@@ -12,6 +12,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 
 from jaxlm.convert.hf_decoder import llama_config_from_hf, llama_params_from_hf
 from jaxlm.convert.names import listed
+from jaxlm.errors import first_line
 from jaxlm.models.config import TransformerConfig
 
 MAGIC = b"GGUF"
@@ -42,7 +43,7 @@ def open_gguf(path):
     try:
         return GGUFReader(path)
     except (ValueError, IndexError, KeyError, OverflowError) as err:  # GGUFReader's words for what it cannot read
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+        reason = first_line(err)[:160]
         raise ValueError(f"{path} could not be read as GGUF ({reason}; {path.stat().st_size} bytes): it is truncated "
                          "or damaged, or newer than the installed gguf package reads; download it again, or upgrade "
                          "gguf") from None

@@ -24,6 +24,7 @@ import safetensors.numpy
 
 from jaxlm.convert.names import (Entry, dense, encoder_layer, flatten, has_group, norm, params_from_hf, params_to_hf,
                                  plain, prefixed, unflatten)
+from jaxlm.errors import first_line
 from jaxlm.jsonfile import read_json
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.heads import BertForPreTraining
@@ -151,7 +152,7 @@ def read_config(model_dir) -> dict:
 
 def _unreadable_weights(path: pathlib.Path, kind: str, err: Exception) -> ValueError:
     """The one-line error for a weight file its library cannot read: the library's first sentence, the file's size."""
-    reason = (str(err).strip().splitlines() or [type(err).__name__])[0].removeprefix(SAFETENSORS_PREFIX)
+    reason = first_line(err).removeprefix(SAFETENSORS_PREFIX)
     reason = reason.split(". ", 1)[0].rstrip(".")  # torch goes on to explain what a damaged file is
     return ValueError(f"{path} could not be read as a {kind} file ({reason}; {path.stat().st_size} bytes): it is "
                       "truncated or damaged; download or save the model again")

@@ -25,6 +25,7 @@ from jaxlm.data.tokenizers.load import NAME_IN_A_DIRECTORY, load_tokenizer
 from jaxlm.data.tokenizers.roles import special_ids
 from jaxlm.data.layouts import PAIRED, frame_ids, framed
 from jaxlm.data.tokenizers.spm_json import frame, to_tokenizers
+from jaxlm.errors import first_line
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.presets import model_config
 from jaxlm.train import checkpoint
@@ -235,7 +236,7 @@ def _damaged(path: pathlib.Path, mngr, step: int, part: str):
 def _reason(err: Exception) -> str:
     """TensorStore's message cut to the array it names and its last clause (it names every layer it went through
     and appends its whole spec); others' first line."""
-    text = (str(err).strip().splitlines() or [type(err).__name__])[0].split(" [tensorstore_spec=", 1)[0]
+    text = first_line(err).split(" [tensorstore_spec=", 1)[0]
     if len(text) <= MAX_REASON:
         return text
     array = re.search(r'Error reading "([^"/]+)', text)

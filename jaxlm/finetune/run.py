@@ -134,15 +134,11 @@ class Plan:
     rows: dict[str, Rows]
     steps_per_epoch: int
     eval_every: int
+    metric: str  # the dev metric that picks the best checkpoint
 
     @property
     def total_steps(self) -> int:
         return self.config.train.steps
-
-    @property
-    def metric(self) -> str:
-        """The dev metric that picks the best checkpoint."""
-        return self.task.metric_for(self.config.finetune, self.records.get("dev") or self.records["train"])
 
 
 def read_split(task: Task, config: RunConfig, split: str) -> list[dict]:
@@ -159,6 +155,7 @@ def plan(config: RunConfig, source: Source) -> Plan:
     labels = task.labels(settings, records["train"])
     for split, split_records in records.items():
         task.check(split_records, labels, f"finetune.{split}={getattr(settings, split)}", settings)
+    metric = task.metric_for(settings, records.get("dev") or records["train"])
     tokenizer = source_tokenizer(source)
     if tokenizer.vocab_size > config.model.vocab_size:
         raise ConfigError(f"{source.path}'s tokenizer has {tokenizer.vocab_size} tokens, more than the model's "
@@ -174,10 +171,8 @@ def plan(config: RunConfig, source: Source) -> Plan:
         train=dataclasses.replace(config.train, steps=total, checkpoint_every=total, eval_every=total),
         optim=dataclasses.replace(config.optim, warmup_steps=int(settings.warmup_ratio * total)))
     eval_every = max(1, steps_per_epoch // settings.evals_per_epoch)
-    the_plan = Plan(config, task, dataclasses.replace(ctx, settings=config.finetune), source, records, rows,
-                    steps_per_epoch, eval_every)
-    the_plan.metric  # a finetune.metric the task does not report fails here, before any compute
-    return the_plan
+    return Plan(config, task, dataclasses.replace(ctx, settings=config.finetune), source, records, rows,
+                steps_per_epoch, eval_every, metric)
 
 
 def check_train_layers(train_layers: int, objective) -> None:

@@ -20,6 +20,7 @@ from jax._src import xla_bridge
 
 from jaxlm.config import RunConfig
 from jaxlm.entry import tpu_device_files
+from jaxlm.errors import first_line
 from jaxlm.train import flops, gpu_targets, hlo_cost
 from jaxlm.train.gpu_targets import TopologyError
 from jaxlm.train.loop import build, compile_steps
@@ -91,7 +92,7 @@ def topology_devices(topology: str = DEFAULT_TOPOLOGY, *, chips_per_host_bounds=
         with _off_vm_host_named():
             return list(topologies.get_topology_desc(platform="tpu", topology_name=topology, **kwargs).devices)
     except Exception as err:  # libtpu raises JaxRuntimeError / RuntimeError with its own text
-        text = gpu_targets.first_line(err)
+        text = first_line(err)
         if "lockfile" in text:
             raise TopologyError(f"libtpu is locked by another process ({text}); set ALLOW_MULTIPLE_LIBTPU_LOAD=1 "
                                 "before jax starts") from err
@@ -147,7 +148,7 @@ def compile_for_topology(config: RunConfig, topology: str = DEFAULT_TOPOLOGY, *,
         except jax.errors.JaxRuntimeError as err:
             exhausted = out_of_memory(str(err))
             if exhausted is None:
-                reason = gpu_targets.first_line(err)
+                reason = first_line(err)
                 raise TopologyError(f"XLA could not compile the step for {topology}: {reason}") from err
             state = state_bytes(setup.abstract)
             return result | {"compiled": None, "memory": {}, "exhausted": exhausted | {"state": state}}

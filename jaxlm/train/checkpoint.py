@@ -14,6 +14,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
+from jaxlm.errors import first_line
 from jaxlm.train.faults import TrainingStopped
 from jaxlm.train.storage import run_path
 
@@ -47,7 +48,7 @@ def stop_if_writing_fails(mngr: ocp.CheckpointManager, step: int, then: str) -> 
     try:
         yield
     except Exception as err:  # Orbax passes on whatever the file system raised
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        reason = first_line(err)
         if len(reason) > 200:  # Orbax's messages name every layer; the last says what the file system said
             reason = reason.rsplit(": ", 1)[-1]
         kept = ", ".join(map(str, mngr.all_steps())) or "none"
@@ -129,7 +130,7 @@ def _set_aside(mngr: ocp.CheckpointManager, step: int, err: Exception, warn) -> 
         source.rename(target)
     multihost_utils.sync_global_devices(f"jaxlm: checkpoint {step} set aside")
     mngr.reload()
-    reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+    reason = first_line(err)[:300]
     warn(f"checkpoint {step} cannot be restored ({reason}); moved to {target}; trying an older one")
 
 

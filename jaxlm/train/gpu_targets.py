@@ -16,6 +16,8 @@ from unittest import mock
 
 import jax
 
+from jaxlm.errors import first_line
+
 H100_SXM = """
 gpu_device_info {
   threads_per_block_limit: 1024
@@ -55,12 +57,6 @@ _TOPOLOGY = re.compile(r"^(?P<gpu>[a-z]\w*)(?::(?:(?P<hosts>\d+)x)?(?P<gpus>\d+)
 
 class TopologyError(ValueError):
     """A topology that cannot be compiled for here; the message says what to change."""
-
-
-def first_line(err: Exception) -> str:
-    """An accelerator runtime's error in one line: its first, or its type when it says nothing."""
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 def is_gpu(topology: str) -> bool:

@@ -11,6 +11,7 @@ from tokenizers import AddedToken, Tokenizer, models
 from jaxlm.corpora.text import utf8_text
 from jaxlm.data.tokenizers.roles import ROLE_TOKENS
 from jaxlm.data.tokenizers.spm import SENTINEL
+from jaxlm.errors import first_line
 
 
 class RustTokenizer:
@@ -112,7 +113,7 @@ def _why_not_a_tokenizer(text: str, err: Exception) -> str:
         parsed = None
     if isinstance(parsed, dict) and "model" not in parsed:
         return 'it is JSON with no "model" section'
-    return (str(err).splitlines() or [type(err).__name__])[0]
+    return first_line(err)
 
 
 def _uses_byte_level(node) -> bool:
