@@ -12,7 +12,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxlm import families
 from jaxlm.convert import store
-from jaxlm.corpora.text import check_file, utf8_lines
+from jaxlm.corpora.text import check_file, check_output_file, utf8_lines
 from jaxlm.models.config import TransformerConfig
 from jaxlm.parallel.xla_options import project_xla_options
 
@@ -130,10 +130,7 @@ def embed_file(ckpt, input_path, output=None, *, pooling: str = "mean", normaliz
     output = pathlib.Path(output) if output else pathlib.Path(input_path).with_suffix(".npy")
     if output.suffix != ".npy":
         raise ValueError(f"--output {output} must end in .npy")
-    if output.resolve() == pathlib.Path(input_path).resolve():
-        raise ValueError(f"--output {output} is the input file, which writing would replace; name another --output")
-    if output.exists() and not overwrite:
-        raise FileExistsError(f"{output} exists; pass --overwrite to replace it or choose another --output")
+    check_output_file(output, overwrite, pathlib.Path(input_path))
     if batch_size <= 0:
         raise ValueError(f"--batch-size must be positive, got {batch_size}")
     config, checkpoint_tokenizer = store.checkpoint_config(ckpt)

@@ -171,10 +171,9 @@ def _read_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:
 def _read_torch_bin(path: pathlib.Path) -> dict[str, np.ndarray]:
     try:
         import torch  # not a dependency: only PyTorch .bin checkpoints need it
-    except ImportError as err:
-        raise ImportError(
-            f"{path} is a PyTorch checkpoint and reading it needs torch; install torch or convert "
-            "the checkpoint to model.safetensors") from err
+    except ImportError:
+        raise ValueError(f"{path} is a PyTorch checkpoint and reading it needs torch; install torch "
+                         "(pip install torch) or save the model as model.safetensors") from None
     try:
         state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises many kinds (RuntimeError, UnpicklingError, EOFError) for a damaged file

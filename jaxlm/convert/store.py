@@ -245,8 +245,8 @@ def _reason(err: Exception) -> str:
 
 def _config(mngr, step: int, path: pathlib.Path) -> tuple[TransformerConfig, CheckpointTokenizer | None]:
     with _damaged(path, mngr, step, "its config item"):
-        stored = mngr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
-    if not isinstance(stored, dict) or not isinstance(stored.get("model"), dict):
+        stored = checkpoint.stored_config(mngr, step)
+    if stored is None:
         raise _not_a_checkpoint(path, "its config item has no model")
     return _stored_config(stored, path)
 

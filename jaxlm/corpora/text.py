@@ -75,6 +75,20 @@ def check_file(path: pathlib.Path, what: str, fix: str) -> None:
         raise FileNotFoundError(f"{what} {path} does not exist; {fix}")
 
 
+def check_output_file(path: pathlib.Path, overwrite: bool, input_file: pathlib.Path | None = None,
+                      input_name: str = "the input") -> None:
+    """Refuses an --output that is a directory, is `input_file` (which writing would replace), exists without
+    `overwrite` or lies in a directory that does not exist."""
+    if path.is_dir():
+        raise ValueError(f"--output {path} is a directory; name a file")
+    if input_file is not None and path.resolve() == pathlib.Path(input_file).resolve():
+        raise ValueError(f"--output {path} is {input_name} file, which writing would replace; name another file")
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"--output {path} exists; pass --overwrite to replace it or choose another file")
+    if not path.absolute().parent.is_dir():
+        raise FileNotFoundError(f"--output {path}: directory {path.absolute().parent} does not exist")
+
+
 def utf8_text(path: pathlib.Path) -> str:
     """A UTF-8 text file's contents, without a byte-order mark; a ValueError names the first line that is not
     UTF-8."""

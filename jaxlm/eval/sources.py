@@ -10,7 +10,6 @@ import time
 
 import flax.linen as nn
 import jax
-import orbax.checkpoint as ocp
 
 from jaxlm import config as config_lib
 from jaxlm import families
@@ -98,12 +97,12 @@ class Source:
 def _stored_config(directory: pathlib.Path, step: int, path: pathlib.Path) -> dict:
     mngr = checkpoint.read_only_manager(directory)
     try:
-        stored = mngr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
+        stored = checkpoint.stored_config(mngr, step)
     except Exception as err:  # Orbax raises many kinds for an unreadable item
         raise ValueError(f"{path}: the checkpoint at step {step} has no readable config ({err})") from None
     finally:
         mngr.close()
-    if not isinstance(stored, dict) or not isinstance(stored.get("model"), dict):
+    if stored is None:
         raise ValueError(f"{path}: the checkpoint at step {step} records no model config")
     return stored
 

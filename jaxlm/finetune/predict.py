@@ -9,6 +9,7 @@ import jax
 
 from jaxlm import config as config_lib
 from jaxlm.config import ConfigError
+from jaxlm.corpora.text import check_output_file
 from jaxlm.eval.sources import open_source, source_tokenizer
 from jaxlm.finetune import data as task_data
 from jaxlm.finetune.run import Runner, write_jsonl
@@ -22,24 +23,12 @@ PREDICT_SETTINGS = ("fields", "max_length", "doc_stride", "max_query_length", "m
                     "num_beams", "max_target_length")
 
 
-def check_output(path: pathlib.Path, overwrite: bool) -> None:
-    if path.is_dir():
-        raise ValueError(f"--output {path} is a directory; name a file")
-    if path.exists() and not overwrite:
-        raise FileExistsError(f"--output {path} exists; pass --overwrite to replace it or choose another file")
-    if not path.absolute().parent.is_dir():
-        raise FileNotFoundError(f"--output {path}: directory {path.absolute().parent} does not exist")
-
-
 def predict(checkpoint_path, input_spec: str, output, batch_size: int = 32, overwrite: bool = False,
             overrides: list[str] = ()) -> int:
     """Writes one line per input record (its input fields and the prediction) to `output`; returns the
     number of lines. Every check (checkpoint, input fields, output) comes before any compute."""
     output = pathlib.Path(output)
-    check_output(output, overwrite)
-    input_file = task_data.spec_file(input_spec)
-    if input_file is not None and output.resolve() == input_file.resolve():
-        raise ValueError(f"--output {output} is the --input file, which writing would replace; name another file")
+    check_output_file(output, overwrite, task_data.spec_file(input_spec), "the --input")
     config_lib.refuse_unread_sections(overrides, ("model", "mesh", "data", "finetune"))
     trained = sorted(set(config_lib.parse_overrides(list(overrides)).get("finetune", {})) - set(PREDICT_SETTINGS))
     if trained:

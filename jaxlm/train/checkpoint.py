@@ -66,6 +66,12 @@ def restore(mngr: ocp.CheckpointManager, abstract_state, step: int | None = None
     return restored["state"], restored["data"], restored["config"]
 
 
+def stored_config(mngr: ocp.CheckpointManager, step: int) -> dict | None:
+    """A step's config item (the settings of the run that wrote it); None when it records no model config."""
+    stored = mngr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
+    return stored if isinstance(stored, dict) and isinstance(stored.get("model"), dict) else None
+
+
 def unfinished(directory: epath.PathLike) -> list[epath.Path]:
     """Saves that never committed (Orbax's temporary directories, or a cloud save without its commit
     marker): what a run stopped while writing leaves behind."""

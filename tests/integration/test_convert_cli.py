@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 
 import flax.linen as nn
 import jax
@@ -334,6 +335,16 @@ def test_from_hf_refuses_a_truncated_safetensors_file_and_a_binary_vocab(tmp_pat
     code, _, err = cli(capsys, "convert", "from-hf", binary, tmp_path / "out")
     assert_one_error(code, err, "convert from-hf", f"{binary / 'vocab.txt'}:1: not UTF-8", "save the file as UTF-8")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["binary", "cut"]
+
+
+def test_from_hf_of_a_pytorch_checkpoint_without_torch_says_to_install_it(tmp_path, capsys, converted, monkeypatch):
+    pytorch = shutil.copytree(converted["gpt2"][1], tmp_path / "pytorch")
+    (pytorch / "model.safetensors").rename(pytorch / "pytorch_model.bin")
+    monkeypatch.setitem(sys.modules, "torch", None)  # Python's way to make `import torch` raise ImportError
+    code, _, err = cli(capsys, "convert", "from-hf", pytorch, tmp_path / "out")
+    assert_one_error(code, err, "convert from-hf", f"{pytorch / 'pytorch_model.bin'} is a PyTorch checkpoint",
+                     "install torch")
+    assert not (tmp_path / "out").exists()
 
 
 def damaged_copy(source, target, cut):

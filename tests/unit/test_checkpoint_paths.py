@@ -13,6 +13,7 @@ from jaxlm import config as config_lib
 from jaxlm.convert import store
 from jaxlm.corpora.models import bert_vocab_path
 from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer
+from jaxlm.eval.sources import open_source
 from jaxlm.models.presets import model_config
 from jaxlm.train import checkpoint
 from jaxlm.train.loop import left_out
@@ -140,3 +141,18 @@ def test_a_runs_tokenizer_reads_text_as_its_training_did(tmp_path):
     assert theirs(text, add_special_tokens=False)["input_ids"] == ids
     assert theirs(text)["input_ids"] == [*ids, theirs.eos_token_id]  # T5's inputs end with </s>, as span corruption's
     assert tokenizer.load().encode(text, add_special_tokens=True) == [*ids, theirs.eos_token_id]  # generate's prompts
+
+
+def test_a_checkpoint_whose_config_records_no_model_is_refused_by_every_reader(tmp_path):
+    """`convert to-hf`, `generate` and `embed` (the store) and `eval` and `predict` (the sources) read the same
+    config item and refuse one without a model config in a line that names the checkpoint."""
+    mngr = checkpoint.manager(tmp_path / "run" / "checkpoints", keep=1, async_save=False)
+    checkpoint.save(mngr, 1, {"params": params(1.0)}, {"step": 1}, {"train": {"steps": 1}})
+    mngr.wait_until_finished()
+    mngr.close()
+    with checkpoint.open_checkpoint(tmp_path / "run") as (opened, step):
+        assert checkpoint.stored_config(opened, step) is None
+    with pytest.raises(ValueError, match=r"run is not a jaxlm checkpoint: its config item has no model"):
+        store.checkpoint_config(tmp_path / "run")
+    with pytest.raises(ValueError, match=r"run: the checkpoint at step 1 records no model config"):
+        open_source(tmp_path / "run", [])
