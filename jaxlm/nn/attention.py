@@ -1,8 +1,10 @@
 """Scaled dot-product attention behind one function, with the kernel chosen by name."""
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import TYPE_CHECKING
+from unittest import mock
 
 import flax.linen as nn
 import jax
@@ -70,6 +72,22 @@ def _add_bias_backward(logits_dtype, bias_shape, bias_dtype, _, grad):
 _add_bias.defvjp(_add_bias_forward, _add_bias_backward)
 
 
+@contextlib.contextmanager
+def _no_gradient_for_a_mask():
+    """Within it, cuDNN's backward pass computes no gradient for the bias a boolean mask becomes (packed
+    documents' segments), which nothing reads: JAX before 0.11.1 had it write one, [batch, 1, q_length, k_length]
+    a layer, on a slower kernel (jax-ml/jax#34685; later JAX skips it itself)."""
+    try:
+        from jax._src.cudnn import fused_attention_stablehlo as cudnn  # private: where JAX decides it
+    except ImportError:
+        cudnn = None
+    if cudnn is None or not hasattr(cudnn, "should_export_dbias"):
+        yield
+        return
+    with mock.patch.object(cudnn, "should_export_dbias", lambda *_: False):
+        yield
+
+
 @jax.named_scope(ATTENTION_SCOPE)
 def dot_product_attention(
     query: jax.Array,
@@ -106,9 +124,10 @@ def dot_product_attention(
             mask = segments if mask is None else mask & segments
         # in the queries' dtype: with a float32 bias, cuDNN's bias gradient comes back wrong (jax-ml/jax#32242)
         bias = None if bias is None else bias.astype(query.dtype)
-        return jax.nn.dot_product_attention(
-            query, key, value, bias=bias, mask=mask, scale=scale, key_value_seq_lengths=lengths,
-            is_causal=causal, implementation="cudnn")
+        with _no_gradient_for_a_mask() if bias is None and mask is not None else contextlib.nullcontext():
+            return jax.nn.dot_product_attention(
+                query, key, value, bias=bias, mask=mask, scale=scale, key_value_seq_lengths=lengths,
+                is_causal=causal, implementation="cudnn")
     if kernel == "flash":
         if mask is not None:
             raise ValueError("attention_kernel='flash' takes no extra mask: use 'xla'")

@@ -1,11 +1,13 @@
 """XLA attention under mixed precision (the logits' gradient rounded once for the bias's sum, `add_bias`; the
-probabilities dropped out in the values' dtype) against the same attention in float32: outputs and gradients."""
+probabilities dropped out in the values' dtype) against the same attention in float32: outputs and gradients;
+what the cudnn kernel hands cuDNN (the bias's dtype) and which gradients it has cuDNN compute."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxlm.nn.attention import add_bias, dot_product_attention
 from jaxlm.nn.dropout import keep_mask
+from jaxlm.train.gpu_targets import cudnn_attention_traced
 
 BATCH, LENGTH, HEADS, HEAD_DIM, RATE = 3, 24, 4, 16, 0.1
 
@@ -86,3 +88,28 @@ def test_cudnn_gets_the_bias_in_the_queries_dtype(monkeypatch):
     assert handed == [("cudnn", jnp.bfloat16)] and ours.dtype == jnp.float32
     reference = jax.grad(loss)(bias, "xla")
     assert np.allclose(ours, reference, atol=0.02 * float(jnp.max(jnp.abs(reference))))
+
+
+def _cudnn_backward_outputs(**attention) -> list[str]:
+    """The shapes of what cuDNN's backward pass writes for the cudnn kernel's gradients, from its jaxpr traced as
+    for an H100 (JAX's cuDNN checks answered from the target description; nothing is compiled or run)."""
+    q, k, v, *_ = (x.astype(jnp.bfloat16) if x.ndim == 4 else x for x in _inputs())
+
+    def loss(q, k, v):
+        return jnp.sum(dot_product_attention(q, k, v, kernel="cudnn", **attention).astype(jnp.float32))
+
+    with cudnn_attention_traced():
+        jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    backward = [e for e in jaxpr.eqns if e.primitive.name.startswith("dot_product_attention_bwd")]
+    assert len(backward) == 1, [e.primitive.name for e in jaxpr.eqns]
+    return [str(out.aval.shape) for out in backward[0].outvars]
+
+
+def test_cudnn_computes_no_gradient_for_the_mask_of_packed_documents():
+    """The mask that keeps packed documents apart reaches cuDNN as a bias, whose gradient nothing reads: its
+    backward pass writes the queries', keys' and values' gradients alone. A real bias (T5's) keeps its gradient."""
+    segments = jnp.array([[1] * 10 + [2] * 14, [1] * 24, [1] * 7 + [0] * 17])
+    masked = _cudnn_backward_outputs(causal=True, segment_ids=segments, padding_mask=segments > 0)
+    assert masked == [str((BATCH, LENGTH, HEADS, HEAD_DIM))] * 3
+    bias = _inputs()[3].astype(jnp.bfloat16)
+    assert _cudnn_backward_outputs(bias=bias)[3:] == [str((1, HEADS, LENGTH, LENGTH))]
