@@ -250,6 +250,10 @@ def from_dict(tree: dict) -> RunConfig:
     unknown = sorted(set(tree) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"unknown section(s) {unknown}; valid sections: {', '.join(SECTIONS)}")
+    scalar = next((name for name, values in tree.items() if values is not None and not isinstance(values, dict)), None)
+    if scalar:
+        raise ConfigError(f"section {scalar} must be a mapping of its keys to values (key: value, one per line "
+                          f"below `{scalar}:`), got {tree[scalar]!r}")
     model_values = typed_values(TransformerConfig(), dict(tree.get("model") or {}), "model")
     try:
         model = model_config(model_values.pop("preset", None), **model_values)

@@ -3,6 +3,7 @@ that names the key: model sizes, dropouts and dtypes, the optimiser's rates and 
 counts, the data's counts and shares (the same check for `jaxlm.data.prepare.prepare`), the finetune section's
 counts."""
 import pathlib
+import re
 
 import pytest
 
@@ -228,3 +229,12 @@ def test_off_and_no_are_words_and_true_and_false_the_booleans(tmp_path):
     assert config_lib.load(path, ["data.lowercase=False"]).data.lowercase is False
     with pytest.raises(ConfigError, match=r"data.lowercase must be true or false, got 'no'"):
         config_lib.load(path, ["data.lowercase=no"])
+
+
+@pytest.mark.parametrize("tree", [{"model": [1, 2]}, {"train": 3}, {"model": {"preset": "bert-tiny"}, "data": "x"}])
+def test_a_section_that_is_not_a_mapping_is_named(tree):
+    """`model: [1, 2]` in a YAML config was a TypeError's traceback."""
+    name, value = next((k, v) for k, v in tree.items() if not isinstance(v, dict))
+    with pytest.raises(ConfigError, match=rf"^section {name} must be a mapping of its keys to values .*got "
+                                          + re.escape(repr(value))):
+        config_lib.from_dict(tree)
