@@ -270,14 +270,23 @@ def from_dict(tree: dict) -> RunConfig:
     return config
 
 
-def load_tree(path: str | pathlib.Path) -> dict:
+def load_tree(path: str | pathlib.Path, included_by: tuple[pathlib.Path, ...] = ()) -> dict:
     """A YAML file, following `include:` (a path relative to the including file) first."""
     path = pathlib.Path(path)
     tree = file_tree(path)
     include = tree.pop("include", None)
-    if include:
-        tree = merge(load_tree(path.parent / include), tree)
-    return tree
+    if include is None or include == "":
+        return tree
+    if not isinstance(include, str):
+        raise ConfigError(f"{path}: include: must name one config file, got {include!r}")
+    target = path.parent / include
+    chain = (*included_by, path)
+    if target.exists() and any(target.resolve() == seen.resolve() for seen in chain):
+        raise ConfigError(f"{path}: include: {include} makes a loop ({' -> '.join(map(str, (*chain, target)))}); "
+                          "remove one of the includes")
+    if not target.is_file():
+        check_file(target, f"{path}: include:", "name a config file relative to the including one")
+    return merge(load_tree(target, chain), tree)
 
 
 def file_tree(path: pathlib.Path) -> dict:

@@ -238,3 +238,20 @@ def test_a_section_that_is_not_a_mapping_is_named(tree):
     with pytest.raises(ConfigError, match=rf"^section {name} must be a mapping of its keys to values .*got "
                                           + re.escape(repr(value))):
         config_lib.from_dict(tree)
+
+
+def test_a_bad_include_is_named_with_the_file_that_includes_it(tmp_path):
+    """An include that loops was a RecursionError's traceback, a list a TypeError's; a missing one did not say
+    which file named it."""
+    (tmp_path / "a.yaml").write_text("include: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("include: a.yaml\n")
+    (tmp_path / "list.yaml").write_text("include: [a.yaml]\n")
+    (tmp_path / "missing.yaml").write_text("include: nope.yaml\n")
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    with pytest.raises(ConfigError, match=re.escape(f"{b}: include: a.yaml makes a loop ({a} -> {b} -> {a})")):
+        config_lib.load(a)
+    with pytest.raises(ConfigError, match=re.escape(f"{tmp_path / 'list.yaml'}: include: must name one config file")):
+        config_lib.load(tmp_path / "list.yaml")
+    with pytest.raises(FileNotFoundError, match=re.escape(f"{tmp_path / 'missing.yaml'}: include: "
+                                                          f"{tmp_path / 'nope.yaml'} does not exist")):
+        config_lib.load(tmp_path / "missing.yaml")
