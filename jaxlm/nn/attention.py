@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from typing import TYPE_CHECKING
-from unittest import mock
 
 import flax.linen as nn
 import jax
@@ -72,20 +72,34 @@ def _add_bias_backward(logits_dtype, bias_shape, bias_dtype, _, grad):
 _add_bias.defvjp(_add_bias_forward, _add_bias_backward)
 
 
+_tracing_a_mask = threading.local()  # set while this thread traces cuDNN's attention with a mask and no bias
+
+
 @contextlib.contextmanager
 def _no_gradient_for_a_mask():
     """Within it, cuDNN's backward pass computes no gradient for the bias a boolean mask becomes (packed
     documents' segments), which nothing reads: JAX before 0.11.1 had it write one, [batch, 1, q_length, k_length]
-    a layer, on a slower kernel (jax-ml/jax#34685; later JAX skips it itself)."""
+    a layer, on a slower kernel (jax-ml/jax#34685; later JAX skips it itself). JAX decides in a private function,
+    wrapped once to consult this thread's flag, so that other threads' traces (a real bias) are left as they are."""
     try:
         from jax._src.cudnn import fused_attention_stablehlo as cudnn  # private: where JAX decides it
     except ImportError:
         cudnn = None
-    if cudnn is None or not hasattr(cudnn, "should_export_dbias"):
+    decide = getattr(cudnn, "should_export_dbias", None)
+    if decide is None:
         yield
         return
-    with mock.patch.object(cudnn, "should_export_dbias", lambda *_: False):
+    if not hasattr(decide, "jaxlm_wrapped"):
+        def should_export_dbias(*args):
+            return not getattr(_tracing_a_mask, "active", False) and decide(*args)
+
+        should_export_dbias.jaxlm_wrapped = decide
+        cudnn.should_export_dbias = should_export_dbias
+    _tracing_a_mask.active = True
+    try:
         yield
+    finally:
+        _tracing_a_mask.active = False
 
 
 @jax.named_scope(ATTENTION_SCOPE)
