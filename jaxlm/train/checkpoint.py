@@ -86,8 +86,8 @@ def restore_newest(mngr: ocp.CheckpointManager, abstract_state, warn: Callable[[
     Uncommitted saves are named and not restored (Orbax never lists them); Orbax writes over its own
     `N.orbax-checkpoint-tmp` when it saves step N again. A committed checkpoint that cannot be read
     (truncated or missing files) is moved to `unreadable-checkpoints/` beside the checkpoints, never deleted,
-    and the one before it is tried. One whose shapes differ from the model is not broken: that stops the run
-    with the shapes named."""
+    and the one before it is tried. One whose shapes or optimiser state differ from this config's is not broken:
+    that stops the run, saying so."""
     suffix = ocp.path.step.TMP_DIR_SUFFIX
     for path in unfinished(mngr.directory):
         own_name = path.name.endswith(suffix)  # older Orbax versions added a timestamp, which no save reuses
@@ -100,10 +100,14 @@ def restore_newest(mngr: ocp.CheckpointManager, abstract_state, warn: Callable[[
         except Exception as err:  # Orbax and TensorStore raise many kinds for a broken directory
             _set_aside(mngr, step, err, warn)
             continue
-        check_state_fits(stored, abstract_state, f"resuming from {mngr.directory / str(step)}")
+        where = f"resuming from {mngr.directory / str(step)}"
+        check_state_fits(stored, abstract_state, where)
         try:
             state, position, _ = restore(mngr, abstract_state, step)
         except Exception as err:  # likewise
+            if isinstance(err, ValueError) and "tree structures do not match" in str(err):  # Orbax's words: not damage
+                raise ValueError(f"{where}: the checkpoint's train state is laid out otherwise than this config's: "
+                                 f"{STATE_DIFFERS}") from None
             _set_aside(mngr, step, err, warn)
             continue
         return state, position, step
@@ -236,6 +240,11 @@ def params_left_out(path: epath.PathLike, abstract_params, step: int | None = No
     return [name for name in leaf_shapes(stored) if name not in wanted]
 
 
+# why a run's own checkpoint does not restore into this config's train state, and what to do
+STATE_DIFFERS = ("the optimiser settings (optim.*, train.nonfinite) or the jaxlm version differ from the run's; "
+                 "resume with the run's own config (its config.json)")
+
+
 def check_state_fits(stored, abstract_state, where: str) -> None:
     """The parameters fit (check_fits), and the optimiser state holds the same arrays."""
     check_fits(stored.get("params", {}), abstract_state.params, where)
@@ -243,8 +252,7 @@ def check_state_fits(stored, abstract_state, where: str) -> None:
     want = sorted(tuple(leaf.shape) for leaf in jax.tree.leaves(abstract_state))
     if have != want:
         raise ValueError(f"{where}: the checkpoint's train state holds {len(have)} arrays where this config's "
-                         f"holds {len(want)}: the optimiser settings (optim.*, train.nonfinite) or the jaxlm version "
-                         "differ from the run's; resume with the run's own config (its config.json)")
+                         f"holds {len(want)}: {STATE_DIFFERS}")
 
 
 def leaf_shapes(tree) -> dict[str, tuple]:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from conftest import ROOT, kill_when, run_cli, xla_flags
-from jaxlm.train import compile_cache
+from jaxlm.train import checkpoint, compile_cache
 from jaxlm.train.metrics import read_jsonl
 
 STEPS = 80
@@ -70,6 +70,15 @@ def test_init_from_starts_from_another_runs_parameters(tiny_config, tmp_path):
     assert past.returncode == 2 and past.stderr.strip().splitlines()[-1] == (
         f"jaxlm train: error: the run in {tmp_path / 'source'} is at step 30, past train.steps=10: there is nothing "
         "to train; set train.steps above 30 to train on, or choose a new train.run_dir")
+    assert (tmp_path / "source" / "metrics.jsonl").read_bytes() == recorded
+    # another optimiser's state (LAMB's has a part more than AdamW's) once set every good checkpoint aside as damaged
+    lamb = tiny_config({"train": {"steps": 32, "run_dir": str(tmp_path / "source")}, "optim": {"name": "lamb"}},
+                       "lamb.yaml")
+    other = run_cli("train", lamb, check=False)
+    assert other.returncode == 2 and other.stderr.strip().splitlines()[-1] == (
+        f"jaxlm train: error: resuming from {tmp_path / 'source' / 'checkpoints' / '30'}: the checkpoint's train state "
+        f"is laid out otherwise than this config's: {checkpoint.STATE_DIFFERS}")
+    assert not (tmp_path / "source" / "unreadable-checkpoints").exists()
     assert (tmp_path / "source" / "metrics.jsonl").read_bytes() == recorded
     fresh = tiny_config({"train": {"steps": 2, "run_dir": str(tmp_path / "fresh")}}, "fresh.yaml")
     warm = tiny_config({"train": {"steps": 2, "run_dir": str(tmp_path / "warm"),
