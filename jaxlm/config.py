@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import pathlib
 import re
 from typing import Any
@@ -194,6 +195,9 @@ def merge(base: dict, extra: dict) -> dict:
     return out
 
 
+INT_LIMIT = 2 ** 31
+
+
 def _number(value, kind: type, where: str):
     """An int or float field's value; strings such as '1e11' (YAML reads them as text) are parsed."""
     if isinstance(value, str):
@@ -203,11 +207,20 @@ def _number(value, kind: type, where: str):
             pass
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{where} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ConfigError(f"{where} must be a finite number, got {value!r}")
     if kind is int:
         if value != int(value):
             raise ConfigError(f"{where} must be a whole number, got {value!r}")
+        if not -INT_LIMIT < value < INT_LIMIT:  # counts, sizes and seeds reach jitted code as int32
+            raise ConfigError(f"{where}={int(value)} is too large: a whole number here must lie within ±{INT_LIMIT - 1}")
         return int(value)
     return float(value)
+
+
+def _text(value) -> str:
+    """A YAML scalar given where text is read: booleans as YAML writes them (distributed.enabled=true)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def section(cls, values: dict, name: str):
@@ -233,15 +246,20 @@ def typed_values(defaults, values: dict, name: str) -> dict:
             value = {str(k): str(v) for k, v in value.items()}
         elif value is None and isinstance(default, (str, tuple)):  # `key:` or `key=` with nothing after it
             value = type(default)()
-        elif isinstance(default, tuple):
+        elif isinstance(default, tuple):  # of text: data.corpus, finetune.labels
             value = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+            if any(item is None or isinstance(item, (list, dict)) for item in value):
+                raise ConfigError(f"{where} must be a list of names, got {list(value)!r}")
+            value = tuple(_text(item) for item in value)
         elif isinstance(default, bool):
             if not isinstance(value, bool):
                 raise ConfigError(f"{where} must be true or false, got {value!r}")
         elif isinstance(default, (int, float)):
             value = _number(value, type(default), where)
         elif isinstance(default, str) and not isinstance(value, str):
-            value = str(value)
+            if isinstance(value, (list, dict)):
+                raise ConfigError(f"{where} takes one value, got {value!r}")
+            value = _text(value)
         typed[key] = value
     return typed
 

@@ -1,6 +1,7 @@
 """Text generation on a KV cache: sampling, greedy and beam search for decoders and encoder-decoders."""
 from __future__ import annotations
 
+import math
 import pathlib
 from typing import Callable, NamedTuple
 
@@ -77,8 +78,8 @@ def sample_next(logits: jax.Array, rng: jax.Array, temperature: float = 0.0, top
 
 
 def check_sampling(temperature: float, top_k: int, top_p: float, num_beams: int = 1) -> None:
-    if temperature < 0:
-        raise ValueError(f"temperature={temperature} must be >= 0 (0 is greedy)")
+    if not 0 <= temperature < math.inf:
+        raise ValueError(f"temperature={temperature} must be a number >= 0 (0 is greedy)")
     if top_k < 0:
         raise ValueError(f"top_k={top_k} must be >= 0 (0 keeps every token)")
     if not 0 < top_p <= 1:
@@ -462,7 +463,12 @@ def generate_from_checkpoint(checkpoint, prompts: list[str], *, max_new_tokens: 
     """{"prompt", "generated" text, "token_ids"} per prompt, from a converted or run checkpoint and its
     tokenizer; every argument is checked before the parameters are read."""
     check_sampling(temperature, top_k, top_p, num_beams)
+    if not 0 <= seed < 2 ** 31:
+        raise ValueError(f"seed={seed} must lie in [0, 2**31)")
     config, checkpoint_tokenizer = checkpoint_config(checkpoint)
+    if num_beams * config.vocab_size >= 2 ** 31:  # beam search ranks every beam's every next token in int32
+        raise ValueError(f"num_beams={num_beams} is too many for a vocabulary of {config.vocab_size:,}: at most "
+                         f"{(2 ** 31 - 1) // config.vocab_size:,}")
     model = model_for(config)
     if checkpoint_tokenizer is None:
         raise ValueError(f"{checkpoint} has no tokenizer to turn prompts into ids; convert it with one")

@@ -11,6 +11,7 @@ import jax
 from jax._src import distributed as jax_distributed  # the client, for barriers with a timeout (not public)
 
 from jaxlm.config import ConfigError, DistributedConfig
+from jaxlm.errors import first_line
 
 _CLUSTER_ENV = ("SLURM_NTASKS", "TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS", "OMPI_COMM_WORLD_SIZE")
 
@@ -52,12 +53,27 @@ def initialize(config: DistributedConfig) -> bool:
     if explicit:
         if not 0 <= values["process_id"] < values["num_processes"]:
             raise ConfigError(f"distributed.process_id={values['process_id']} must be in [0, {values['num_processes']})")
+        coordinator_port(values["coordinator"])
         rendezvous(values["coordinator"], values["num_processes"], values["process_id"], config.init_timeout_s)
         jax.distributed.initialize(values["coordinator"], num_processes=values["num_processes"],
                                    process_id=values["process_id"], initialization_timeout=timeout)
     else:
-        jax.distributed.initialize(initialization_timeout=timeout)
+        try:
+            jax.distributed.initialize(initialization_timeout=timeout)
+        except ValueError as err:  # JAX found no cluster to read the processes from
+            raise ConfigError(f"distributed.enabled={config.enabled}, but JAX found no cluster to start from "
+                              f"({first_line(err)}); set distributed.coordinator (host:port), num_processes and "
+                              "process_id, or distributed.enabled=auto") from None
     return jax.process_count() > 1
+
+
+def coordinator_port(coordinator: str) -> int:
+    """The port of a `host:port` coordinator address; the rendezvous before JAX's start listens on the next one."""
+    _, colon, port = coordinator.rpartition(":")
+    if not colon or not port.isdigit() or not 1 <= int(port) < 65535:
+        raise ConfigError(f"distributed.coordinator={coordinator!r} must be host:port with a port from 1 to 65534 "
+                          "(the next port is taken too)")
+    return int(port)
 
 
 def rendezvous(coordinator: str, num_processes: int, process_id: int, timeout_s: float) -> None:
@@ -66,8 +82,8 @@ def rendezvous(coordinator: str, num_processes: int, process_id: int, timeout_s:
 
     Process 0 waits up to `timeout_s` for the others' ids and answers each with "ok" or the missing
     ids; the others retry until process 0 listens, then wait for its answer."""
-    host, _, port = coordinator.rpartition(":")
-    address, deadline = (host or "127.0.0.1", int(port) + 1), time.monotonic() + timeout_s
+    host = coordinator.rpartition(":")[0]
+    address, deadline = (host or "127.0.0.1", coordinator_port(coordinator) + 1), time.monotonic() + timeout_s
     where = f"distributed.init_timeout_s={timeout_s:g} s"
     if process_id == 0:
         _gather(address, num_processes, deadline, where)

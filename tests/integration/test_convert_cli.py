@@ -400,3 +400,13 @@ def test_real_cli_process_reports_errors_on_one_line(tmp_path):
     proc = run_cli("convert", "from-hf", tmp_path / "nothing", tmp_path / "out", devices=1, check=False)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         f"jaxlm convert from-hf: error: no Hugging Face config.json at {tmp_path / 'nothing' / 'config.json'}"]
+
+
+@pytest.mark.parametrize("option, value, expected", [
+    ("--temperature", "nan", "temperature=nan must be a number >= 0"),  # once generated token 0 over and over
+    ("--seed", str(10 ** 20), f"seed={10 ** 20} must lie in [0, 2**31)"),  # an OverflowError's traceback
+    ("--num-beams", str(10 ** 8), "num_beams=100000000 is too many for a vocabulary of"),  # a top_k int32 overflow
+])
+def test_generate_refuses_sampling_numbers_it_cannot_use(capsys, converted, option, value, expected):
+    code, _, err = cli(capsys, "generate", converted["gpt2"][2], "--prompt", "hello", option, value)
+    assert_one_error(code, err, "generate", expected)

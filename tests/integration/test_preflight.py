@@ -65,6 +65,26 @@ def test_processes_that_never_start_are_named(config):
     assert code == 2 and "error: process 0 (the coordinator, 127.0.0.1:" in output and "did not answer" in output
 
 
+def test_a_coordinator_without_a_usable_port_and_a_cluster_that_is_not_there_are_named(config):
+    """A port past 65534 was an OverflowError's traceback and one missing Python's int() message; with
+    `distributed.enabled=true` and no cluster, JAX said "coordinator_address should be defined"."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAXLM_")} | {"JAX_PLATFORMS": "cpu"}
+
+    def last_line(*overrides):
+        proc = subprocess.run([JAXLM, "preflight", str(config), *overrides], env=env, cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        return proc.stderr.strip().splitlines()[-1]
+
+    for coordinator in ("127.0.0.1:99999", "localhost"):
+        assert last_line(f"distributed.coordinator={coordinator}", "distributed.num_processes=2",
+                         "distributed.process_id=0") == (
+            f"jaxlm preflight: error: distributed.coordinator={coordinator!r} must be host:port with a port from 1 to "
+            "65534 (the next port is taken too)")
+    assert last_line("distributed.enabled=true").startswith(
+        "jaxlm preflight: error: distributed.enabled=true, but JAX found no cluster to start from")
+
+
 def test_no_prepared_data_is_named_by_every_process(config, tmp_path):
     """It once passed ("the same prepared data on every process": none), and `jaxlm train` then stopped at once."""
     for code, output in processes(config, 2, extra=[f"data.prepared_dir={tmp_path / 'none'}"]):

@@ -17,6 +17,8 @@ from jaxlm.finetune.tasks import TASKS
 from jaxlm.models.config import DROPOUTS, POSITIVE_SIZES, SIZES_OR_ZERO
 from jaxlm.models.presets import PRESETS, model_config
 
+BERT_TINY = pathlib.Path(__file__).parents[2] / "configs" / "bert-tiny.yaml"
+
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_every_preset_is_valid(preset):
@@ -222,8 +224,7 @@ def test_off_and_no_are_words_and_true_and_false_the_booleans(tmp_path):
     """YAML 1.1 read `train.compile_cache: off` as false, and the run cached its programs in a directory named
     False; a boolean setting takes true or false alone (yes and no were booleans too)."""
     path = tmp_path / "run.yaml"
-    bert_tiny = pathlib.Path(__file__).parents[2] / "configs" / "bert-tiny.yaml"
-    path.write_text(f"include: {bert_tiny}\ntrain:\n  compile_cache: off\n")
+    path.write_text(f"include: {BERT_TINY}\ntrain:\n  compile_cache: off\n")
     assert config_lib.load(path, []).train.compile_cache == "off"
     assert config_lib.load(path, ["train.compile_cache=off"]).train.compile_cache == "off"
     assert config_lib.load(path, ["data.lowercase=False"]).data.lowercase is False
@@ -255,3 +256,26 @@ def test_a_bad_include_is_named_with_the_file_that_includes_it(tmp_path):
     with pytest.raises(FileNotFoundError, match=re.escape(f"{tmp_path / 'missing.yaml'}: include: "
                                                           f"{tmp_path / 'nope.yaml'} does not exist")):
         config_lib.load(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("optim.peak_lr=.nan", "optim.peak_lr must be a finite number, got nan"),  # once trained a step, then stopped
+    ("finetune.epochs=.nan", "finetune.epochs must be a finite number, got nan"),  # Python's own message
+    ("train.steps=3000000000", "train.steps=3000000000 is too large: a whole number here must lie within "
+                               "±2147483647"),  # an OverflowError's traceback inside optax, after the run folder
+    ("train.seed=1e30", "train.seed=1000000000000000019884624838656 is too large"),
+    ("train.run_dir=[a, b]", "train.run_dir takes one value, got ['a', 'b']"),  # a folder named "['a', 'b']"
+    ("data.corpus=[[a]]", "data.corpus must be a list of names, got [['a']]"),  # an AttributeError's traceback
+])
+def test_numbers_and_text_a_setting_cannot_take_are_named(override, expected):
+    with pytest.raises(ConfigError) as refused:
+        config_lib.load(BERT_TINY, [override])
+    assert str(refused.value).startswith(expected)
+
+
+def test_a_boolean_where_text_is_read_is_read_as_yaml_writes_it():
+    """`distributed.enabled=true`, as documented, was read as the text 'True' and refused."""
+    loaded = config_lib.load(BERT_TINY, ["distributed.enabled=true", "data.corpus=[demo:austen, 5]",
+                                         "finetune.labels=[0, 1]"])
+    assert loaded.distributed.enabled == "true"
+    assert loaded.data.corpus == ("demo:austen", "5") and loaded.finetune.labels == ("0", "1")
