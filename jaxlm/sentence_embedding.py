@@ -130,7 +130,7 @@ def embed_file(ckpt, input_path, output=None, *, pooling: str = "mean", normaliz
     output = pathlib.Path(output) if output else pathlib.Path(input_path).with_suffix(".npy")
     if output.suffix != ".npy":
         raise ValueError(f"--output {output} must end in .npy")
-    check_output_file(output, overwrite, pathlib.Path(input_path))
+    check_output_file(output, overwrite, [pathlib.Path(input_path)])
     if batch_size <= 0:
         raise ValueError(f"--batch-size must be positive, got {batch_size}")
     config, checkpoint_tokenizer = store.checkpoint_config(ckpt)

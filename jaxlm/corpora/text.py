@@ -5,7 +5,7 @@ from __future__ import annotations
 import pathlib
 import re
 import sys
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
 
 _BOUNDARY = re.compile(r"[.!?]+[\"')\]\u2019\u201d]*\s+(?=[A-Z0-9\"'(\[\u2018\u201c])")
 _ABBREVIATION = re.compile(
@@ -75,18 +75,20 @@ def check_file(path: pathlib.Path, what: str, fix: str) -> None:
         raise FileNotFoundError(f"{what} {path} does not exist; {fix}")
 
 
-def check_output_file(path: pathlib.Path, overwrite: bool, input_file: pathlib.Path | None = None,
-                      input_name: str = "the input") -> None:
-    """Refuses an --output that is a directory, is `input_file` (which writing would replace), exists without
-    `overwrite` or lies in a directory that does not exist."""
+def check_output_file(path: pathlib.Path, overwrite: bool, input_files: Sequence[pathlib.Path] = (),
+                      input_name: str = "the input", makes_parents: bool = False) -> None:
+    """Refuses an --output that is a directory, is one of `input_files` (which writing would replace), exists
+    without `overwrite` or lies in a directory that does not exist (unless the writer `makes_parents`) or is a file."""
     if path.is_dir():
         raise ValueError(f"--output {path} is a directory; name a file")
-    if input_file is not None and path.resolve() == pathlib.Path(input_file).resolve():
+    if any(path.resolve() == pathlib.Path(given).resolve() for given in input_files):
         raise ValueError(f"--output {path} is {input_name} file, which writing would replace; name another file")
     if path.exists() and not overwrite:
         raise FileExistsError(f"--output {path} exists; pass --overwrite to replace it or choose another file")
-    if not path.absolute().parent.is_dir():
-        raise FileNotFoundError(f"--output {path}: directory {path.absolute().parent} does not exist")
+    parent = path.absolute().parent
+    if not parent.is_dir() and (parent.exists() or not makes_parents):
+        raise FileNotFoundError(f"--output {path}: directory {parent} "
+                                f"{'is a file' if parent.exists() else 'does not exist'}")
 
 
 def utf8_text(path: pathlib.Path) -> str:

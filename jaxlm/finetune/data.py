@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import numbers
 import pathlib
 import re
 
@@ -241,7 +242,12 @@ def check_answers(records: list[dict], where: str) -> None:
             if not isinstance(answer, dict) or "text" not in answer or "answer_start" not in answer:
                 raise ValueError(f"{where}: question {record.get('id', index + 1)}: an answer is "
                                  f"{str(answer)[:60]!r}, not {{\"text\": ..., \"answer_start\": ...}}")
-            start, text = int(answer["answer_start"]), answer["text"]
+            start, text = answer["answer_start"], answer["text"]
+            whole = isinstance(start, numbers.Integral) and not isinstance(start, bool) or str(start).isdigit()
+            if not whole or not isinstance(text, str):
+                raise ValueError(f"{where}: question {record.get('id', index + 1)}: an answer's answer_start must be "
+                                 f"a whole number and its text a string, got {start!r} and {text!r}")
+            start = int(start)
             found = record["context"][start:start + len(text)]
             if found != text:
                 raise ValueError(f"{where}: question {record.get('id', index + 1)}: answer {text!r} at {start} is not "

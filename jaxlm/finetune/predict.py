@@ -28,7 +28,8 @@ def predict(checkpoint_path, input_spec: str, output, batch_size: int = 32, over
     """Writes one line per input record (its input fields and the prediction) to `output`; returns the
     number of lines. Every check (checkpoint, input fields, output) comes before any compute."""
     output = pathlib.Path(output)
-    check_output_file(output, overwrite, task_data.spec_file(input_spec), "the --input")
+    input_file = task_data.spec_file(input_spec)
+    check_output_file(output, overwrite, [input_file] if input_file else [], "the --input")
     config_lib.refuse_unread_sections(overrides, ("model", "mesh", "data", "finetune"))
     trained = sorted(set(config_lib.parse_overrides(list(overrides)).get("finetune", {})) - set(PREDICT_SETTINGS))
     if trained:

@@ -9,6 +9,7 @@ import pytest
 
 from jaxlm import config as config_lib
 from jaxlm.config import ConfigError, FinetuneConfig
+from jaxlm.corpora.text import check_output_file
 from jaxlm.data.prepare import prepare
 from jaxlm.data.settings import ABOVE_ZERO, MINIMUMS, SHARES
 from jaxlm.finetune.predict import predict
@@ -279,3 +280,13 @@ def test_a_boolean_where_text_is_read_is_read_as_yaml_writes_it():
                                          "finetune.labels=[0, 1]"])
     assert loaded.distributed.enabled == "true"
     assert loaded.data.corpus == ("demo:austen", "5") and loaded.finetune.labels == ("0", "1")
+
+
+def test_an_output_file_inside_a_file_is_named_as_such(tmp_path):
+    """predict said the directory "does not exist" when it was a file."""
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(FileNotFoundError, match=re.escape(f"directory {tmp_path / 'afile'} is a file")):
+        check_output_file(tmp_path / "afile" / "p.jsonl", overwrite=False)
+    with pytest.raises(FileNotFoundError, match=re.escape(f"directory {tmp_path / 'afile'} is a file")):
+        check_output_file(tmp_path / "afile" / "p.jsonl", overwrite=False, makes_parents=True)
+    check_output_file(tmp_path / "new" / "p.jsonl", overwrite=False, makes_parents=True)

@@ -1,6 +1,7 @@
 """Fine-tuning's record readers: JSONL, CSV and TSV files with renamed and nested fields, `[:N]` slices,
 the named real datasets, and a one-line error naming file, line and field for each kind of bad input."""
 import json
+import re
 
 import pytest
 
@@ -31,6 +32,16 @@ def test_nested_fields_and_lists_in_csv_cells(tmp_path):
     records = read_records(str(tmp_path / "t.csv"), {"words": "words", "tags": "tags"}, ("words", "tags"))
     assert records == [{"words": ["Ann", "met"], "tags": ["B-person", "O"]}]
     check_tag_lengths(records, "t")
+
+
+@pytest.mark.parametrize("start", [None, "x", 1.5])
+def test_an_answer_start_that_is_not_a_whole_number_is_named(start):
+    """null was a TypeError's traceback, "x" Python's int() message naming no question."""
+    records = [{"id": "q7", "context": "Bob went home.", "answers": [{"text": "Bob", "answer_start": start}]}]
+    with pytest.raises(ValueError, match=re.escape(f"qa: question q7: an answer's answer_start must be a whole number "
+                                                   f"and its text a string, got {start!r} and 'Bob'")):
+        check_answers(records, "qa")
+    check_answers([dict(records[0], answers=[{"text": "Bob", "answer_start": "0"}])], "qa")
 
 
 def test_named_datasets_hold_their_splits():

@@ -171,8 +171,11 @@ def test_cli_trains_and_refuses_to_overwrite(austen_lines, tmp_path, capsys):
     assert vocab == train_wordpiece(austen_lines[:200] + toy_lines(), 300)
     assert output.stat().st_mode & 0o777 == 0o644  # once 0600, its temporary file's mode
 
-    with pytest.raises(IsADirectoryError, match="is a directory; give the path of the vocab.txt"):
+    with pytest.raises(ValueError, match="is a directory; name a file"):
         run(cli_args([*argv[:-1], str(output.parent), "--overwrite"]))
+    with pytest.raises(ValueError, match="is an --input file, which writing would replace"):  # --overwrite replaced it
+        run(cli_args([*argv[:-1], str(extra), "--overwrite"]))
+    assert extra.read_text(encoding="utf-8") == "\n".join(toy_lines())
 
     output.write_text("keep me", encoding="utf-8")
     with pytest.raises(FileExistsError, match="--overwrite"):

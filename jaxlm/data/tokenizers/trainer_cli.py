@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from jaxlm.corpora.text import check_file, utf8_lines
+from jaxlm.corpora.text import check_file, check_output_file, utf8_lines
 from jaxlm.data.tokenizers.trainer import train_wordpiece, write_vocab
 
 
@@ -39,12 +39,8 @@ def _report_progress(size: int, total: int) -> None:
 
 
 def run(args) -> list[str]:
-    output = Path(args.output)
-    if output.is_dir():
-        raise IsADirectoryError(f"--output {output} is a directory; give the path of the vocab.txt to write")
-    if output.exists() and not args.overwrite:
-        raise FileExistsError(f"{output} exists; pass --overwrite to replace it")
-    inputs = [Path(p) for p in args.input]
+    output, inputs = Path(args.output), [Path(p) for p in args.input]
+    check_output_file(output, args.overwrite, inputs, "an --input", makes_parents=True)
     for path in inputs:
         check_file(path, "input file", "give UTF-8 text files, one sentence per line")
     start = time.perf_counter()
