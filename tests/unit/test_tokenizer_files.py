@@ -1,11 +1,13 @@
 """A tokenizer file that is not what its name says (a .model that is no SentencePiece model, a tokenizer.json that
 is not one, a vocab.txt that is not UTF-8) is refused where it is loaded, with one line naming it: `jaxlm tokenize`
-and `jaxlm prepare` once ended in a library's traceback or its message alone."""
+and `jaxlm prepare` once ended in a library's traceback or its message alone. So is a byte-level BPE pair that is
+not one."""
 from pathlib import Path
 
 import pytest
 
 from jaxlm.cli import main
+from jaxlm.corpora.models import gpt2_tokenizer_dir
 from jaxlm.data.tokenizers.load import load_tokenizer
 
 CONFIG = Path(__file__).parents[2] / "configs" / "bert-tiny.yaml"
@@ -70,3 +72,22 @@ def test_jaxlm_prepare_says_in_one_line_which_tokenizer_file_is_bad(case, tmp_pa
     assert main(["prepare", str(CONFIG), f"data.prepared_dir={out}", f"data.vocab={path}"]) == 2
     assert capsys.readouterr().err == f"jaxlm prepare: error: data.vocab: {path}{error}\n"
     assert not out.exists()
+
+
+BPE_FIX = "give GPT-2's encoder.json and vocab.bpe, or Hugging Face's vocab.json and merges.txt"
+
+
+@pytest.mark.parametrize("encoder, merges, bad, error", [
+    # a list was an AttributeError's traceback
+    (b"[1, 2]\n", b"#version\n", "encoder.json", " is not a byte-level BPE vocabulary (a JSON object of token: id)"),
+    # accepted, and every text came out as no tokens at all
+    (b"{}\n", b"\n", "encoder.json", " lacks 256 of the 256 byte symbols of a byte-level BPE vocabulary (such as '!')"),
+    (None, b"#version\n\xc4\xa0 t\nx y z\n", "vocab.bpe", ":3: a merge is two symbols, got 'x y z'"),
+])
+def test_a_bad_byte_level_bpe_pair_is_refused_in_one_line(tmp_path, encoder, merges, bad, error):
+    gpt2_encoder = (gpt2_tokenizer_dir() / "encoder.json").read_bytes()
+    write(tmp_path, "encoder.json", gpt2_encoder if encoder is None else encoder)
+    write(tmp_path, "vocab.bpe", merges)
+    with pytest.raises(ValueError) as refused:
+        load_tokenizer(tmp_path)
+    assert str(refused.value) == f"{tmp_path / bad}{error}; {BPE_FIX}"

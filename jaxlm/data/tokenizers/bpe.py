@@ -21,9 +21,32 @@ from jaxlm.jsonfile import read_json
 EOS = "<|endoftext|>"
 
 
+FILES_FIX = "give GPT-2's encoder.json and vocab.bpe, or Hugging Face's vocab.json and merges.txt"
+
+
 def load_merges(path: str | Path) -> list[tuple[str, str]]:
-    lines = utf8_text(path).splitlines()
-    return [tuple(line.split()) for line in lines if line and not line.startswith("#version")]
+    """The merges of a vocab.bpe (merges.txt), each two symbols; a ValueError names a line that is not."""
+    merges = []
+    for number, line in enumerate(utf8_text(path).splitlines(), 1):
+        if line and not line.startswith("#version"):
+            pair = tuple(line.split())
+            if len(pair) != 2:
+                raise ValueError(f"{path}:{number}: a merge is two symbols, got {line[:60]!r}; {FILES_FIX}")
+            merges.append(pair)
+    return merges
+
+
+def load_encoder(path: Path) -> dict[str, int]:
+    """An encoder.json (vocab.json): token -> id, holding the 256 byte symbols every text is spelt in (without
+    one, the bytes it stands for would be dropped from the text)."""
+    encoder = read_json(path)
+    if not isinstance(encoder, dict) or not all(isinstance(i, int) for i in encoder.values()):
+        raise ValueError(f"{path} is not a byte-level BPE vocabulary (a JSON object of token: id); {FILES_FIX}")
+    missing = sorted(set(pre_tokenizers.ByteLevel.alphabet()) - set(encoder))
+    if missing:
+        raise ValueError(f"{path} lacks {len(missing)} of the 256 byte symbols of a byte-level BPE vocabulary "
+                         f"(such as {missing[0]!r}); {FILES_FIX}")
+    return encoder
 
 
 class Gpt2Tokenizer(RustTokenizer):
@@ -49,8 +72,7 @@ class Gpt2Tokenizer(RustTokenizer):
         for path in paths:
             if not path.is_file():
                 raise FileNotFoundError(f"GPT-2 tokenizer file not found: {path}")
-        encoder = read_json(paths[0])
-        return cls(encoder, load_merges(paths[1]), paths)
+        return cls(load_encoder(paths[0]), load_merges(paths[1]), paths)
 
     def fingerprint(self) -> str:
         h = hashlib.sha256(json.dumps(self.encoder, sort_keys=True).encode())
