@@ -12,7 +12,7 @@ from jaxlm.config import ConfigError
 from jaxlm.corpora.text import check_output_file
 from jaxlm.eval.sources import open_source, source_tokenizer
 from jaxlm.finetune import data as task_data
-from jaxlm.finetune.run import Runner, write_jsonl
+from jaxlm.finetune.run import Runner, check_settings, write_jsonl
 from jaxlm.finetune.tasks import TASKS, Context
 from jaxlm.train import checkpoint
 from jaxlm.train.loop import build
@@ -42,6 +42,7 @@ def predict(checkpoint_path, input_spec: str, output, batch_size: int = 32, over
     if not config.finetune.task:
         raise ConfigError(f"{checkpoint_path} is not a fine-tuned checkpoint (its config has no finetune.task); "
                           "predict reads the checkpoints `jaxlm finetune` writes")
+    check_settings(config)  # those predict may change, as finetune checks them
     task, settings = TASKS[config.finetune.task], config.finetune
     records = task_data.read_records(input_spec, task.field_names(settings), task.input_roles, "--input",
                                      config.data.tfds_data_dir)

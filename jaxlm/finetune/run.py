@@ -40,6 +40,7 @@ SPLITS = ("train", "dev", "test")
 POSITIVE_SETTINGS = ("max_length", "n_best", "max_answer_length", "max_span_length", "max_target_length",
                      "num_beams", "evals_per_epoch", "max_query_length")
 SETTINGS_OR_ZERO = ("doc_stride", "early_stopping")
+SHORTEST_MAX_LENGTH = 8  # a pair's three special tokens and a few of each text's
 
 
 # ---------------------------------------------------------------- the plan (no compute)
@@ -107,6 +108,9 @@ def check_settings(config: RunConfig) -> None:
     for name in POSITIVE_SETTINGS:
         if getattr(settings, name) <= 0:
             raise ConfigError(f"finetune.{name} must be positive, got {getattr(settings, name)}")
+    if settings.max_length < SHORTEST_MAX_LENGTH:
+        raise ConfigError(f"finetune.max_length={settings.max_length} leaves no room for the special tokens and some "
+                          f"text; give {SHORTEST_MAX_LENGTH} or more")
     for name in SETTINGS_OR_ZERO:
         if getattr(settings, name) < 0:
             raise ConfigError(f"finetune.{name} must be 0 or more, got {getattr(settings, name)}")

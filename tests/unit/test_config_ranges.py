@@ -120,6 +120,14 @@ def test_a_finetune_count_out_of_range_is_named(name, value, expected):
     assert str(refused.value) == f"finetune.{name} {expected}"
 
 
+def test_a_max_length_too_short_for_the_special_tokens_is_named():
+    """finetune.max_length=1 (and predict's 0, 1 or -4) ended in numpy's "could not broadcast" message."""
+    with pytest.raises(ConfigError, match=r"^finetune.max_length=7 leaves no room for the special tokens and some "
+                                          r"text; give 8 or more$"):
+        check_settings(classifier_config(max_length=7))
+    check_settings(classifier_config(max_length=8))
+
+
 def test_question_answering_windows_hold_the_stride_after_the_longest_question():
     """Checked against max_query_length, the longest question kept: against each question's own length, a
     trained model refused a long question at `jaxlm predict` (and the defaults, 128 and 128, any question)."""
