@@ -25,6 +25,7 @@ from jaxlm.finetune import data as task_data
 from jaxlm.finetune.features import Rows, batch_rows
 from jaxlm.finetune.optim import check_ulmfit, layer_groups, slanted_triangular, ulmfit
 from jaxlm.finetune.tasks import LOWER_IS_BETTER, TASKS, Context, Task
+from jaxlm.models.task_heads import POOLINGS
 from jaxlm.parallel.mesh import replicated
 from jaxlm.parallel.xla_options import project_xla_options
 from jaxlm.train import checkpoint, run_lock
@@ -118,6 +119,9 @@ def check_settings(config: RunConfig) -> None:
         raise ConfigError(f"finetune.epochs must be positive, got {settings.epochs}")
     if not 0 <= settings.warmup_ratio < 1:
         raise ConfigError(f"finetune.warmup_ratio must be in [0, 1), got {settings.warmup_ratio}")
+    if settings.pooling and settings.pooling not in POOLINGS:
+        raise ConfigError(f"finetune.pooling={settings.pooling!r}; choose one of {', '.join(POOLINGS)}, or leave it "
+                          "empty for the family's own")
     check_ulmfit(settings.train_layers, settings.layer_lr_decay, settings.unfreeze_every)
     if settings.schedule not in ("linear", "slanted_triangular"):
         raise ConfigError(f"finetune.schedule={settings.schedule!r}; choose linear or slanted_triangular")
@@ -286,8 +290,8 @@ def prepare_run_dir(config: RunConfig, source: Source) -> tuple[pathlib.Path, Ru
     run_dir = pathlib.Path(config.train.run_dir)
     checkpoints = run_dir / "checkpoints"
     if checkpoints.is_dir() and any(checkpoints.iterdir()):
-        raise ConfigError(f"train.run_dir={run_dir} already holds a fine-tune's checkpoints; choose another "
-                          "train.run_dir or remove that one")
+        raise ConfigError(f"train.run_dir={run_dir} already holds checkpoints (of another run); a fine-tune starts in "
+                          "a directory of its own: choose another train.run_dir or remove that one")
     tokenizer_dir = run_dir / store.TOKENIZER_DIR
     if jax.process_index() == 0:
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 that names the key: model sizes, dropouts and dtypes, the optimiser's rates and decays, the train and bench sections'
 counts, the data's counts and shares (the same check for `jaxlm.data.prepare.prepare`), the finetune section's
 counts."""
+import dataclasses
 import pathlib
 import re
 
@@ -13,7 +14,8 @@ from jaxlm.corpora.text import check_output_file
 from jaxlm.data.prepare import prepare
 from jaxlm.data.settings import ABOVE_ZERO, MINIMUMS, SHARES
 from jaxlm.finetune.predict import predict
-from jaxlm.finetune.run import POSITIVE_SETTINGS, SETTINGS_OR_ZERO, check_own_settings, check_settings
+from jaxlm.finetune.run import (POSITIVE_SETTINGS, SETTINGS_OR_ZERO, check_own_settings, check_settings,
+                               prepare_run_dir)
 from jaxlm.finetune.tasks import TASKS
 from jaxlm.models.config import DROPOUTS, POSITIVE_SIZES, SIZES_OR_ZERO
 from jaxlm.models.presets import PRESETS, model_config
@@ -126,6 +128,12 @@ def test_a_max_length_too_short_for_the_special_tokens_is_named():
                                           r"text; give 8 or more$"):
         check_settings(classifier_config(max_length=7))
     check_settings(classifier_config(max_length=8))
+
+
+def test_an_unknown_pooling_is_named_as_a_finetune_setting_before_the_run_directory_is_written():
+    with pytest.raises(ConfigError, match=r"^finetune.pooling='bogus'; choose one of pooler, first_dense_tanh, "):
+        check_settings(classifier_config(pooling="bogus"))
+    check_settings(classifier_config(pooling="mean"))
 
 
 def test_question_answering_windows_hold_the_stride_after_the_longest_question():
@@ -298,3 +306,14 @@ def test_an_output_file_inside_a_file_is_named_as_such(tmp_path):
     with pytest.raises(FileNotFoundError, match=re.escape(f"directory {tmp_path / 'afile'} is a file")):
         check_output_file(tmp_path / "afile" / "p.jsonl", overwrite=False, makes_parents=True)
     check_output_file(tmp_path / "new" / "p.jsonl", overwrite=False, makes_parents=True)
+
+
+def test_a_fine_tune_into_a_directory_with_checkpoints_is_refused(tmp_path):
+    """A pretraining run's directory was said to hold "a fine-tune's checkpoints"."""
+    (tmp_path / "checkpoints" / "20").mkdir(parents=True)
+    config = classifier_config()
+    config = dataclasses.replace(config, train=dataclasses.replace(config.train, run_dir=str(tmp_path)))
+    with pytest.raises(ConfigError, match=re.escape(f"train.run_dir={tmp_path} already holds checkpoints (of another "
+                                                    "run); a fine-tune starts in a directory of its own")):
+        prepare_run_dir(config, source=None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints"]
