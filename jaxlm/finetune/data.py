@@ -36,11 +36,16 @@ def read_records(spec: str, roles: dict[str, str], required: tuple[str, ...], wh
     where = f"{where}: " if where else ""
     match = FIRST_N.fullmatch(spec)
     if match and not spec.startswith("tfds:"):  # TFDS slices its splits itself
+        if int(match.group(2)) == 0:
+            raise ValueError(f"{where}{spec} keeps no records; give [:N] with N of 1 or more")
         records = read_records(match.group(1), roles, required, where.removesuffix(": "), tfds_data_dir)
         return records[:int(match.group(2))]
     if spec.startswith("tfds:"):
-        return [_roles(raw, roles, required, f"{where}{spec} example {i + 1}")
-                for i, raw in enumerate(_tfds_records(spec, where, tfds_data_dir))]
+        records = [_roles(raw, roles, required, f"{where}{spec} example {i + 1}")
+                   for i, raw in enumerate(_tfds_records(spec, where, tfds_data_dir))]
+        if not records:
+            raise ValueError(f"{where}{spec} holds no records")
+        return records
     path = labelled.resolve(spec)
     check_file(path, f"{where}file", "give a JSONL, CSV or TSV file, tfds:NAME[:SPLIT] or a named dataset "
                f"({', '.join(labelled.NAMES)}) as NAME:SPLIT")
@@ -255,7 +260,10 @@ def check_answers(records: list[dict], where: str) -> None:
 
 
 def check_choices(records: list[dict], choices: int, where: str) -> None:
-    """Every record has `choices` choices and a label that indexes one of them."""
+    """Every record has `choices` choices (two or more) and a label that indexes one of them."""
+    if choices < 2:
+        raise ValueError(f"{where}: the training data's first record has {choices} choice(s); a multiple-choice "
+                         "record needs two or more")
     for index, record in enumerate(records):
         if len(record["choices"]) != choices:
             raise ValueError(f"{where}: record {index + 1} has {len(record['choices'])} choices, the training data "

@@ -74,6 +74,14 @@ def test_bad_files_name_file_line_and_field(tmp_path, content, suffix, expected)
         assert text in message, message
 
 
+def test_a_slice_that_keeps_nothing_is_named():
+    """finetune.train=polarity:train[:0] was reported as the dev split's labels not being scores; predict said
+    "no examples to encode"."""
+    with pytest.raises(ValueError, match=re.escape("finetune.train: polarity:train[:0] keeps no records; give [:N] "
+                                                   "with N of 1 or more")):
+        read_records("polarity:train[:0]", ROLES, ("text", "label"), "finetune.train")
+
+
 def test_words_and_choices_are_texts_and_a_label_list_needs_its_field(tmp_path):
     """A null label once became the class "None", a list the class "['x']"; words of numbers a traceback in the
     tagger's alignment; records without labels a KeyError while the label list was read."""
@@ -96,3 +104,5 @@ def test_missing_file_and_bad_choices(tmp_path):
         check_choices([{"choices": ["a", "b", "c"], "label": 0}], 2, "dev")
     with pytest.raises(ValueError, match="label 2; give the index"):
         check_choices([{"choices": ["a", "b"], "label": 2}], 2, "dev")
+    with pytest.raises(ValueError, match=r"^train: the training data's first record has 0 choice\(s\); a multiple-"):
+        check_choices([{"choices": [], "label": 0}], 0, "train")  # once "give the index (0 to -1)"
