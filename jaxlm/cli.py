@@ -29,6 +29,7 @@ from jaxlm.corpora.models import PACKAGED_MODELS
 from jaxlm.data.bench import bench_data, format_data_table, median_rows
 from jaxlm.data.pipeline import open_data
 from jaxlm.data.prepare import Terminated, already_prepared, prepare, preparation_settings
+from jaxlm.errors import os_error_line
 from jaxlm.data.sources import model_tokenizer, resolve_corpus
 from jaxlm.data.tokenized import TokenizationFailed
 from jaxlm.data.tokenizers import tokenize_cli, trainer_cli
@@ -504,7 +505,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
         return 128 + signal.SIGPIPE
     except (ConfigError, OSError, ValueError) as err:
-        print(f"jaxlm {getattr(args, 'label', args.command)}: error: {err}", file=sys.stderr)
+        said = os_error_line(err) if isinstance(err, OSError) else err
+        print(f"jaxlm {getattr(args, 'label', args.command)}: error: {said}", file=sys.stderr)
         return 2
     except TokenizationFailed as err:
         print(f"jaxlm {getattr(args, 'label', args.command)}: error: {err}", file=sys.stderr)

@@ -1,7 +1,21 @@
 """Other libraries' errors in one line, as every jaxlm error is said."""
+import errno
+import pathlib
 
 
 def first_line(err: BaseException) -> str:
     """An error's first line, or its type when it says nothing."""
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
+
+
+def os_error_line(err: OSError) -> str:
+    """The operating system's own message (`[Errno 17] File exists: 'x'`), where a file stands in the place of a
+    directory the command needs, says so; every other error as it is."""
+    if not str(err).startswith("[Errno") or not err.filename or err.errno not in (errno.EEXIST, errno.ENOTDIR):
+        return str(err)
+    path = pathlib.Path(err.filename)
+    in_the_way = next((p for p in (path, *path.parents) if p.is_file()), None)
+    if in_the_way is None:
+        return str(err)
+    return f"{in_the_way} is a file where a directory is needed; move it or choose another path"

@@ -317,3 +317,14 @@ def test_a_fine_tune_into_a_directory_with_checkpoints_is_refused(tmp_path):
                                                     "run); a fine-tune starts in a directory of its own")):
         prepare_run_dir(config, source=None)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints"]
+
+
+def test_a_file_where_a_directory_is_needed_is_named(tmp_path, capsys):
+    """`data.prepared_dir=FILE/sub` said "[Errno 17] File exists: 'FILE'"."""
+    from jaxlm.cli import main  # the whole CLI: only this test runs it
+
+    (tmp_path / "afile").write_text("x")
+    assert main(["prepare", str(BERT_TINY), f"data.prepared_dir={tmp_path / 'afile' / 'sub'}"]) == 2
+    assert capsys.readouterr().err == (f"jaxlm prepare: error: {tmp_path / 'afile'} is a file where a directory is "
+                                       "needed; move it or choose another path\n")
+    assert (tmp_path / "afile").read_text() == "x"
