@@ -71,7 +71,10 @@ def cmd_prepare(args) -> None:
         raise ConfigError(f"--workers {args.workers}: give 1 or more Beam worker processes")
     if args.runner is None and (args.workers > 1 or args.beam_args):
         raise ConfigError("--workers and --beam-args need a Beam runner: add --runner direct (or another runner)")
-    beam_args = shlex.split(args.beam_args or "")
+    try:
+        beam_args = shlex.split(args.beam_args or "")
+    except ValueError as err:  # shlex's "No closing quotation"
+        raise ConfigError(f"--beam-args {args.beam_args!r}: {err}; quote it as a shell would") from None
     if args.runner and args.runner.lower() in ("direct", "directrunner"):
         # Beam takes seconds to import: only a Beam preparation loads it
         from jaxlm.data.beam import direct_workers

@@ -10,6 +10,8 @@ import pytest
 
 from conftest import ROOT, VOCAB_SIZE, run_cli
 
+JAXLM = str(ROOT / ".venv" / "bin" / "jaxlm")
+
 
 def _snapshot(directory):
     return {p.relative_to(directory): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
@@ -403,3 +405,24 @@ def test_bench_eval_without_the_demo_run_says_what_makes_it(tmp_path):
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr == "bench/eval.sh: no demo run in runs/bert-tiny: make it with `make demo` first\n"
     assert not (tmp_path / ".bench-eval").exists()
+
+
+def test_a_compile_cache_that_is_a_file_and_beam_args_that_do_not_split_are_named(tmp_path):
+    """train.compile_cache=FILE trained with JAX's warning that it could not read the cache; an unclosed quote in
+    --beam-args was shlex's "No closing quotation" alone."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"} | {"JAX_PLATFORMS": "cpu"}
+    config = ROOT / "configs" / "bert-tiny.yaml"
+    train = subprocess.run([JAXLM, "train", str(config), f"data.prepared_dir={tmp_path / 'none'}",
+                            f"train.run_dir={tmp_path / 'run'}", f"train.compile_cache={afile}"],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert train.returncode == 2 and train.stderr.strip().splitlines()[-1] == (
+        f"jaxlm train: error: train.compile_cache={afile}: {afile} is a file; name a directory for the compiled "
+        "programs, run_dir (inside the run) or off")
+    prepare = subprocess.run([JAXLM, "prepare", str(config), f"data.prepared_dir={tmp_path / 'data'}", "--runner",
+                              "direct", "--beam-args", '"unterminated'], env=env, capture_output=True, text=True,
+                             timeout=120)
+    assert prepare.returncode == 2 and prepare.stderr.strip().splitlines()[-1] == (
+        """jaxlm prepare: error: --beam-args '"unterminated': No closing quotation; quote it as a shell would""")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
