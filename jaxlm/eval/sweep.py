@@ -148,6 +148,9 @@ def plan(paths: list[str], task_specs: list[str], select: str = "all", out: str 
     for source in sources:
         mesh = make_mesh(source.config.mesh)  # a mesh that does not fit the devices fails here
         if any(t.kind == "heldout" for t in task_list) and source.is_run:
+            if source.config.train.eval_batches < 1:
+                raise config_lib.ConfigError(f"train.eval_batches={source.config.train.eval_batches}: the heldout "
+                                             "task reads that many batches; give 1 or more, or other --tasks")
             check_batch(source.config, mesh)
         committed = source.committed_steps()
         chosen = selection.pick(committed)

@@ -156,3 +156,14 @@ def test_a_checkpoint_whose_config_records_no_model_is_refused_by_every_reader(t
         store.checkpoint_config(tmp_path / "run")
     with pytest.raises(ValueError, match=r"run: the checkpoint at step 1 records no model config"):
         open_source(tmp_path / "run", [])
+
+
+def test_eval_refuses_a_heldout_task_of_no_batches(tmp_path):
+    """`jaxlm eval RUN train.eval_batches=0` wrote an empty results.jsonl and named three files it had not made."""
+    from jaxlm.eval import sweep  # the sweep's module loads the scorers: only this test needs it
+
+    run = run_with_tokenizer(tmp_path / "run", {"vocab": str(bert_vocab_path())}, {})
+    with pytest.raises(config_lib.ConfigError, match=r"^train.eval_batches=0: the heldout task reads that many "
+                                                     r"batches; give 1 or more, or other --tasks$"):
+        sweep.plan([str(run)], ["heldout"], out=str(tmp_path / "eval"), overrides=["train.eval_batches=0"])
+    assert not (tmp_path / "eval").exists()
