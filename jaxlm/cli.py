@@ -129,8 +129,11 @@ def cmd_bench(args) -> None:
         return cmd_bench_data(args)
     _refuse_other_mode(args, BENCH_DATA_DEFAULTS, "is an option of `jaxlm bench data` (the input pipeline), not of "
                        "the train step's bench: drop it, or put data before the config")
-    if args.profile and pathlib.Path(args.profile).exists() and not pathlib.Path(args.profile).is_dir():
-        raise ConfigError(f"--profile {args.profile} is a file: give a directory for the trace")
+    if args.profile:
+        trace = pathlib.Path(args.profile).absolute()
+        in_the_way = next((p for p in (trace, *trace.parents) if p.exists() and not p.is_dir()), None)
+        if in_the_way is not None:
+            raise ConfigError(f"--profile {args.profile}: {in_the_way} is a file; give a directory for the trace")
     if args.compile_only and args.profile:
         raise ConfigError("--compile-only times nothing, so there is nothing to profile: drop --profile or "
                           "--compile-only")

@@ -155,9 +155,12 @@ def test_a_config_that_is_not_a_yaml_mapping_names_the_file_and_line(tmp_path):
 def test_bench_refuses_a_profile_path_that_is_a_file(tiny_config, tmp_path):
     target = tmp_path / "trace.txt"
     target.write_text("kept")
-    proc = run_cli("bench", tiny_config(), "--profile", str(target), check=False)
-    assert proc.returncode == 2 and "is a file: give a directory for the trace" in proc.stderr
-    assert "Traceback" not in proc.stderr and target.read_text() == "kept"
+    config = tiny_config()
+    for given in (target, target / "sub"):  # inside a file: it once ran the whole bench, then failed to trace
+        proc = run_cli("bench", config, "--profile", str(given), check=False)
+        assert proc.returncode == 2 and f"--profile {given}: {target} is a file; give a directory for the trace" in \
+            proc.stderr, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr and target.read_text() == "kept"
 
 
 def test_bench_refuses_to_profile_a_compile_only_run(tiny_config, tmp_path):
