@@ -29,10 +29,10 @@ from jaxlm.corpora.models import PACKAGED_MODELS
 from jaxlm.data.bench import bench_data, format_data_table, median_rows
 from jaxlm.data.pipeline import open_data
 from jaxlm.data.prepare import Terminated, already_prepared, prepare, preparation_settings
-from jaxlm.errors import os_error_line
 from jaxlm.data.sources import model_tokenizer, resolve_corpus
 from jaxlm.data.tokenized import TokenizationFailed
 from jaxlm.data.tokenizers import tokenize_cli, trainer_cli
+from jaxlm.errors import os_error_line
 from jaxlm.eval import sweep
 from jaxlm.parallel import distributed
 from jaxlm.sentence_embedding import embed_file

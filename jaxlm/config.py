@@ -213,7 +213,8 @@ def _number(value, kind: type, where: str):
         if value != int(value):
             raise ConfigError(f"{where} must be a whole number, got {value!r}")
         if not -INT_LIMIT < value < INT_LIMIT:  # counts, sizes and seeds reach jitted code as int32
-            raise ConfigError(f"{where}={int(value)} is too large: a whole number here must lie within ±{INT_LIMIT - 1}")
+            raise ConfigError(f"{where}={int(value)} is too large: a whole number here must lie within "
+                              f"±{INT_LIMIT - 1}")
         return int(value)
     return float(value)
 

@@ -10,8 +10,8 @@ def first_line(err: BaseException) -> str:
 
 
 def os_error_line(err: OSError) -> str:
-    """The operating system's own message (`[Errno 17] File exists: 'x'`), where a file stands in the place of a
-    directory the command needs, says so; every other error as it is."""
+    """An OSError in one line: where the operating system's own message (`[Errno 17] File exists: 'x'`) comes from
+    a file standing where the command needs a directory, that file named; any other error as it is."""
     if not str(err).startswith("[Errno") or not err.filename or err.errno not in (errno.EEXIST, errno.ENOTDIR):
         return str(err)
     path = pathlib.Path(err.filename)
