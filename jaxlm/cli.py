@@ -237,7 +237,14 @@ def cmd_convert_to_hf(args) -> None:
     out = store.check_output(args.out, args.overwrite, args.ckpt)
     registry.family_of(store.checkpoint_config(args.ckpt)[0])
     config, params, tokenizer = store.load_checkpoint(args.ckpt)
-    auto_class = store.save_hf(out, config, params, tokenizer, overwrite=args.overwrite)
+    try:
+        auto_class = store.save_hf(out, config, params, tokenizer, overwrite=args.overwrite)
+    except ValueError as err:
+        task = store.finetuned_for(args.ckpt)
+        if not task:
+            raise
+        raise ValueError(f"{args.ckpt} was fine-tuned for {task}, a head the Hugging Face pretraining model does not "
+                         f"hold ({err}); export the checkpoint it was fine-tuned from (its finetune.init_from)") from None
     print(f"wrote a Hugging Face {config.family} model to {out}; load it with "
           f"transformers.{auto_class}.from_pretrained({str(out)!r})")
 

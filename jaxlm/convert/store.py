@@ -251,6 +251,14 @@ def _config(mngr, step: int, path: pathlib.Path) -> tuple[TransformerConfig, Che
     return _stored_config(stored, path)
 
 
+def finetuned_for(path) -> str:
+    """The finetune.task a run's checkpoint was fine-tuned for; empty for pretraining runs and conversions."""
+    path = pathlib.Path(path)
+    with _opened(path) as (mngr, step), _damaged(path, mngr, step, "its config item"):
+        stored = checkpoint.stored_config(mngr, step) or {}
+    return str((stored.get("finetune") or {}).get("task") or "")
+
+
 def checkpoint_config(path) -> tuple[TransformerConfig, CheckpointTokenizer | None]:
     """(model config, tokenizer or None) of a checkpoint, without reading its parameters."""
     with _opened(pathlib.Path(path)) as (mngr, step):

@@ -76,6 +76,18 @@ def test_predict_writes_the_label_and_probabilities_of_each_record(polarity, tmp
     assert main(["predict", str(polarity), "--input", "polarity:test", "--output", str(output)]) == 2  # no overwrite
 
 
+def test_to_hf_of_a_fine_tuned_classifier_says_what_to_export_instead(polarity, tmp_path, capsys):
+    """It said only that the parameters do not fit ("unexpected: classifier/bias; ...")."""
+    capsys.readouterr()
+    assert main(["convert", "to-hf", str(polarity), str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"jaxlm convert to-hf: error: {polarity} was fine-tuned for sequence_classification, a "
+                          "head the Hugging Face pretraining model does not hold (parameters do not fit") and \
+        err.endswith("; export the checkpoint it was fine-tuned from (its finetune.init_from)\n") and \
+        err.count("\n") == 1, err
+    assert not (tmp_path / "hf").exists()
+
+
 def test_another_tasks_classifier_starts_from_the_fine_tuned_encoder_with_a_new_head(polarity, tmp_path, capsys):
     """From the 2-label polarity run to 3 labels: its classifier's shapes differ, so the classifier starts fresh
     and the encoder is the fine-tuned one (this was an error after initialisation, naming train.init_from); with
