@@ -244,7 +244,8 @@ def cmd_convert_to_hf(args) -> None:
         if not task:
             raise
         raise ValueError(f"{args.ckpt} was fine-tuned for {task}, a head the Hugging Face pretraining model does not "
-                         f"hold ({err}); export the checkpoint it was fine-tuned from (its finetune.init_from)") from None
+                         f"hold ({err}); export the checkpoint it was fine-tuned from (its finetune.init_from)"
+                         ) from None
     print(f"wrote a Hugging Face {config.family} model to {out}; load it with "
           f"transformers.{auto_class}.from_pretrained({str(out)!r})")
 
