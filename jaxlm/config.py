@@ -294,7 +294,7 @@ def load_tree(path: str | pathlib.Path, included_by: tuple[pathlib.Path, ...] = 
     path = pathlib.Path(path)
     tree = file_tree(path)
     include = tree.pop("include", None)
-    if include is None or include == "":
+    if include in (None, ""):
         return tree
     if not isinstance(include, str):
         raise ConfigError(f"{path}: include: must name one config file, got {include!r}")

@@ -1,6 +1,7 @@
 """Other libraries' errors in one line, as every jaxlm error is said."""
 import errno
-import pathlib
+
+from jaxlm.corpora.text import file_in_the_way
 
 
 def first_line(err: BaseException) -> str:
@@ -14,8 +15,7 @@ def os_error_line(err: OSError) -> str:
     a file standing where the command needs a directory, that file named; any other error as it is."""
     if not str(err).startswith("[Errno") or not err.filename or err.errno not in (errno.EEXIST, errno.ENOTDIR):
         return str(err)
-    path = pathlib.Path(err.filename)
-    in_the_way = next((p for p in (path, *path.parents) if p.is_file()), None)
-    if in_the_way is None:
+    blocked = file_in_the_way(err.filename)
+    if blocked is None:
         return str(err)
-    return f"{in_the_way} is a file where a directory is needed; move it or choose another path"
+    return f"{blocked} is a file where a directory is needed; move it or choose another path"

@@ -75,6 +75,13 @@ def check_file(path: pathlib.Path, what: str, fix: str) -> None:
         raise FileNotFoundError(f"{what} {path} does not exist; {fix}")
 
 
+def file_in_the_way(path: pathlib.Path) -> pathlib.Path | None:
+    """What is not a directory at `path` or at one of the directories above it, where a directory is needed; None
+    when nothing is in the way."""
+    path = pathlib.Path(path).absolute()
+    return next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+
+
 def check_output_file(path: pathlib.Path, overwrite: bool, input_files: Sequence[pathlib.Path] = (),
                       input_name: str = "the input", makes_parents: bool = False) -> None:
     """Refuses an --output that is a directory, is one of `input_files` (which writing would replace), exists
@@ -86,9 +93,11 @@ def check_output_file(path: pathlib.Path, overwrite: bool, input_files: Sequence
     if path.exists() and not overwrite:
         raise FileExistsError(f"--output {path} exists; pass --overwrite to replace it or choose another file")
     parent = path.absolute().parent
-    if not parent.is_dir() and (parent.exists() or not makes_parents):
-        raise FileNotFoundError(f"--output {path}: directory {parent} "
-                                f"{'is a file' if parent.exists() else 'does not exist'}")
+    blocked = file_in_the_way(parent)
+    if blocked is not None:
+        raise FileNotFoundError(f"--output {path}: directory {blocked} is a file")
+    if not parent.is_dir() and not makes_parents:
+        raise FileNotFoundError(f"--output {path}: directory {parent} does not exist")
 
 
 def utf8_text(path: pathlib.Path) -> str:

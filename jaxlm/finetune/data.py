@@ -36,10 +36,10 @@ def read_records(spec: str, roles: dict[str, str], required: tuple[str, ...], wh
     where = f"{where}: " if where else ""
     match = FIRST_N.fullmatch(spec)
     if match and not spec.startswith("tfds:"):  # TFDS slices its splits itself
-        if int(match.group(2)) == 0:
+        first = int(match.group(2))
+        if first == 0:
             raise ValueError(f"{where}{spec} keeps no records; give [:N] with N of 1 or more")
-        records = read_records(match.group(1), roles, required, where.removesuffix(": "), tfds_data_dir)
-        return records[:int(match.group(2))]
+        return read_records(match.group(1), roles, required, where.removesuffix(": "), tfds_data_dir)[:first]
     if spec.startswith("tfds:"):
         records = [_roles(raw, roles, required, f"{where}{spec} example {i + 1}")
                    for i, raw in enumerate(_tfds_records(spec, where, tfds_data_dir))]
@@ -248,7 +248,7 @@ def check_answers(records: list[dict], where: str) -> None:
                 raise ValueError(f"{where}: question {record.get('id', index + 1)}: an answer is "
                                  f"{str(answer)[:60]!r}, not {{\"text\": ..., \"answer_start\": ...}}")
             start, text = answer["answer_start"], answer["text"]
-            whole = isinstance(start, numbers.Integral) and not isinstance(start, bool) or str(start).isdigit()
+            whole = (isinstance(start, numbers.Integral) and not isinstance(start, bool)) or str(start).isdigit()
             if not whole or not isinstance(text, str):
                 raise ValueError(f"{where}: question {record.get('id', index + 1)}: an answer's answer_start must be "
                                  f"a whole number and its text a string, got {start!r} and {text!r}")

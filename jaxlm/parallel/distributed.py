@@ -53,7 +53,6 @@ def initialize(config: DistributedConfig) -> bool:
     if explicit:
         if not 0 <= values["process_id"] < values["num_processes"]:
             raise ConfigError(f"distributed.process_id={values['process_id']} must be in [0, {values['num_processes']})")
-        coordinator_port(values["coordinator"])
         rendezvous(values["coordinator"], values["num_processes"], values["process_id"], config.init_timeout_s)
         jax.distributed.initialize(values["coordinator"], num_processes=values["num_processes"],
                                    process_id=values["process_id"], initialization_timeout=timeout)

@@ -9,6 +9,7 @@ import jax
 from jax._src import compilation_cache as jax_cache  # private: the decompression its reads use
 
 from jaxlm.config import ConfigError
+from jaxlm.corpora.text import file_in_the_way
 from jaxlm.train.storage import in_cloud, run_path
 
 IN_RUN_DIR = "run_dir"  # train.compile_cache: <run_dir>/compile-cache
@@ -25,8 +26,9 @@ def enable(train) -> None:
     in_run_dir = train.compile_cache == IN_RUN_DIR
     where = run_path(train.run_dir) / "compile-cache" if in_run_dir else run_path(train.compile_cache)
     if not in_cloud(where):  # an object in a bucket is written whole or not at all
-        if pathlib.Path(where).exists() and not pathlib.Path(where).is_dir():
-            raise ConfigError(f"train.compile_cache={train.compile_cache}: {where} is a file; name a directory for "
+        blocked = file_in_the_way(pathlib.Path(where))
+        if blocked is not None:
+            raise ConfigError(f"train.compile_cache={train.compile_cache}: {blocked} is a file; name a directory for "
                               "the compiled programs, run_dir (inside the run) or off")
         drop_cut_short(pathlib.Path(where))
     jax.config.update("jax_compilation_cache_dir", str(where))
