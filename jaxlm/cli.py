@@ -97,7 +97,7 @@ def cmd_train(args) -> None:
 def cmd_preflight(args) -> None:
     config = _load(args)
     distributed.initialize(config.distributed)
-    lines = preflight(config)
+    lines, _ = preflight(config)
     if jax.process_index() == 0:
         print("\n".join(["preflight passed:", *(f"  {line}" for line in lines)]))
 
@@ -233,8 +233,8 @@ def _print_converted(out, config, params) -> None:
 
 def cmd_convert_to_hf(args) -> None:
     _quiet_orbax()
-    out = store.check_output(args.out, args.overwrite, args.ckpt)
     registry.family_of(store.checkpoint_config(args.ckpt)[0])
+    out = store.check_output(args.out, args.overwrite, args.ckpt, kept_out_of=checkpoint.resolve(args.ckpt)[0])
     config, params, tokenizer = store.load_checkpoint(args.ckpt)
     try:
         auto_class = store.save_hf(out, config, params, tokenizer, overwrite=args.overwrite)

@@ -57,13 +57,16 @@ class CheckpointTokenizer:
 
 # ---------------------------------------------------------------- writing without losing anything
 
-def check_output(out, overwrite: bool, source=None) -> pathlib.Path:
-    """`out` as a path, after refusing a file, a non-empty directory unless `overwrite`, and the
-    `source` being converted or a directory holding it."""
+def check_output(out, overwrite: bool, source=None, kept_out_of=None) -> pathlib.Path:
+    """`out` as a path, after refusing a file, a non-empty directory unless `overwrite`, the `source` being
+    converted or a directory holding it, and any place inside `kept_out_of` (the checkpoints of a run)."""
     out = pathlib.Path(out)
     source_path = None if source is None else pathlib.Path(source).resolve()
     if source_path is not None and out.resolve() in (source_path, *source_path.parents):
         raise ValueError(f"output {out} would replace the input {source}; choose another output directory")
+    if kept_out_of is not None and pathlib.Path(kept_out_of).resolve() in out.resolve().parents:
+        raise ValueError(f"output {out} lies inside {kept_out_of}, where Orbax keeps the checkpoints; choose an "
+                         "output directory outside it")
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"{out} exists and is not a directory; choose another output directory")
     if out.is_dir() and any(out.iterdir()) and not overwrite:

@@ -185,10 +185,7 @@ def train(config: RunConfig) -> dict:
     step and the reason of an early stop (SIGTERM, Ctrl-C, the time limit), saved at that step. Another
     command writing the same run directory is refused (`run_lock`)."""
     multiprocess = distributed.initialize(config.distributed)
-    preflight(config)
-    _, train_data, valid = open_data(config)
-    for split in (train_data, valid):  # a shard cut short fails here, not at its first batch after compiling
-        split.check_shards()
+    _, (_, train_data, valid) = preflight(config)
     setup = build(config)
     with run_lock.writing(config.train.run_dir):
         return _train(config, setup, train_data, valid, multiprocess)

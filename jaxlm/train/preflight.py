@@ -1,6 +1,7 @@
 """The checks a run makes on every process before any compute (`jaxlm preflight CONFIG` runs them
 alone): the mesh against the devices present, the batch against processes and batch shards, the same
-config and prepared data on every process, a run directory that is writable and shared."""
+config and prepared data on every process, prepared data that fits the run (its tokenizer, model and batch; every
+shard readable), a run directory that is writable and shared."""
 from __future__ import annotations
 
 import hashlib
@@ -13,15 +14,15 @@ from jax.experimental import multihost_utils
 
 from jaxlm import config as config_lib
 from jaxlm.config import ConfigError, RunConfig
-from jaxlm.data.pipeline import MANIFEST, load_manifest
+from jaxlm.data.pipeline import MANIFEST, open_data
 from jaxlm.parallel import distributed
 from jaxlm.parallel.mesh import make_mesh
 from jaxlm.train.storage import run_path
 
 
-def preflight(config: RunConfig) -> list[str]:
+def preflight(config: RunConfig) -> tuple[list[str], tuple]:
     """Every check, on every process (all must call it); raises ConfigError naming the processes at
-    fault; returns what was checked, a line each."""
+    fault; returns what was checked, a line each, and the data it opened: (tokenizer, train split, held-out split)."""
     timeout = config.distributed.barrier_timeout_s
     distributed.barrier("preflight", timeout)
     mesh = make_mesh(config.mesh)
@@ -31,12 +32,15 @@ def preflight(config: RunConfig) -> list[str]:
     same_everywhere("config", config_fingerprint(config), "give every process the same config file and overrides")
     same_everywhere("prepared data", data_fingerprint(config.data.prepared_dir),
                     f"prepare data.prepared_dir={config.data.prepared_dir} once where every process reads it")
-    load_manifest(config.data.prepared_dir)  # no data, on every process alike (checked above): `jaxlm prepare` first
+    data = open_data(config)  # the same on every process (checked above), so any fault is every process's
+    for split in data[1:]:  # a shard cut short fails here, not at its first batch after compiling
+        split.check_shards()
     shared_run_dir(config.train.run_dir, timeout)
     return [f"mesh {dict(mesh.shape)} over {jax.device_count()} devices of {processes} processes",
             f"global batch {batch}: {batch // shards} rows per batch shard, {batch // processes} read by each process",
             "the same config and prepared data on every process",
-            f"train.run_dir={config.train.run_dir} is writable and shared"]
+            f"prepared data: {len(data[1])} train and {len(data[2])} held-out examples, every shard readable",
+            f"train.run_dir={config.train.run_dir} is writable and shared"], data
 
 
 def check_batch(config: RunConfig, mesh) -> None:

@@ -218,6 +218,12 @@ def test_training_run_initialised_from_a_conversion_exports_the_same_weights(tmp
     train(config_lib.load(config))
     output = "".join(capsys.readouterr())
     assert f"initialised from {tmp_path / 'init'}" in output and "leaving out" not in output  # the same depth
+    checkpoints = tmp_path / "run" / "checkpoints"
+    before = snapshot(checkpoints)
+    for source, out in ((tmp_path / "run", checkpoints / "hf"), (checkpoints / "1", checkpoints / "2")):
+        code, _, err = cli(capsys, "convert", "to-hf", source, out, "--overwrite")
+        assert_one_error(code, err, "convert to-hf", f"output {out} lies inside {checkpoints}, where Orbax keeps")
+    assert snapshot(checkpoints) == before
     assert cli(capsys, "convert", "to-hf", tmp_path / "run", tmp_path / "back")[0] == 0
     assert_same_tensors(model, tmp_path / "back")
     assert (tmp_path / "back" / "vocab.txt").is_file()

@@ -9,6 +9,8 @@ import pytest
 
 from conftest import ROOT, free_port, write_config, xla_flags
 
+from jaxlm.cli import main
+
 JAXLM = str(ROOT / ".venv" / "bin" / "jaxlm")
 
 
@@ -89,6 +91,17 @@ def test_no_prepared_data_is_named_by_every_process(config, tmp_path):
     """It once passed ("the same prepared data on every process": none), and `jaxlm train` then stopped at once."""
     for code, output in processes(config, 2, extra=[f"data.prepared_dir={tmp_path / 'none'}"]):
         assert code == 2 and "(manifest.json missing): run `jaxlm prepare CONFIG` first" in output, output
+
+
+def test_prepared_data_that_does_not_fit_the_run_is_named(config, capsys):
+    """Preflight makes train's checks on the data too: it passed a batch larger than the train split, which
+    `jaxlm train` then refused."""
+    assert main(["preflight", str(config), "train.global_batch=1048576", "train.eval_batches=0"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        "jaxlm preflight: error: the train split has ")
+    assert main(["preflight", str(config), "train.global_batch=8192"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        "jaxlm preflight: error: the valid split has ")
 
 
 def test_a_mesh_that_does_not_fit_the_devices(config):
