@@ -13,12 +13,13 @@ from jaxlm import families
 from jaxlm.corpora.text import check_file
 from jaxlm.data.settings import DataConfig, check_data
 from jaxlm.models.config import TransformerConfig
-from jaxlm.models.presets import model_config
+from jaxlm.models.presets import PRESETS, model_config
 from jaxlm.nn.dropout import HASHED
 from jaxlm.parallel.rules import PRESETS as RULES
 from jaxlm.train.optim import OPTIMIZERS
 
 NONFINITE = ("stop", "skip")
+DISTRIBUTED_ENABLED = ("auto", "true", "false")
 # train.dropout_rng -> jax.random.key impl (hash: masks hashed where they are applied, jaxlm.nn.dropout.HASHED)
 DROPOUT_RNGS = {"threefry": "threefry2x32", "rbg": "rbg", "hash": HASHED}
 
@@ -274,6 +275,9 @@ def from_dict(tree: dict) -> RunConfig:
         raise ConfigError(f"section {scalar} must be a mapping of its keys to values (key: value, one per line "
                           f"below `{scalar}:`), got {tree[scalar]!r}")
     model_values = typed_values(TransformerConfig(), dict(tree.get("model") or {}), "model")
+    if "preset" in model_values and model_values["preset"] in (None, ""):
+        raise ConfigError(f"model.preset is empty; name one of {', '.join(PRESETS)}, or leave the key out for "
+                          "no preset")
     try:
         model = model_config(model_values.pop("preset", None), **model_values)
         model.validate()
@@ -412,7 +416,7 @@ def validate(config: RunConfig) -> None:
 
 
 def validate_run(config: RunConfig) -> None:
-    """Checks of the optimiser, mesh and train sections, which pretraining and fine-tuning share."""
+    """Checks of the optimiser, mesh, train and distributed sections, which pretraining and fine-tuning share."""
     train, optim = config.train, config.optim
     if optim.name not in OPTIMIZERS:
         raise ConfigError(f"optim.name={optim.name!r}; choose one of {', '.join(OPTIMIZERS)}")
@@ -450,3 +454,17 @@ def validate_run(config: RunConfig) -> None:
             raise ConfigError(f"train.{name} must be positive, got {getattr(train, name)}")
     if train.eval_batches < 0:
         raise ConfigError(f"train.eval_batches must be 0 (no held-out evaluation) or more, got {train.eval_batches}")
+    check_distributed(config.distributed)
+
+
+def check_distributed(dist: DistributedConfig) -> None:
+    """The distributed section's values, checked whether or not this run starts the distributed runtime."""
+    if dist.enabled not in DISTRIBUTED_ENABLED:
+        raise ConfigError(f"distributed.enabled={dist.enabled!r}; choose auto, true or false")
+    for name, least, meaning in (("num_processes", 0, "0: from the cluster"), ("process_id", -1, "-1: from the cluster"),
+                                 ("local_device_count", 0, "0: every device")):
+        if getattr(dist, name) < least:
+            raise ConfigError(f"distributed.{name}={getattr(dist, name)} must be {least} or more ({meaning})")
+    for name in ("init_timeout_s", "barrier_timeout_s"):
+        if not getattr(dist, name) > 0:
+            raise ConfigError(f"distributed.{name}={getattr(dist, name):g} must be above 0: seconds to wait")

@@ -75,7 +75,11 @@ def parse_tasks(specs: Sequence[str]) -> list[Task]:
     """Tasks from comma-separated specs, in order, without repeats."""
     tasks: list[Task] = []
     for spec in specs:
-        for part in spec.split(","):
+        parts = spec.split(",")
+        if len(parts) > 1 and not all(part.strip() for part in parts):
+            raise ValueError(f"--tasks {spec!r} has an empty task between its commas; name a task in each place "
+                             "(heldout, ppl:FILE or choice:FILE.json[@K]) or drop the extra comma")
+        for part in parts:
             if part.strip():
                 task = parse_task(part)
                 if task in tasks:

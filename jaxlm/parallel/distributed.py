@@ -38,8 +38,6 @@ def settings(config: DistributedConfig) -> dict:
 
 def initialize(config: DistributedConfig) -> bool:
     """Start the distributed runtime if needed; returns whether this is a multi-process run."""
-    if config.enabled not in ("auto", "true", "false"):
-        raise ConfigError(f"distributed.enabled={config.enabled!r}; choose auto, true or false")
     if config.enabled == "false":
         return False
     values = settings(config)

@@ -283,6 +283,14 @@ def test_a_bad_include_is_named_with_the_file_that_includes_it(tmp_path):
     ("train.seed=1e30", "train.seed=1000000000000000019884624838656 is too large"),
     ("train.run_dir=[a, b]", "train.run_dir takes one value, got ['a', 'b']"),  # a folder named "['a', 'b']"
     ("data.corpus=[[a]]", "data.corpus must be a list of names, got [['a']]"),  # an AttributeError's traceback
+    ("model.preset=", "model.preset is empty; name one of bert-tiny, "),  # trained a 768-wide default model
+    # accepted until a run was distributed
+    ("distributed.num_processes=-2", "distributed.num_processes=-2 must be 0 or more (0: from the cluster)"),
+    ("distributed.process_id=-5", "distributed.process_id=-5 must be -1 or more (-1: from the cluster)"),
+    ("distributed.local_device_count=-1", "distributed.local_device_count=-1 must be 0 or more"),
+    ("distributed.init_timeout_s=0", "distributed.init_timeout_s=0 must be above 0: seconds to wait"),
+    ("distributed.barrier_timeout_s=-3", "distributed.barrier_timeout_s=-3 must be above 0"),
+    ("distributed.enabled=maybe", "distributed.enabled='maybe'; choose auto, true or false"),
 ])
 def test_numbers_and_text_a_setting_cannot_take_are_named(override, expected):
     with pytest.raises(ConfigError) as refused:

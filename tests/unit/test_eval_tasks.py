@@ -122,6 +122,14 @@ def test_two_tasks_of_the_same_name_are_refused(tmp_path):
         tasks.parse_tasks([f"ppl:{tmp_path / 'a' / 'test.txt'},ppl:{tmp_path / 'b' / 'test.txt'}"])
 
 
+def test_an_empty_task_between_commas_is_refused():
+    """`heldout,,heldout` once ran heldout alone: a task left out of the list (an empty variable) went unnoticed."""
+    for spec in ("heldout,,heldout", "heldout,"):
+        with pytest.raises(ValueError, match="has an empty task between its commas"):
+            tasks.parse_tasks([spec])
+    assert tasks.parse_tasks(["heldout", "heldout"]) == tasks.parse_tasks(["heldout"])
+
+
 def test_the_named_choice_tasks_are_real_questions_with_one_correct_choice_each():
     for name, path in choice_tasks(*CHOICE_TASKS).items():
         task = tasks.load_choice_task(path)
