@@ -14,6 +14,28 @@ from jaxlm.data.tokenizers.roles import special_ids
 
 # --- token classification ---------------------------------------------------------------------
 
+ENTITY_PREFIXES = ("B", "I", "E", "S")  # the boundaries seqeval's default mode reads (IOB1, IOB2, IOBES)
+
+
+def names_entities(tags) -> bool:
+    """Whether a tag set names entities (each tag O or PREFIX-TYPE: B-PER, I-PER), scored by entity F1, rather
+    than being tags of their own (parts of speech), scored by accuracy alone. A set that mixes the two is a
+    ValueError naming a tag that is neither."""
+    def entity(tag):
+        prefix, _, kind = tag.partition("-")
+        return tag == "O" or (prefix in ENTITY_PREFIXES and bool(kind))
+
+    odd = sorted(tag for tag in tags if not entity(tag))
+    if not odd:
+        return True
+    named = sorted(tag for tag in tags if tag != "O" and entity(tag))
+    if not named:
+        return False
+    raise ValueError(f"tag {odd[0]!r} is neither O nor an entity tag (B-TYPE or I-TYPE), as others are "
+                     f"({', '.join(named[:3])}); fix the tag, or tag every word with tags of its own (NN, VB) for "
+                     "tagging scored by accuracy")
+
+
 
 def entity_scores(gold: list[list[str]], predicted: list[list[str]], scheme: str = "IOB2",
                   strict: bool = False) -> dict:

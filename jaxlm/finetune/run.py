@@ -161,6 +161,7 @@ def plan(config: RunConfig, source: Source) -> Plan:
     task = TASKS[settings.task]
     records = {split: read_split(task, config, split) for split in SPLITS if getattr(settings, split)}
     labels = task.labels(settings, records["train"])
+    settings = dataclasses.replace(settings, labels=labels)
     for split, split_records in records.items():
         task.check(split_records, labels, f"finetune.{split}={getattr(settings, split)}", settings)
     metric = task.metric_for(settings, records.get("dev") or records["train"])
@@ -175,7 +176,7 @@ def plan(config: RunConfig, source: Source) -> Plan:
     steps_per_epoch = math.ceil(len(rows["train"]) / batch)
     total = max(1, math.ceil(settings.epochs * steps_per_epoch))
     config = dataclasses.replace(
-        config, finetune=dataclasses.replace(settings, labels=labels),
+        config, finetune=settings,
         train=dataclasses.replace(config.train, steps=total, checkpoint_every=total, eval_every=total),
         optim=dataclasses.replace(config.optim, warmup_steps=int(settings.warmup_ratio * total)))
     eval_every = max(1, steps_per_epoch // settings.evals_per_epoch)

@@ -230,7 +230,8 @@ def tag_rows(ctx: Context, records: list[dict], labelled: bool) -> Rows:
 
 
 class TokenClassification(Task):
-    """A tag per word (BIO/IOB2 for entities), predicted at its first subword; entity F1 by seqeval."""
+    """A tag per word, predicted at its first subword: entity tags (BIO/IOB2) scored by seqeval's entity F1 and
+    tag accuracy, other tags (parts of speech) by tag accuracy alone."""
 
     name = "token_classification"
     own_settings = ("crf",)
@@ -238,7 +239,9 @@ class TokenClassification(Task):
     input_roles = ("words",)
 
     def metric_names(self, settings, records):
-        return ("f1", "precision", "recall", "tag_accuracy")
+        if metrics.names_entities(settings.labels):
+            return ("f1", "precision", "recall", "tag_accuracy")
+        return ("tag_accuracy",)
 
     def labels(self, settings, train):
         return task_data.label_list(train, settings.labels, field="tags")
@@ -246,6 +249,10 @@ class TokenClassification(Task):
     def check(self, records, labels, where, settings):
         task_data.check_tag_lengths(records, where)
         task_data.check_labels(records, labels, where, field="tags")
+        try:
+            metrics.names_entities(labels)
+        except ValueError as err:
+            raise ValueError(f"{where} (or finetune.labels): {err}") from None
 
     def objective(self, ctx):
         family, settings = ctx.family, ctx.settings
@@ -279,15 +286,17 @@ class TokenClassification(Task):
         return predictions
 
     def score(self, ctx, predictions, records):
-        scores = metrics.entity_scores([r["tags"] for r in records], [p["tags"] for p in predictions])
         gold = [t for r in records for t in r["tags"]]
-        predicted = [t for p in predictions for t in p["tags"]]
-        return {"f1": scores["f1"], "precision": scores["precision"], "recall": scores["recall"],
-                "tag_accuracy": metrics.accuracy(gold, predicted)}
+        accuracy = {"tag_accuracy": metrics.accuracy(gold, [t for p in predictions for t in p["tags"]])}
+        if not metrics.names_entities(ctx.labels):
+            return accuracy
+        scores = metrics.entity_scores([r["tags"] for r in records], [p["tags"] for p in predictions])
+        return {"f1": scores["f1"], "precision": scores["precision"], "recall": scores["recall"]} | accuracy
 
     def baseline(self, ctx, train, records):
-        return {"f1": 0.0, "tag_accuracy": metrics.majority_baseline([t for r in train for t in r["tags"]],
-                                                                     [t for r in records for t in r["tags"]])}
+        accuracy = {"tag_accuracy": metrics.majority_baseline([t for r in train for t in r["tags"]],
+                                                              [t for r in records for t in r["tags"]])}
+        return ({"f1": 0.0} if metrics.names_entities(ctx.labels) else {}) | accuracy
 
 
 class SpanLabelling(TokenClassification):
@@ -297,6 +306,13 @@ class SpanLabelling(TokenClassification):
 
     name = "span_labelling"
     own_settings = ("max_span_length",)
+
+    def check(self, records, labels, where, settings):
+        super().check(records, labels, where, settings)
+        if not metrics.names_entities(labels):
+            raise ValueError(f"{where}: span_labelling finds entities, and tags {', '.join(labels[:3])} name none "
+                             "(give O, B-TYPE and I-TYPE tags); finetune.task=token_classification tags words with "
+                             "tags of their own")
 
     def objective(self, ctx):
         types = spans.entity_types(ctx.labels)

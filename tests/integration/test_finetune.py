@@ -180,6 +180,8 @@ def bad_cases(tmp_path, minilm):
                                "answers": [{"text": "Bob", "answer_start": 2}]}) + "\n")
     tags = tmp_path / "tags.jsonl"
     tags.write_text(json.dumps({"words": ["Ann", "met", "Bob"], "tags": ["B-person", "O"]}) + "\n")
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(json.dumps({"words": ["Ann", "met", "Bob"], "tags": ["B-person", "O", "X-person"]}) + "\n")
     classify = {"task": "sequence_classification", "init_from": str(minilm), "train": "polarity:train"}
     return {
         "label unseen in train": ({**classify, "dev": str(unseen)}, ["record 1 has label 'neutral'", "known: negative"]),
@@ -189,6 +191,8 @@ def bad_cases(tmp_path, minilm):
                                   ["answer 'Bob' at 2 is not in its context", "context[2:5] is 'n m'"]),
         "tags and words differ": ({"task": "token_classification", "init_from": str(minilm), "train": str(tags)},
                                   ["3 words but 2 tags"]),
+        "tags that mix entities with others": ({"task": "token_classification", "init_from": str(minilm),
+                                                "train": str(mixed)}, ["tag 'X-person' is neither O nor an entity"]),
         "head that does not fit": ({**classify, "task": "text_to_text"}, ["does not fit a bert model"]),
         "unknown task": ({**classify, "task": "summarise"}, ["finetune.task='summarise'", "question_answering"]),
         "no checkpoint": ({**classify, "init_from": str(tmp_path / "nothing")}, ["finetune.init_from"]),
@@ -198,7 +202,7 @@ def bad_cases(tmp_path, minilm):
 
 
 @pytest.mark.parametrize("case", ["label unseen in train", "missing field", "answer not in context",
-                                  "tags and words differ", "head that does not fit", "unknown task", "no checkpoint",
+                                  "tags and words differ", "tags that mix entities with others", "head that does not fit", "unknown task", "no checkpoint",
                                   "a setting another head reads"])
 def test_bad_input_is_one_line_before_compute(tmp_path, minilm_converted, capsys, case):
     finetune, expected = bad_cases(tmp_path, minilm_converted)[case]

@@ -13,7 +13,7 @@ from seqeval.scheme import IOB2
 from jaxlm.config import ConfigError, FinetuneConfig
 from jaxlm.corpora.models import bert_vocab_path, wnut16_path
 from jaxlm.data.tokenizers.load import load_tokenizer
-from jaxlm.finetune.metrics import (accuracy, average_ranks, entity_scores, macro_f1, majority_baseline,
+from jaxlm.finetune.metrics import (accuracy, average_ranks, entity_scores, macro_f1, majority_baseline, names_entities,
                                     normalize_answer, pearson, spearman, squad_exact_match, squad_f1,
                                     squad_scores, subword_predictions_to_words, word_ids,
                                     word_labels_to_subwords)
@@ -241,8 +241,9 @@ SCORED = [  # (task, settings, predictions, records)
     ("sequence_classification", {}, [{"label": "a"}, {"label": "b"}], [{"label": "a"}, {"label": "a"}]),
     ("sequence_classification", {"regression": True}, [{"score": 0.1}, {"score": 0.5}],
      [{"label": 0.2}, {"label": 0.7}]),
-    ("token_classification", {}, [{"tags": ["B-PER", "O"]}], [{"tags": ["B-PER", "O"]}]),
-    ("span_labelling", {}, [{"tags": ["B-PER", "O"]}], [{"tags": ["O", "O"]}]),
+    ("token_classification", {"labels": ("B-PER", "O")}, [{"tags": ["B-PER", "O"]}], [{"tags": ["B-PER", "O"]}]),
+    ("token_classification", {"labels": ("NN", "VB")}, [{"tags": ["NN", "VB"]}], [{"tags": ["NN", "NN"]}]),
+    ("span_labelling", {"labels": ("B-PER", "O")}, [{"tags": ["B-PER", "O"]}], [{"tags": ["O", "O"]}]),
     ("multiple_choice", {}, [{"choice": 1}], [{"label": 1}]),
     ("question_answering", {}, [{"answer": "Ann"}], [SQUAD_RECORD]),
     ("sentence_embedding", {"loss": "softmax"}, [{"label": "a", "cosine": 0.1}], [{"label": "a"}]),
@@ -259,9 +260,26 @@ def test_each_task_names_the_metrics_it_reports(task_name, settings, predictions
     """`finetune.metric` is checked against metric_names before any compute (it was checked against the step-0
     dev scores, after compiling), so they must be what score reports, the default first."""
     task, config = TASKS[task_name], FinetuneConfig(task=task_name, **settings)
-    scores = task.score(types.SimpleNamespace(settings=config), predictions, records)
+    scores = task.score(types.SimpleNamespace(settings=config, labels=config.labels), predictions, records)
     assert tuple(scores) == task.metric_names(config, records)
     assert task.metric_for(config, records) == tuple(scores)[0]
     assert task.metric_for(dataclasses.replace(config, metric=tuple(scores)[-1]), records) == tuple(scores)[-1]
     with pytest.raises(ConfigError, match=rf"^finetune.metric='bleu': {task_name} reports {', '.join(scores)}$"):
         task.metric_for(dataclasses.replace(config, metric="bleu"), records)
+
+
+def test_entity_tags_are_told_from_tags_of_their_own_and_a_mix_is_refused():
+    """Part-of-speech tags were scored by seqeval as entities ("NN" an entity of type "N"), and that F1 picked the
+    best checkpoint; a tag like X-FOO among BIO tags was taken as an entity."""
+    assert names_entities(("O", "B-PER", "I-PER", "E-LOC", "S-LOC")) and names_entities(("O",))
+    assert not names_entities(("NN", "VB", "DT")) and not names_entities(("O", "NN"))
+    for mixed in (("O", "B-PER", "X-FOO"), ("B-PER", "PER"), ("B-PER", "B-")):
+        with pytest.raises(ValueError, match="is neither O nor an entity tag .B-TYPE or I-TYPE., as others are"):
+            names_entities(mixed)
+    task, settings = TASKS["token_classification"], FinetuneConfig(task="token_classification")
+    with pytest.raises(ValueError, match=r"^finetune.train=t.jsonl \(or finetune.labels\): tag 'X-FOO' is neither"):
+        task.check([{"words": ["Ann", "x"], "tags": ["B-PER", "X-FOO"]}], ("B-PER", "X-FOO"), "finetune.train=t.jsonl",
+                   settings)
+    with pytest.raises(ValueError, match="span_labelling finds entities, and tags NN, VB name none"):
+        TASKS["span_labelling"].check([{"words": ["a"], "tags": ["NN"]}], ("NN", "VB"), "finetune.train=t.jsonl",
+                                      settings)
