@@ -177,6 +177,10 @@ def open_checkpoint(path: epath.PathLike, step: int | None = None
         mngr.close()
 
 
+UNREADABLE_METADATA = "Failed to json parse Metadata file:"  # how Orbax begins its log of a damaged step metadata
+_unreadable_metadata_said: set[str] = set()
+
+
 def quiet_failed_writes() -> None:
     """A failed save is reported once, by the caller. Orbax logs it again from each of its threads with
     the traceback: keep the first line of those records. TensorStore's callbacks then find the save's
@@ -191,9 +195,19 @@ def quiet_failed_writes() -> None:
 
 
 def _orbax_error_in_one_line(record: logging.LogRecord) -> bool:
-    """Orbax's errors without their tracebacks; its notice that a manager opened read-only (as asked) dropped."""
-    if record.getMessage().startswith("Given directory is read only"):
+    """Orbax's errors without their tracebacks; its notice that a manager opened read-only (as asked) dropped;
+    a step's unreadable metadata file (times, which reading the step does not need) said once, as a warning."""
+    message = record.getMessage()
+    if message.startswith("Given directory is read only"):
         return False
+    if message.startswith(UNREADABLE_METADATA):
+        path = message.removeprefix(UNREADABLE_METADATA).split(",", 1)[0].strip()
+        if path in _unreadable_metadata_said:
+            return False
+        _unreadable_metadata_said.add(path)
+        record.levelno, record.levelname, record.args = logging.WARNING, "WARNING", ()
+        record.msg = f"{path} is not valid JSON; it holds the step's times, which reading the checkpoint does not need"
+        return True
     if record.levelno >= logging.ERROR and record.exc_info and "/orbax/" in record.pathname:
         record.msg, record.args = (record.getMessage().strip().splitlines() or [""])[0], ()
         record.exc_info = record.exc_text = None

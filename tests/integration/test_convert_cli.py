@@ -376,6 +376,18 @@ def test_a_damaged_checkpoint_is_one_line_for_to_hf_and_generate(tmp_path, capsy
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
 
 
+def test_an_unreadable_step_metadata_file_is_one_warning(tmp_path, capsys, caplog, converted):
+    """Orbax's step metadata (times) is not needed to read a step: it converts, with one warning where Orbax
+    logged two ERROR lines."""
+    ckpt = shutil.copytree(converted["gpt2"][2], tmp_path / "ckpt")
+    metadata = ckpt / "0" / "_CHECKPOINT_METADATA"
+    metadata.write_text("")
+    assert cli(capsys, "convert", "to-hf", ckpt, tmp_path / "out")[0] == 0
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if "_CHECKPOINT_METADATA" in r.getMessage()]
+    assert said == [("WARNING", f"{metadata} is not valid JSON; it holds the step's times, which reading the "
+                                "checkpoint does not need")]
+
+
 def test_embed_refuses_decoders_missing_input_and_blank_lines(tmp_path, capsys, converted):
     text = tmp_path / "text.txt"
     text.write_text("one sentence\n\nanother\n")
