@@ -92,6 +92,9 @@ CASES = {
     "bert128threefry": ("configs/bert-base.yaml", [*_bert(256, 128), "train.dropout_rng=threefry"], "bert128"),
     "gpt2threefry": ("configs/gpt2-small.yaml", [*_gpt2(16), "train.dropout_rng=threefry"], "gpt2"),
     "t5threefry": (T5_CONFIG, [*T5, "train.dropout_rng=threefry"], "t5"),
+    # GPT-2's rows read as one sequence each, as the peer, GPT-2 and nanoGPT read them: no mask for cuDNN to read as a
+    # bias [batch, 1, 1024, 1024] in every layer (the packed documents' segments)
+    "gpt2crossdoc": ("configs/gpt2-small.yaml", [*_gpt2(16), "model.cross_document_attention=true"], "gpt2"),
     # GPT-2's table and head at 50,257 rows, not the config's 50,304 (model.vocab_multiple=128)
     "gpt2unpadded": ("configs/gpt2-small.yaml", [*_gpt2(16), "model.vocab_multiple=1"], "gpt2"),
     # the layers as one nn.scan: a fifth of the initialiser's compile time on the CPU (T5-base), at what cost

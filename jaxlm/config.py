@@ -396,6 +396,9 @@ def validate(config: RunConfig) -> None:
     if model.logits_chunks and families.get(model.family).layout != "causal":
         raise ConfigError(f"model.logits_chunks={model.logits_chunks} slices a causal LM's logits (gpt2, llama); "
                           f"the {model.family} family's are small, leave it at 0")
+    if model.cross_document_attention and families.get(model.family).layout != "causal":
+        raise ConfigError(f"model.cross_document_attention=true is for decoders on packed rows (gpt2, llama); the "
+                          f"{model.family} family's rows hold no documents to attend across, leave it false")
     if model.logits_chunks and data.max_seq_length % model.logits_chunks:
         raise ConfigError(f"model.logits_chunks={model.logits_chunks} does not divide data.max_seq_length="
                           f"{data.max_seq_length}; choose a divisor")

@@ -96,6 +96,9 @@ class TransformerConfig:
     # logits recomputed in the backward pass, so only [batch, length / logits_chunks, vocab] is ever live
     # (0: the whole logits at once).
     logits_chunks: int = 0
+    # Decoders on packed rows: a row is one sequence, its documents attending to those before them and its positions
+    # running on, as GPT-2 and nanoGPT trained (false: each document attends within itself, positions restart).
+    cross_document_attention: bool = False
     # Token tables, output projections and their biases get rows up to the next multiple of this
     # (Megatron's make-vocab-size-divisible-by, 64 or 128; tensor-parallel meshes need it when the vocabulary
     # does not divide, as GPT-2's 50,257 = 29 x 1,733 never does). The extra rows are never looked up and

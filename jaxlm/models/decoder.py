@@ -47,7 +47,8 @@ class DecoderLayer(nn.Module):
 class Decoder(nn.Module):
     """Token ids [B, T] -> final-normed hidden states [B, T, E].
 
-    `segment_ids` [B, T] keeps packed documents apart and restarts positions in each;
+    `segment_ids` [B, T] keeps packed documents apart and restarts positions in each (unless
+    config.cross_document_attention);
     `padding_mask` [B, T] is true at real (right-padded) tokens. `decode=True` runs on the KV cache
     (see `Attention`): pass `positions`, and a `padding_mask` over the cache slots if any are padding.
     """
@@ -68,6 +69,8 @@ class Decoder(nn.Module):
         cfg = self.config
         if cfg.position_embedding == "learned":
             check_positions(input_ids.shape[1], cfg, "input_ids")
+        if cfg.cross_document_attention:
+            segment_ids = None  # the row is one sequence; the padding mask still keeps its padding out
         if positions is None:
             positions = (jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
                          if segment_ids is None else segment_positions(segment_ids))

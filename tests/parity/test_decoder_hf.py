@@ -2,6 +2,8 @@
 jaxlm.convert.hf_decoder, and a sharded gradient through each on the 8 simulated devices."""
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -69,6 +71,22 @@ def test_packed_documents_match_each_document_alone(family):
     theirs = np.concatenate([torch_logits(model, ids[:, segments[0] == s]) for s in range(3)], axis=1)
     diff = np.abs(ours - theirs).max()
     print(f"random {name} packed-document logits max abs diff: {diff:.3e}")
+    assert diff < ATOL
+
+
+def test_cross_document_attention_reads_a_packed_row_as_one_sequence(family):
+    """model.cross_document_attention: a packed row as GPT-2 trained on it, Hugging Face's logits for the whole row,
+    padding still kept out."""
+    name, model, config, from_hf, _ = family
+    config = dataclasses.replace(config, cross_document_attention=True)
+    params = from_hf(torch_tensors(model), config)
+    ids = random_ids(batch=1, length=16, seed=2)
+    segments = np.repeat([[1, 2, 3, 0]], [6, 5, 3, 2], axis=1)
+    ours = np.asarray(CausalLM(config).apply({"params": params}, jnp.asarray(ids), segment_ids=jnp.asarray(segments),
+                                             padding_mask=jnp.asarray(segments > 0)))
+    real = segments > 0
+    diff = np.abs(ours - torch_logits(model, ids, real))[real].max()
+    print(f"random {name} cross-document logits max abs diff: {diff:.3e}")
     assert diff < ATOL
 
 

@@ -284,6 +284,7 @@ def test_a_bad_include_is_named_with_the_file_that_includes_it(tmp_path):
     ("train.run_dir=[a, b]", "train.run_dir takes one value, got ['a', 'b']"),  # a folder named "['a', 'b']"
     ("data.corpus=[[a]]", "data.corpus must be a list of names, got [['a']]"),  # an AttributeError's traceback
     ("model.preset=", "model.preset is empty; name one of bert-tiny, "),  # trained a 768-wide default model
+    ("model.cross_document_attention=true", "model.cross_document_attention=true is for decoders on packed rows"),
     # accepted until a run was distributed
     ("distributed.num_processes=-2", "distributed.num_processes=-2 must be 0 or more (0: from the cluster)"),
     ("distributed.process_id=-5", "distributed.process_id=-5 must be -1 or more (-1: from the cluster)"),
