@@ -464,8 +464,9 @@ def check_distributed(dist: DistributedConfig) -> None:
     """The distributed section's values, checked whether or not this run starts the distributed runtime."""
     if dist.enabled not in DISTRIBUTED_ENABLED:
         raise ConfigError(f"distributed.enabled={dist.enabled!r}; choose auto, true or false")
-    for name, least, meaning in (("num_processes", 0, "0: from the cluster"), ("process_id", -1, "-1: from the cluster"),
-                                 ("local_device_count", 0, "0: every device")):
+    lower_bounds = (("num_processes", 0, "0: from the cluster"), ("process_id", -1, "-1: from the cluster"),
+                    ("local_device_count", 0, "0: every device"))
+    for name, least, meaning in lower_bounds:
         if getattr(dist, name) < least:
             raise ConfigError(f"distributed.{name}={getattr(dist, name)} must be {least} or more ({meaning})")
     for name in ("init_timeout_s", "barrier_timeout_s"):
