@@ -202,8 +202,9 @@ def bad_cases(tmp_path, minilm):
 
 
 @pytest.mark.parametrize("case", ["label unseen in train", "missing field", "answer not in context",
-                                  "tags and words differ", "tags that mix entities with others", "head that does not fit",
-                                  "unknown task", "no checkpoint", "a setting another head reads"])
+                                  "tags and words differ", "tags that mix entities with others",
+                                  "head that does not fit", "unknown task", "no checkpoint",
+                                  "a setting another head reads"])
 def test_bad_input_is_one_line_before_compute(tmp_path, minilm_converted, capsys, case):
     finetune, expected = bad_cases(tmp_path, minilm_converted)[case]
     config, run_dir = write(tmp_path, "bad", finetune)
