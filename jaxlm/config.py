@@ -161,7 +161,19 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
 
 class _Loader(yaml.SafeLoader):
     """YAML with YAML 1.2's booleans, true and false: off, on, yes and no stay words (`train.compile_cache: off`
-    was read as false, and a cache directory named False made)."""
+    was read as false, and a cache directory named False made); a key given twice in one mapping is an error (YAML
+    kept the last silently: a second `train:` section dropped the first's run_dir)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    problem=f"{key!r} is given twice in one mapping (first on line {seen[key] + 1}), and YAML would "
+                            "keep only the last; merge the two", problem_mark=key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
 
 
 _Loader.yaml_implicit_resolvers = {
@@ -182,7 +194,12 @@ def parse_overrides(overrides: list[str]) -> dict:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like section.key=value (e.g. train.steps=100)")
         key, raw = item.split("=", 1)
-        _set_dotted(tree, key.strip(), read_yaml(raw))
+        try:
+            value = read_yaml(raw)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override {item!r}: {getattr(err, 'problem', None) or 'not YAML'}; give a YAML value "
+                              "(a number, a word, [a, b] or {key: value})") from None
+        _set_dotted(tree, key.strip(), value)
     return tree
 
 
@@ -321,6 +338,8 @@ def file_tree(path: pathlib.Path) -> dict:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
         problem = getattr(err, "problem", None) or "not YAML"
+        if "is given twice" in problem:
+            raise ConfigError(f"{where}: {problem}") from None
         raise ConfigError(f"{where}: {problem}; a config is a YAML mapping of sections (model, data, train, ...)"
                           ) from None
     except UnicodeDecodeError:
@@ -332,7 +351,11 @@ def file_tree(path: pathlib.Path) -> dict:
 
 
 def load(path: str | pathlib.Path, overrides: list[str] = ()) -> RunConfig:
-    return from_dict(merge(load_tree(path), parse_overrides(list(overrides))))
+    tree = load_tree(path)
+    if not tree:
+        raise ConfigError(f"{path} sets nothing; a config names at least its model (model: {{preset: bert-tiny}}) "
+                          "and data (configs/ has one for each family)")
+    return from_dict(merge(tree, parse_overrides(list(overrides))))
 
 
 def unread_settings(path: str | pathlib.Path, overrides: list[str], config: RunConfig) -> list[str]:

@@ -258,6 +258,24 @@ def test_a_section_that_is_not_a_mapping_is_named(tree):
         config_lib.from_dict(tree)
 
 
+def test_a_key_given_twice_and_a_config_that_sets_nothing_are_refused(tmp_path):
+    """A second `train:` section silently replaced the first (its run_dir lost, a fresh run in runs/default), and a
+    file of comments trained every default."""
+    twice = tmp_path / "twice.yaml"
+    twice.write_text(f"include: {BERT_TINY}\ntrain:\n  run_dir: mine\nmodel: {{}}\ntrain:\n  steps: 3\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{twice}:5: 'train' is given twice in one mapping (first on "
+                                                    "line 2), and YAML would keep only the last; merge the two")):
+        config_lib.load(twice)
+    with pytest.raises(ConfigError, match="override 'train={steps: 3, steps: 4}': 'steps' is given twice"):
+        config_lib.load(BERT_TINY, ["train={steps: 3, steps: 4}"])
+    with pytest.raises(ConfigError, match=re.escape("override 'train.steps=[1': expected ',' or ']', but got")):
+        config_lib.load(BERT_TINY, ["train.steps=[1"])  # once a YAML parser's traceback
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing yet\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{empty} sets nothing; a config names at least its model")):
+        config_lib.load(empty)
+
+
 def test_a_bad_include_is_named_with_the_file_that_includes_it(tmp_path):
     """An include that loops was a RecursionError's traceback, a list a TypeError's; a missing one did not say
     which file named it."""
