@@ -26,7 +26,7 @@ from jaxlm.config import ConfigError
 from jaxlm.convert import registry, store
 from jaxlm.convert.names import flatten
 from jaxlm.corpora.models import PACKAGED_MODELS
-from jaxlm.corpora.text import file_in_the_way
+from jaxlm.corpora.text import check_writable, file_in_the_way
 from jaxlm.data.bench import bench_data, format_data_table, median_rows
 from jaxlm.data.pipeline import open_data
 from jaxlm.data.prepare import Terminated, already_prepared, prepare, preparation_settings
@@ -130,9 +130,11 @@ def cmd_bench(args) -> None:
         return cmd_bench_data(args)
     _refuse_other_mode(args, BENCH_DATA_DEFAULTS, "is an option of `jaxlm bench data` (the input pipeline), not of "
                        "the train step's bench: drop it, or put data before the config")
-    blocked = file_in_the_way(args.profile) if args.profile else None
-    if blocked is not None:
-        raise ConfigError(f"--profile {args.profile}: {blocked} is a file; give a directory for the trace")
+    if args.profile:
+        blocked = file_in_the_way(args.profile)
+        if blocked is not None:
+            raise ConfigError(f"--profile {args.profile}: {blocked} is a file; give a directory for the trace")
+        check_writable(args.profile, f"--profile {args.profile}")
     if args.compile_only and args.profile:
         raise ConfigError("--compile-only times nothing, so there is nothing to profile: drop --profile or "
                           "--compile-only")

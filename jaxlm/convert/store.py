@@ -19,7 +19,7 @@ import safetensors.numpy
 from jaxlm import config as config_lib
 from jaxlm import families
 from jaxlm.convert import registry
-from jaxlm.corpora.text import utf8_text
+from jaxlm.corpora.text import check_writable, utf8_text
 from jaxlm.data.sources import resolve_vocab
 from jaxlm.data.tokenizers.load import NAME_IN_A_DIRECTORY, load_tokenizer
 from jaxlm.data.tokenizers.roles import special_ids
@@ -72,6 +72,7 @@ def check_output(out, overwrite: bool, source=None, kept_out_of=None) -> pathlib
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(f"{out} exists and is not empty; pass --overwrite to replace it, "
                               "or choose another output directory")
+    check_writable(out.absolute().parent, f"output {out}")  # the output is staged beside it
     return out
 
 

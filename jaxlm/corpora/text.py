@@ -5,6 +5,7 @@ from __future__ import annotations
 import pathlib
 import re
 import sys
+import tempfile
 from typing import Iterable, Iterator, Sequence
 
 _BOUNDARY = re.compile(r"[.!?]+[\"')\]\u2019\u201d]*\s+(?=[A-Z0-9\"'(\[\u2018\u201c])")
@@ -98,6 +99,20 @@ def check_output_file(path: pathlib.Path, overwrite: bool, input_files: Sequence
         raise FileNotFoundError(f"--output {path}: directory {blocked} is a file")
     if not parent.is_dir() and not makes_parents:
         raise FileNotFoundError(f"--output {path}: directory {parent} does not exist")
+    check_writable(parent, f"--output {path}")
+
+
+def check_writable(directory: pathlib.Path, what: str) -> None:
+    """A PermissionError saying that `what` cannot be written in `directory`, or in the directory above it that exists
+    (a read-only disk, no permission), found by making and removing a file there: before the work whose result would
+    have nowhere to go."""
+    directory = pathlib.Path(directory).absolute()
+    directory = next(p for p in (directory, *directory.parents) if p.is_dir())
+    try:
+        tempfile.NamedTemporaryFile(dir=directory).close()
+    except OSError as err:
+        raise PermissionError(f"{what}: cannot write in {directory} ({err.strerror}); choose a directory you can "
+                              "write to") from None
 
 
 def utf8_text(path: pathlib.Path) -> str:

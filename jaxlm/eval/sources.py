@@ -15,6 +15,7 @@ from jaxlm import config as config_lib
 from jaxlm import families
 from jaxlm.config import ConfigError, MeshConfig, RunConfig
 from jaxlm.convert import store
+from jaxlm.corpora.text import check_writable
 from jaxlm.data.sources import model_tokenizer
 from jaxlm.data.settings import DataConfig
 from jaxlm.models.presets import model_config
@@ -210,3 +211,4 @@ def check_out(out: pathlib.Path, sources: list[Source]) -> None:
             if target == guarded or guarded in target.parents:
                 raise ValueError(f"--out {out} lies inside {guarded}; the evaluator never writes into a run or "
                                  "checkpoint directory: choose an --out outside it (default: eval/)")
+    check_writable(out, f"--out {out}")

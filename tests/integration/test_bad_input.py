@@ -163,6 +163,12 @@ def test_bench_refuses_a_profile_path_that_is_a_file(tiny_config, tmp_path):
         assert "Traceback" not in proc.stderr and target.read_text() == "kept"
 
 
+def test_bench_refuses_a_profile_directory_it_cannot_write_in(tiny_config):
+    """It ran the whole bench, then said the trace could not be summarised, and exited 0."""
+    proc = run_cli("bench", tiny_config(), "--profile", "/sys/trace", check=False)
+    assert proc.returncode == 2 and "--profile /sys/trace: cannot write in /sys" in proc.stderr, proc.stderr[-2000:]
+
+
 def test_bench_refuses_to_profile_a_compile_only_run(tiny_config, tmp_path):
     proc = run_cli("bench", tiny_config(), "--compile-only", "--profile", str(tmp_path / "trace"), check=False)
     assert proc.returncode == 2 and "--compile-only times nothing" in proc.stderr and "Traceback" not in proc.stderr

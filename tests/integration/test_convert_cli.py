@@ -312,6 +312,8 @@ def test_existing_output_is_refused_and_untouched(tmp_path, capsys, converted):
         assert snapshot(out) == before
     code, _, err = cli(capsys, "convert", "to-hf", converted["gpt2"][2], converted["gpt2"][2], "--overwrite")
     assert_one_error(code, err, "convert to-hf", "would replace the input")
+    code, _, err = cli(capsys, "convert", "to-hf", converted["gpt2"][2], "/sys/gpt2")
+    assert_one_error(code, err, "convert to-hf", "output /sys/gpt2: cannot write in /sys")
     assert cli(capsys, "convert", "from-hf", converted["gpt2"][1], out, "--overwrite")[0] == 0
     assert not (out / "keep.txt").exists() and store.load_checkpoint(out)[0].family == "gpt2"
 

@@ -154,13 +154,15 @@ def bad_cases(run_dir, tmp_path, minilm):
         "shape-changing override": ([run_dir, "model.hidden_size=32"],
                                     ["change the parameters' shapes", "['encoder']"]),
         "out inside the run": ([run_dir, "--out", run_dir / "eval"], ["lies inside", "never writes into a run"]),
+        "out where nothing can be written": ([run_dir, "--out", "/sys/eval"],
+                                             ["--out /sys/eval: cannot write in /sys"]),
         "bad selection": ([run_dir, "--select", "every:0"], ["--select 'every:0'", "every:N"]),
     }
 
 
 CASE_NAMES = ["no checkpoint", "selection matches none", "a selected step missing", "unknown task",
               "not BIG-bench JSON", "no way to score", "heldout of a converted checkpoint", "shape-changing override",
-              "out inside the run", "bad selection"]
+              "out inside the run", "out where nothing can be written", "bad selection"]
 
 
 @pytest.mark.parametrize("case", CASE_NAMES)

@@ -335,6 +335,14 @@ def test_an_output_file_inside_a_file_is_named_as_such(tmp_path):
     check_output_file(tmp_path / "new" / "p.jsonl", overwrite=False, makes_parents=True)
 
 
+def test_an_output_where_nothing_can_be_written_is_refused_before_the_work():
+    """tokenizer train and embed did all their work, then failed on a temporary file's name. sysfs takes no new
+    files, from root either."""
+    for path, makes_parents in ((pathlib.Path("/sys/v.txt"), False), (pathlib.Path("/sys/a/b/v.txt"), True)):
+        with pytest.raises(PermissionError, match=re.escape(f"--output {path}: cannot write in /sys (")):
+            check_output_file(path, overwrite=False, makes_parents=makes_parents)
+
+
 def test_a_fine_tune_into_a_directory_with_checkpoints_is_refused(tmp_path):
     """A pretraining run's directory was said to hold "a fine-tune's checkpoints"."""
     (tmp_path / "checkpoints" / "20").mkdir(parents=True)
