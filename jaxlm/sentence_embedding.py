@@ -110,7 +110,7 @@ def embed(config: TransformerConfig, params, token_ids: Sequence[Sequence[int]],
     compute = jax.jit(pooled_fn(config, pooling, normalize), in_shardings=(replicated, rows, rows),
                       out_shardings=rows, compiler_options=project_xla_options(devices) or None)
     params = jax.device_put(params, replicated)
-    batch = round_up(batch_size, len(devices))
+    batch = round_up(min(batch_size, len(token_ids)), len(devices))  # no more rows than sentences to pad to
     order = sorted(range(len(token_ids)), key=lambda i: len(token_ids[i]))
     out = np.zeros((len(token_ids), config.hidden_size), np.float32)
     for start in range(0, len(order), batch):

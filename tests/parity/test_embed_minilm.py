@@ -83,6 +83,12 @@ def test_cls_pooled_embeddings_match_transformers(setup, reference):
     assert np.abs(vectors - theirs).max() < 1e-4
 
 
+def test_a_batch_larger_than_the_input_takes_the_input_in_one_batch(setup, reference):
+    """Every batch was padded to --batch-size rows: 10^8 of them ended in an XLA abort (SIGABRT)."""
+    vectors = run_embed(setup, "huge", "--pooling", "cls", "--batch-size", str(10 ** 8))
+    assert np.abs(vectors - reference[1]).max() < 1e-4
+
+
 def test_long_sentences_are_truncated_as_transformers_truncates(setup, tmp_path):
     """Lines longer than --max-length keep their first tokens and the closing [SEP]."""
     root, sentences = setup
