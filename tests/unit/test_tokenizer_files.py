@@ -91,3 +91,69 @@ def test_a_bad_byte_level_bpe_pair_is_refused_in_one_line(tmp_path, encoder, mer
     with pytest.raises(ValueError) as refused:
         load_tokenizer(tmp_path)
     assert str(refused.value) == f"{tmp_path / bad}{error}; {BPE_FIX}"
+
+
+@pytest.mark.parametrize("name, pair", [("encoder.json", "encoder.json and vocab.bpe"),
+                                        ("vocab.bpe", "encoder.json and vocab.bpe"),
+                                        ("vocab.json", "vocab.json and merges.txt"),
+                                        ("merges.txt", "vocab.json and merges.txt")])
+def test_one_file_of_a_byte_level_bpe_pair_asks_for_its_directory(name, pair, tmp_path, capsys):
+    """encoder.json was "not a tokenizers JSON file", vocab.bpe an "unknown tokenizer", and merges.txt a WordPiece
+    vocab that "has no [UNK] token"."""
+    gpt2 = gpt2_tokenizer_dir()
+    path = tmp_path / name
+    path.write_bytes((gpt2 / ("encoder.json" if name.endswith(".json") else "vocab.bpe")).read_bytes())
+    text = write(tmp_path, "input.txt", b"Hello world\n")
+    assert main(["tokenize", "--tokenizer", str(path), "--input", str(text)]) == 2
+    assert capsys.readouterr().err == (f"jaxlm tokenize: error: {path} is one file of a byte-level BPE pair; give the "
+                                       f"directory that holds both {pair}\n")
+
+
+def test_a_vocab_and_merges_of_two_tokenizers_are_refused_in_one_line(tmp_path):
+    """A merge of symbols the vocabulary lacks was the tokenizers library's "Error while initializing BPE"."""
+    vocab = write(tmp_path, "vocab.json", (gpt2_tokenizer_dir() / "encoder.json").read_bytes())
+    merges = write(tmp_path, "merges.txt", "#version: 0.2\n\u0120 t\nzzz qqq\n".encode())
+    with pytest.raises(ValueError) as refused:
+        load_tokenizer(tmp_path)
+    assert str(refused.value) == (f"{merges}: the merge zzz qqq needs 'zzz', which {vocab} lacks: the two files do not "
+                                  "belong together; give the vocabulary and merges of one tokenizer")
+    merges.write_text("#version: 0.2\n\u0120the \u0120the\n", encoding="utf-8")  # two tokens, merged into none
+    with pytest.raises(ValueError, match="the merge \u0120the \u0120the needs '\u0120the\u0120the', which"):
+        load_tokenizer(tmp_path)
+
+
+@pytest.mark.parametrize("config, error", [
+    ("[1, 2]", ' is not a JSON object; give settings such as {"do_lower_case": true}'),  # was an AttributeError
+    ('{"do_lower_case": "no"}', ': do_lower_case is "no"; give true or false'),  # these three were TypeErrors
+    ('{"do_lower_case": null}', ": do_lower_case is null; give true or false"),
+    ('{"strip_accents": 1}', ": strip_accents is 1; give true, false or null (as do_lower_case)"),
+])
+def test_a_bad_tokenizer_config_next_to_a_vocab_txt_is_refused_in_one_line(config, error, tmp_path):
+    write(tmp_path, "vocab.txt", b"[UNK]\nhello\n")
+    path = write(tmp_path, "tokenizer_config.json", config.encode())
+    with pytest.raises(ValueError) as refused:
+        load_tokenizer(tmp_path)
+    assert str(refused.value) == f"{path}{error}"
+
+
+def test_a_tokenizer_config_may_leave_strip_accents_null(tmp_path):
+    """As transformers' BertTokenizer: null strips accents where it lower-cases."""
+    write(tmp_path, "vocab.txt", "[UNK]\ncafe\ncafé\nCafé\n".encode())
+    for lowercase, pieces in (("true", ["cafe"]), ("false", ["Café"])):
+        write(tmp_path, "tokenizer_config.json", f'{{"do_lower_case": {lowercase}, "strip_accents": null}}'.encode())
+        tokenizer = load_tokenizer(tmp_path)
+        assert [tokenizer.backend.id_to_token(i) for i in tokenizer.encode("Café")] == pieces
+
+
+@pytest.mark.parametrize("name, fix", [("myvocab", "myvocab.txt"), ("myvocab.json", "myvocab.txt"),
+                                       ("merges.txt", "vocab.txt"), ("vocab.json", "vocab.txt")])
+def test_tokenizer_train_refuses_an_output_the_loader_would_not_read_back(name, fix, tmp_path, capsys):
+    """It trained and wrote a vocab that `jaxlm tokenize` then called an unknown tokenizer (or not tokenizers JSON)."""
+    text = write(tmp_path, "input.txt", b"the cat sat on the mat\n" * 20)
+    output = tmp_path / name
+    assert main(["tokenizer", "train", "--input", str(text), "--vocab-size", "100", "--output", str(output)]) == 2
+    why = ("would be read back as one file of a byte-level BPE pair" if name in ("merges.txt", "vocab.json") else
+           "would not be read back as a WordPiece vocab, which is a .txt file")
+    error = f"--output {output} {why}; name it {tmp_path / fix}"
+    assert capsys.readouterr().err == f"jaxlm tokenizer train: error: {error}\n"
+    assert not output.exists()

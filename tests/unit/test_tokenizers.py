@@ -11,6 +11,7 @@ from oracles.bpe import Gpt2Oracle
 from oracles.wordpiece import WordPieceOracle, basic_tokenize
 
 from jaxlm import families
+from jaxlm.cli import main
 from jaxlm.corpora.models import bert_vocab_path, gpt2_tokenizer_dir, minilm_dir, sentencepiece_test_dir
 from jaxlm.corpora.registry import fetch_austen, fetch_demo_corpus
 from jaxlm.data.tokenizers.bpe import Gpt2Tokenizer
@@ -321,6 +322,18 @@ def test_tokenize_cli_google_test_vocab(capsys, tmp_path):
     text.write_text("UNWANTED running\n", encoding="utf-8")
     assert tokenize(capsys, vocab, text, pieces=True) == ["un ##want ##ed runn ##ing"]
     assert tokenize(capsys, vocab, text, pieces=True, cased=True) == ["[UNK] runn ##ing"]  # read as cased
+
+
+def test_tokenizer_train_names_min_frequency_where_it_may_have_stopped_the_merges(tmp_path, capsys):
+    """A vocabulary cut short by --min-frequency was said to have "no pair left to merge", as if the text had none."""
+    text = tmp_path / "input.txt"
+    text.write_text("the cat sat on the mat\n" * 20, encoding="utf-8")
+    argv = ["tokenizer", "train", "--input", str(text), "--vocab-size", "100", "--output", str(tmp_path / "vocab.txt"),
+            "--overwrite", "--min-frequency"]
+    assert main([*argv, "1000"]) == 0
+    assert "tokens (asked for 100: no pair seen --min-frequency 1000 times left to merge) in" in capsys.readouterr().out
+    assert main([*argv, "1"]) == 0
+    assert "tokens (asked for 100: no pair left to merge) in" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------- the resolver: every spec, one interface

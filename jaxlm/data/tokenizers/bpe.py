@@ -72,7 +72,14 @@ class Gpt2Tokenizer(RustTokenizer):
         for path in paths:
             if not path.is_file():
                 raise FileNotFoundError(f"GPT-2 tokenizer file not found: {path}")
-        return cls(load_encoder(paths[0]), load_merges(paths[1]), paths)
+        encoder, merges = load_encoder(paths[0]), load_merges(paths[1])
+        for left, right in merges:
+            missing = next((token for token in (left, right, left + right) if token not in encoder), None)
+            if missing is not None:
+                raise ValueError(f"{paths[1]}: the merge {left} {right} needs {missing!r}, which {paths[0]} lacks: "
+                                 "the two files do not belong together; give the vocabulary and merges of one "
+                                 "tokenizer")
+        return cls(encoder, merges, paths)
 
     def fingerprint(self) -> str:
         h = hashlib.sha256(json.dumps(self.encoder, sort_keys=True).encode())

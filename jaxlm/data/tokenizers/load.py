@@ -2,6 +2,7 @@
 to a tokenizer, for `jaxlm prepare`/`train` (data.vocab), `tokenize`, `embed` and `generate`."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from jaxlm.corpora.models import PACKAGED_TOKENIZERS
@@ -12,6 +13,7 @@ from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer
 from jaxlm.jsonfile import read_json
 
 BPE_FILES = (("encoder.json", "vocab.bpe"), ("vocab.json", "merges.txt"))  # GPT-2's names, Hugging Face's
+BPE_PAIR_OF = {name: pair for pair in BPE_FILES for name in pair}
 SPEC_FORMS = (f"a packaged name ({', '.join(PACKAGED_TOKENIZERS)}), a WordPiece vocab.txt, a SentencePiece "
               ".model, a tokenizer.json, or a directory holding tokenizer.json, vocab.txt (with "
               "tokenizer_config.json's do_lower_case), spiece.model, encoder.json + vocab.bpe or vocab.json + "
@@ -34,6 +36,9 @@ def load_tokenizer(spec, lowercase: bool = True, sentinels: int = 0):
     path = tokenizer_path(spec)
     if path.is_dir():
         return _from_directory(path, lowercase, sentinels)
+    if path.name in BPE_PAIR_OF:
+        raise ValueError(f"{path} is one file of a byte-level BPE pair; give the directory that holds both "
+                         f"{' and '.join(BPE_PAIR_OF[path.name])}")
     if path.suffix == ".model":
         return SentencePieceTokenizer(path, sentinels=sentinels)
     if path.suffix == ".json":
@@ -49,13 +54,28 @@ def _from_directory(path: Path, lowercase: bool, sentinels: int):
     if (path / "tokenizer.json").is_file():
         return RustTokenizer.from_file(path / "tokenizer.json")
     if (path / "vocab.txt").is_file():
-        settings = path / "tokenizer_config.json"
-        settings = read_json(settings) if settings.is_file() else {}
-        return WordPieceTokenizer(path / "vocab.txt", lowercase=settings.get("do_lower_case", lowercase),
-                                  strip_accents=settings.get("strip_accents"))
+        lowercase, strip_accents = _wordpiece_settings(path / "tokenizer_config.json", lowercase)
+        return WordPieceTokenizer(path / "vocab.txt", lowercase=lowercase, strip_accents=strip_accents)
     if (path / "spiece.model").is_file():
         return SentencePieceTokenizer(path / "spiece.model", sentinels=sentinels)
     for encoder, merges in BPE_FILES:
         if (path / encoder).is_file() and (path / merges).is_file():
             return Gpt2Tokenizer.from_files(path / encoder, path / merges)
     raise FileNotFoundError(f"tokenizer directory {path} holds no tokenizer files; a tokenizer is {SPEC_FORMS}")
+
+
+def _wordpiece_settings(path: Path, lowercase: bool) -> tuple[bool, bool | None]:
+    """(do_lower_case, strip_accents) of a tokenizer_config.json, as transformers' BertTokenizer takes them: a
+    boolean, and a boolean or null (null: strip accents where it lower-cases)."""
+    if not path.is_file():
+        return lowercase, None
+    settings = read_json(path)
+    if not isinstance(settings, dict):
+        raise ValueError(f"{path} is not a JSON object; give settings such as {{\"do_lower_case\": true}}")
+    lowercase, strip_accents = settings.get("do_lower_case", lowercase), settings.get("strip_accents")
+    if not isinstance(lowercase, bool):
+        raise ValueError(f"{path}: do_lower_case is {json.dumps(lowercase)}; give true or false")
+    if not isinstance(strip_accents, bool | None):
+        raise ValueError(f"{path}: strip_accents is {json.dumps(strip_accents)}; give true, false or null (as "
+                         "do_lower_case)")
+    return lowercase, strip_accents

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from jaxlm.corpora.text import check_file, check_output_file, utf8_lines
+from jaxlm.data.tokenizers.load import BPE_PAIR_OF, NAME_IN_A_DIRECTORY
 from jaxlm.data.tokenizers.trainer import train_wordpiece, write_vocab
 
 
@@ -19,7 +20,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     train = commands.add_parser("train", help=text, description=text)
     train.add_argument("--input", nargs="+", required=True, metavar="FILE", help="UTF-8 text files")
     train.add_argument("--vocab-size", type=int, required=True, help="tokens in the vocabulary, specials included")
-    train.add_argument("--output", required=True, metavar="VOCAB_TXT", help="where to write vocab.txt")
+    train.add_argument("--output", required=True, metavar="VOCAB_TXT", help="where to write vocab.txt (a .txt file)")
     train.add_argument("--cased", action="store_true", help="keep case and accents (default: lower-case)")
     train.add_argument("--min-frequency", type=int, default=2, help="merge only pairs seen this often")
     train.add_argument("--limit-alphabet", type=int, default=1000, help="keep at most this many characters")
@@ -38,9 +39,20 @@ def _report_progress(size: int, total: int) -> None:
         print(f"\r{size}/{total} tokens", end="", file=sys.stderr, flush=True)
 
 
+def check_vocab_name(output: Path) -> None:
+    """Refuses an --output that `load_tokenizer` would not read back as a WordPiece vocab."""
+    if output.name in BPE_PAIR_OF:
+        raise ValueError(f"--output {output} would be read back as one file of a byte-level BPE pair; name it "
+                         f"{output.with_name('vocab.txt')}")
+    if NAME_IN_A_DIRECTORY.get(output.suffix) != "vocab.txt":
+        raise ValueError(f"--output {output} would not be read back as a WordPiece vocab, which is a .txt file; name "
+                         f"it {output.with_suffix('.txt')}")
+
+
 def run(args) -> list[str]:
     output, inputs = Path(args.output), [Path(p) for p in args.input]
     check_output_file(output, args.overwrite, inputs, "an --input", makes_parents=True)
+    check_vocab_name(output)
     for path in inputs:
         check_file(path, "input file", "give UTF-8 text files, one sentence per line")
     start = time.perf_counter()
@@ -50,6 +62,7 @@ def run(args) -> list[str]:
     seconds = time.perf_counter() - start
     print(file=sys.stderr)
     write_vocab(vocab, output)
-    short = "" if len(vocab) == args.vocab_size else f" (asked for {args.vocab_size}: no pair left to merge)"
+    often = f" seen --min-frequency {args.min_frequency} times" if args.min_frequency > 1 else ""
+    short = "" if len(vocab) == args.vocab_size else f" (asked for {args.vocab_size}: no pair{often} left to merge)"
     print(f"trained {len(vocab)} tokens{short} in {seconds:.1f}s -> {output}")
     return vocab
