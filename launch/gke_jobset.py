@@ -20,9 +20,12 @@ import sys
 
 import yaml
 
-# GKE's node labels and the chips of one host, per TPU generation (multi-host slices)
-ACCELERATORS = {"v4": ("tpu-v4-podslice", 4), "v5p": ("tpu-v5p-slice", 4),
-                "v5e": ("tpu-v5-lite-podslice", 4), "v6e": ("tpu-v6e-slice", 4)}
+# GKE's node label, the chips of one host and the sizes in a slice's topology, per TPU generation (multi-host slices)
+ACCELERATORS = {"v4": ("tpu-v4-podslice", 4, 3), "v5p": ("tpu-v5p-slice", 4, 3),
+                "v5e": ("tpu-v5-lite-podslice", 4, 2), "v6e": ("tpu-v6e-slice", 4, 2)}
+TOPOLOGY = re.compile(r"[1-9][0-9]*(x[1-9][0-9]*)*")  # GKE's label, word for word: 4x4x4, not 4X4X4 or 04x4x4
+ENV = {"JAX_PLATFORMS": "tpu"}  # the container's variables the JobSet sets itself
+INT32 = 2**31 - 1  # Kubernetes' counts (replicas, parallelism, maxRestarts) are int32
 GRACE_SECONDS = 300  # between SIGTERM and SIGKILL: the checkpoint at the agreed step is written in it
 # what JobSet accepts as a name (an RFC 1035 DNS label; its services and pods are named after it)
 NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
@@ -31,30 +34,31 @@ POD_NAME = "{name}-slice-{job}-{pod}-xxxxx"
 FLAGS = ("--apply", "-h", "--help")  # the options that take no value
 
 
-def chips(topology: str) -> int:
-    try:
-        sizes = [int(part) for part in topology.lower().split("x")]
-    except ValueError:
-        sizes = []
-    if not sizes or any(size <= 0 for size in sizes):
-        raise ValueError(f"--topology {topology!r} must look like 4x4x4 or 2x4")
-    return math.prod(sizes)
+def chips(args) -> int:
+    dims = ACCELERATORS[args.tpu][2]
+    if not TOPOLOGY.fullmatch(args.topology) or args.topology.count("x") != dims - 1:
+        raise ValueError(f"--topology {args.topology!r}: a {args.tpu} slice's topology is {dims} sizes joined by a "
+                         f"lower-case x, like {'x'.join(['4'] * dims)}")
+    return math.prod(int(size) for size in args.topology.split("x"))
 
 
 def hosts(args) -> int:
     """The TPU hosts (pods) of one slice."""
     per_host = ACCELERATORS[args.tpu][1]
-    total = chips(args.topology)
+    total = chips(args)
     if total > per_host and total % per_host:
         raise ValueError(f"--topology {args.topology} has {total} chips, not a multiple of the {per_host} per host")
+    if total // per_host > INT32:
+        raise ValueError(f"--topology {args.topology} has {total // per_host} hosts, more pods than Kubernetes "
+                         f"counts ({INT32})")
     return max(total // per_host, 1)
 
 
 def check(args) -> None:
     """Every option, before anything is written: a ValueError that names the option and what to give."""
     pods = hosts(args)
-    if args.slices < 1 or args.max_restarts < 0:
-        raise ValueError("--slices must be at least 1 and --max-restarts at least 0")
+    if not (1 <= args.slices <= INT32 and 0 <= args.max_restarts <= INT32):
+        raise ValueError(f"--slices must be 1 to {INT32} and --max-restarts 0 to {INT32} (Kubernetes' int32)")
     pattern = POD_NAME.format(name="NAME", job=args.slices - 1, pod=pods - 1)
     limit = 63 - len(pattern) + len("NAME")
     if not NAME.fullmatch(args.name) or len(args.name) > limit:
@@ -68,6 +72,12 @@ def check(args) -> None:
     bad = [pair for pair in args.env if "=" not in pair or pair.startswith("=")]
     if bad:
         raise ValueError(f"--env takes KEY=VALUE with a KEY, got {bad[0]!r}")
+    keys = [pair.split("=", 1)[0] for pair in args.env]
+    for key in keys:
+        if key in ENV:
+            raise ValueError(f"--env {key}: the JobSet sets {key}={ENV[key]} itself; leave it out")
+        if keys.count(key) > 1:
+            raise ValueError(f"--env {key} is given {keys.count(key)} times; give it once")
 
 
 def regroup(argv: list[str]) -> list[str]:
@@ -90,14 +100,14 @@ def regroup(argv: list[str]) -> list[str]:
 
 def manifest(args) -> dict:
     """The JobSet as a dict."""
-    accelerator, per_host = ACCELERATORS[args.tpu]
-    total = chips(args.topology)
+    accelerator, per_host, _ = ACCELERATORS[args.tpu]
+    total = chips(args)
     pods = hosts(args)
     env = [{"name": key, "value": value} for key, value in (pair.split("=", 1) for pair in args.env)]
     container = {
         "name": "jaxlm", "image": args.image,
         "command": ["jaxlm", "train", args.config, *args.overrides],
-        "env": env + [{"name": "JAX_PLATFORMS", "value": "tpu"}],
+        "env": env + [{"name": key, "value": value} for key, value in ENV.items()],
         "ports": [{"containerPort": 8471}, {"containerPort": 8080}],
         "resources": {"limits": {"google.com/tpu": min(total, per_host)}},
     }

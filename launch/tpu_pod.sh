@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Run jaxlm on every worker of a Cloud TPU VM (or of a queued resource's node) with gcloud.
 #
-#   launch/tpu_pod.sh [options] ACTION [CONFIG [section.key=value ...]]
+#   launch/tpu_pod.sh [options] ACTION [CONFIG [section.key=value ...]]   (options may also follow ACTION)
+#
+# CONFIG is a path from the checkout's root, committed: the workers run the copy of HEAD that install gives them.
 #
 # ACTION
 #   install  copy this checkout (git archive of HEAD) to every worker and pip-install it with jax[tpu]
@@ -26,7 +28,7 @@ need() {  # need OPTION WHAT WORD: an error unless WORD is OPTION's value (not m
   [[ -n $3 && $3 != -* ]] || fail "$1 needs a value: $1 $2"
 }
 
-tpu="" zone="" project="" queued=0 workers="" dry_run=0 envs=()
+tpu="" zone="" project="" queued=0 workers="" dry_run=0 envs=() words=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --tpu) need "$1" NAME "${2-}"; tpu=$2; shift 2 ;;
@@ -38,11 +40,12 @@ while [ $# -gt 0 ]; do
       envs+=("$2"); shift 2 ;;
     --dry-run) dry_run=1; shift ;;
     -h|--help) usage ;;
-    --*) fail "unknown option $1 (see --help)" ;;
-    *) break ;;
+    -*) fail "unknown option $1 (see --help)" ;;
+    *) words+=("$1"); shift ;;
   esac
 done
-[ $# -ge 1 ] || usage
+[ ${#words[@]} -ge 1 ] || usage
+set -- "${words[@]}"
 action=$1; shift
 [ -n "$tpu" ] || fail "--tpu NAME is required"
 [ -n "$zone" ] || fail "--zone ZONE is required"
@@ -50,16 +53,31 @@ case "$action" in
   install|train|wait|logs|stop|run) ;;
   *) fail "unknown action '$action'; choose install, train, wait, logs, stop or run" ;;
 esac
+here=$(cd "$(dirname "$0")/.." && pwd)
 if [[ $action == train || $action == run ]]; then
   [ $# -ge 1 ] || fail "$action needs a CONFIG (a path inside this checkout)"
-  [ -f "$1" ] || fail "config $1 not found"
+  config=$1
+  case /$config/ in
+    "/$here"/*) fail "config $config: give it as ${config#"$here"/}, its path from the checkout's root \
+(the workers' copy)" ;;
+    //*) fail "config $config is outside this checkout ($here): the workers get only the checkout; copy it in \
+and commit it" ;;
+    */../*) fail "config $config: give its path from the checkout's root without '..' (the workers' copy)" ;;
+  esac
+  [ -f "$here/$config" ] || fail "config $config not found in $here (a path from the checkout's root, as the \
+workers read it)"
+  git -C "$here" ls-files --error-unmatch -- "$config" > /dev/null 2>&1 || fail "config $config is not in git: \
+the workers get the checkout's HEAD; git add and commit it"
+  git -C "$here" diff --quiet HEAD -- "$config" 2> /dev/null || fail "config $config has uncommitted changes: the \
+workers would run HEAD's; commit them"
+elif [ $# -gt 0 ]; then
+  fail "$action takes no CONFIG or overrides, got '$1'"
 fi
 [[ -z $workers || $workers =~ ^[1-9][0-9]*$ ]] || fail "--workers must be a positive count, got '$workers'"
 if [[ $dry_run == 1 && -z $workers && ($action == logs || $action == run) ]]; then
   fail "--dry-run needs --workers N (it asks gcloud nothing)"
 fi
 
-here=$(cd "$(dirname "$0")/.." && pwd)
 source "$here/launch/lib.sh"
 gcloud_tpu=(gcloud compute tpus tpu-vm)
 where=(--zone="$zone")

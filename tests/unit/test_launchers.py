@@ -73,6 +73,15 @@ def test_a_queued_pod_waits_until_active_and_stop_sends_sigterm():
     (["--tpu", "a", "--zone", "z", "--env"], "--env needs a value: --env KEY=VALUE"),
     # once printed the install and train commands first
     (["--dry-run", "--tpu", "a", "--zone", "z", "run", "configs/bert-tiny.yaml"], "--dry-run needs --workers N"),
+    (["--tpu", "a", "--zone", "z", "stop", "configs/bert-tiny.yaml"],
+     "stop takes no CONFIG or overrides, got 'configs/bert-tiny.yaml'"),
+    (["--tpu", "a", "--zone", "z", "train", "configs/bert-tiny.yaml", "--frob"], "unknown option --frob"),
+    # the workers run `cd jaxlm && jaxlm train CONFIG` in their copy of the checkout: no other path reaches them
+    (["--tpu", "a", "--zone", "z", "train", str(ROOT / "configs/bert-tiny.yaml")],
+     f"config {ROOT}/configs/bert-tiny.yaml: give it as configs/bert-tiny.yaml, its path from the checkout's root"),
+    (["--tpu", "a", "--zone", "z", "train", str(ROOT.parent / "bert-tiny.yaml")],
+     f"config {ROOT.parent}/bert-tiny.yaml is outside this checkout ({ROOT}): the workers get only the checkout"),
+    (["--tpu", "a", "--zone", "z", "train", "../main/configs/bert-tiny.yaml"], "without '..'"),
 ])
 def test_pod_launcher_bad_input(args, message):
     proc = launch("bash", "launch/tpu_pod.sh", *args)
@@ -89,6 +98,54 @@ def test_pod_launcher_usage_is_its_header_comment():
     for args in (["--help"], []):
         proc = launch("bash", "launch/tpu_pod.sh", *args)
         assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.splitlines() == header
+
+
+@pytest.mark.parametrize("args", [["stop", "--dry-run"], ["install", "--dry-run"],
+                                  ["train", "configs/bert-large.yaml", "--dry-run", RUN_DIR]])
+def test_pod_launcher_options_after_the_action_are_its_own(tmp_path, args):
+    """`stop --dry-run` once sent SIGTERM to every worker, `install --dry-run` installed, and `train CONFIG --dry-run`
+    trained, with --dry-run passed to `jaxlm train`."""
+    gcloud = tmp_path / "gcloud"
+    gcloud.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/ran\n')
+    gcloud.chmod(0o755)
+    proc = launch("bash", "launch/tpu_pod.sh", *POD, *args, env={"PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert proc.returncode == 0, proc.stderr
+    assert not (tmp_path / "ran").exists()
+    assert proc.stdout.splitlines() == launch("bash", "launch/tpu_pod.sh", "--dry-run", *POD,
+                                              *(arg for arg in args if arg != "--dry-run")).stdout.splitlines()
+    assert "--dry-run" not in proc.stdout
+
+
+def test_pod_launcher_trains_only_a_committed_config_from_the_checkout_root(tmp_path):
+    """The workers run `cd jaxlm && jaxlm train CONFIG` in `git archive HEAD`: a config found from the caller's
+    directory, left out of git or changed since HEAD was once started anyway, and failed (or ran another) there."""
+    checkout = tmp_path / "checkout"
+    (checkout / "launch").mkdir(parents=True)
+    (checkout / "configs").mkdir()
+    for name in ("tpu_pod.sh", "lib.sh"):
+        (checkout / "launch" / name).write_text((ROOT / "launch" / name).read_text())
+    (checkout / "configs/a.yaml").write_text("model: {}\n")
+    git = ["git", "-C", str(checkout), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    for command in (["init", "-q"], ["add", "."], ["commit", "-qm", "a"]):
+        subprocess.run([*git, *command], check=True, capture_output=True)
+
+    def train(config, cwd=checkout):
+        return subprocess.run(["bash", str(checkout / "launch/tpu_pod.sh"), "--dry-run", *POD, "train", config],
+                              cwd=cwd, capture_output=True, text=True, timeout=60)
+
+    from_below = train("configs/a.yaml", cwd=checkout / "configs")  # read from the root, as the workers read it
+    assert from_below.returncode == 0 and " train configs/a.yaml " in from_below.stdout, from_below.stderr
+    errors = {"a.yaml": f"config a.yaml not found in {checkout} (a path from the checkout's root, as the workers "
+                        "read it)",
+              "configs/b.yaml": "config configs/b.yaml is not in git: the workers get the checkout's HEAD; git add "
+                                "and commit it",
+              "configs/a.yaml": "config configs/a.yaml has uncommitted changes: the workers would run HEAD's; commit "
+                                "them"}
+    (checkout / "configs/b.yaml").write_text("model: {}\n")
+    (checkout / "configs/a.yaml").write_text("model: {dim: 8}\n")
+    for config, message in errors.items():
+        proc = train(config, cwd=checkout / "configs")
+        assert proc.returncode == 2 and proc.stdout == "" and proc.stderr == f"tpu_pod.sh: error: {message}\n"
 
 
 @pytest.mark.parametrize("count, message", [
@@ -147,7 +204,8 @@ def test_the_gke_jobset_has_one_pod_per_host_on_the_slice():
 
     bad = launch(sys.executable, "launch/gke_jobset.py", "--name", "x", "--image", "i", "--tpu", "v5p",
                  "--topology", "4by4", "--config", "c.yaml")
-    assert bad.returncode == 2 and bad.stderr.strip() == "gke_jobset.py: error: --topology '4by4' must look like 4x4x4 or 2x4"
+    assert bad.returncode == 2 and bad.stderr.strip() == ("gke_jobset.py: error: --topology '4by4': a v5p slice's "
+                                                          "topology is 3 sizes joined by a lower-case x, like 4x4x4")
     bad = launch(sys.executable, "launch/gke_jobset.py", "--name", "BERT_large", "--image", "i", "--tpu", "v5p",
                  "--topology", "4x4x4", "--config", "c.yaml")  # kubectl apply refused it, after the dry run passed
     assert bad.returncode == 2 and bad.stderr.startswith("gke_jobset.py: error: --name 'BERT_large': Kubernetes takes")
@@ -166,6 +224,21 @@ NAME_RULE = ("Kubernetes takes lower-case letters, digits and '-', starting with
     (["--name", "run", *JOBSET, "--env", "=v"], "--env takes KEY=VALUE with a KEY, got '=v'"),
     (["--name", "run", *JOBSET, "--image", ""],
      "--image needs the image to run, e.g. REGISTRY/jaxlm:TAG (launch/Dockerfile)"),
+    # each printed a manifest that never schedules: no node pool carries the topology label
+    (["--name", "run", *JOBSET, "--tpu", "v5e"],
+     "--topology '4x4x4': a v5e slice's topology is 2 sizes joined by a lower-case x, like 4x4"),
+    (["--name", "run", *JOBSET, "--topology", "2x4"],
+     "--topology '2x4': a v5p slice's topology is 3 sizes joined by a lower-case x, like 4x4x4"),
+    (["--name", "run", *JOBSET, "--topology", "4X4X4"],
+     "--topology '4X4X4': a v5p slice's topology is 3 sizes joined by a lower-case x, like 4x4x4"),
+    (["--name", "run", *JOBSET, "--topology", "2x2x2x2"],
+     "--topology '2x2x2x2': a v5p slice's topology is 3 sizes joined by a lower-case x, like 4x4x4"),
+    (["--name", "run", *JOBSET, "--slices", "99999999999999999999"],
+     "--slices must be 1 to 2147483647 and --max-restarts 0 to 2147483647 (Kubernetes' int32)"),
+    # the JobSet's own JAX_PLATFORMS=tpu came after it in the container's env, and won
+    (["--name", "run", *JOBSET, "--env", "JAX_PLATFORMS=cpu"],
+     "--env JAX_PLATFORMS: the JobSet sets JAX_PLATFORMS=tpu itself; leave it out"),
+    (["--name", "run", *JOBSET, "--env", "A=1", "--env", "A=2"], "--env A is given 2 times; give it once"),
 ])
 def test_the_gke_jobset_bad_input(args, message):
     proc = launch(sys.executable, "launch/gke_jobset.py", *args)
@@ -212,7 +285,7 @@ def test_a_2_node_slurm_job_runs_one_task_per_node(slurm_env):
     proc = launch("bash", "launch/gpu_slurm.sbatch", "--dry-run", "configs/bert-large.yaml", RUN_DIR, env=slurm_env)
     assert proc.returncode == 0, proc.stderr
     summary, command = proc.stdout.splitlines()
-    assert summary == "jaxlm on 2 nodes, 2 tasks; coordinator gpu-01:24242; job 4242"
+    assert summary == "jaxlm on 2 nodes, 2 tasks; coordinator gpu-01:61586; job 4242"  # JAX's port: see below
     # the job's --cpus-per-task passed on: srun does not take it from sbatch on every SLURM version (1 CPU a task)
     assert shlex.split(command) == ["srun", "--kill-on-bad-exit=1", "--label", "--cpus-per-task=16", "env",
                                     "JAX_PLATFORMS=cuda", "bash", "-c", 'exec "$@"', "jaxlm",
@@ -239,3 +312,58 @@ def test_the_slurm_script_outside_an_allocation_says_how_to_submit_it(slurm_env)
                                    "(or run it inside salloc)")
     missing = launch("bash", "launch/gpu_slurm.sbatch", "nowhere.yaml", env=slurm_env)
     assert missing.returncode == 2 and missing.stderr.strip() == "gpu_slurm.sbatch: error: config nowhere.yaml not found"
+
+
+def test_the_default_coordinator_is_the_one_jax_picks(slurm_env, monkeypatch):
+    """The summary once named port 20000 + SLURM_JOB_ID % 20000 (and JAXLM_PORT), which JAX's own SLURM detection,
+    the default, never uses."""
+    from jax._src.clusters.slurm_cluster import SlurmCluster
+
+    monkeypatch.setenv("SLURM_JOB_ID", slurm_env["SLURM_JOB_ID"])
+    monkeypatch.setenv("SLURM_STEP_NODELIST", slurm_env["SLURM_JOB_NODELIST"])
+    monkeypatch.delenv("JAX_COORDINATOR_PORT", raising=False)
+    proc = launch("bash", "launch/gpu_slurm.sbatch", "--dry-run", "configs/bert-large.yaml", env=slurm_env)
+    assert f"coordinator {SlurmCluster.get_coordinator_address(None, None)};" in proc.stdout
+    proc = launch("bash", "launch/gpu_slurm.sbatch", "--dry-run", "configs/bert-large.yaml",
+                  env=slurm_env | {"JAX_COORDINATOR_PORT": "5000"})
+    assert "coordinator gpu-01:5000;" in proc.stdout
+
+
+def test_slurm_dry_run_anywhere_runs_nothing(slurm_env, tmp_path):
+    """`gpu_slurm.sbatch CONFIG --dry-run` once ran srun, passing --dry-run to `jaxlm train`."""
+    srun = tmp_path / "bin" / "srun"
+    srun.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/ran\n')
+    srun.chmod(0o755)
+    first = launch("bash", "launch/gpu_slurm.sbatch", "--dry-run", "configs/bert-large.yaml", RUN_DIR, env=slurm_env)
+    for args in (["configs/bert-large.yaml", "--dry-run", RUN_DIR], ["configs/bert-large.yaml", RUN_DIR, "--dry-run"]):
+        proc = launch("bash", "launch/gpu_slurm.sbatch", *args, env=slurm_env)
+        assert proc.returncode == 0 and proc.stdout == first.stdout, proc.stderr
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize("value", ["1", "true", "yes", "On", "TRUE"])
+def test_slurm_switches_take_the_usual_true_words(slurm_env, value):
+    """JAXLM_EXPLICIT_COORDINATOR=true was once read as off: JAX's detection ran where it was known to fail."""
+    proc = launch("bash", "launch/gpu_slurm.sbatch", "--dry-run", "configs/bert-large.yaml",
+                  env=slurm_env | {"JAXLM_EXPLICIT_COORDINATOR": value, "JAXLM_TASK_PER_GPU": value})
+    assert proc.returncode == 0, proc.stderr
+    assert "coordinator gpu-01:24242;" in proc.stdout
+    words = shlex.split(proc.stdout.splitlines()[1])
+    assert "--gpus-per-task=1" in words and "JAXLM_COORDINATOR=gpu-01:24242" in words
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"JAXLM_EXPLICIT_COORDINATOR": "maybe"}, "JAXLM_EXPLICIT_COORDINATOR=maybe: give 1 or 0 (true/false, yes/no, "
+                                              "on/off)"),
+    ({"JAXLM_TASK_PER_GPU": "2"}, "JAXLM_TASK_PER_GPU=2: give 1 or 0 (true/false, yes/no, on/off)"),
+    ({"JAXLM_PORT": "1234"}, "JAXLM_PORT is for JAXLM_EXPLICIT_COORDINATOR=1 only; JAX picks its own port (61440 + "
+                             "SLURM_JOB_ID % 4096, or JAX_COORDINATOR_PORT): unset it, or set "
+                             "JAXLM_EXPLICIT_COORDINATOR=1"),
+    ({"JAXLM_EXPLICIT_COORDINATOR": "1", "JAXLM_PORT": "65535"},
+     "JAXLM_PORT=65535: give a port from 1 to 65534 (the next one is taken too)"),
+    ({"JAXLM_EXPLICIT_COORDINATOR": "1", "JAXLM_PORT": "http"},
+     "JAXLM_PORT=http: give a port from 1 to 65534 (the next one is taken too)"),
+])
+def test_slurm_bad_settings(slurm_env, env, message):
+    proc = launch("bash", "launch/gpu_slurm.sbatch", "configs/bert-large.yaml", env=slurm_env | env)
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr == f"gpu_slurm.sbatch: error: {message}\n"
