@@ -188,7 +188,9 @@ def cmd_bench_data(args) -> None:
     if args.batches < 1:
         raise ConfigError(f"--batches {args.batches}: give 1 or more batches to time")
     configs = {path: _loaded(args, path, overrides) for path in paths}
-    runs = [{"config": pathlib.Path(path).stem} | bench_data(configs[path], args.batches, workers=count)
+    stems = [pathlib.Path(path).stem for path in paths]
+    names = dict(zip(paths, stems if len(set(stems)) == len(stems) else paths))  # rows are grouped by name
+    runs = [{"config": names[path]} | bench_data(configs[path], args.batches, workers=count)
             for _ in range(args.repeat) for path in paths for count in workers]
     rows = median_rows(runs)
     print(format_data_table(rows))

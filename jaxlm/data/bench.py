@@ -19,8 +19,9 @@ def bench_data(config: RunConfig, batches: int = 20, batch_size: int = 256, work
     uses (`iterate`, N grain processes, 0 a background thread), wall time in the steady state: after the
     first batch and WARM_UP_S more seconds of batches (the workers start one after the other, and the batches
     they built meanwhile would count as free). `cores_used`: the CPU time of this process and its workers
-    over that wall time."""
+    over that wall time. A train split smaller than `batch_size` is timed in batches of the whole split."""
     _, train, _ = open_data(config)
+    batch_size = min(batch_size, len(train))
     if workers is None:
         train.local_batch(0, batch_size)  # opens the shards, warms the caches
         started, wall = time.process_time(), time.perf_counter()

@@ -4,6 +4,10 @@ import json
 
 from conftest import austen_vocab, run_cli
 
+from jaxlm import config as config_lib
+from jaxlm.data.bench import bench_data
+from jaxlm.data.pipeline import open_data
+
 
 def test_data_show_prints_model_inputs(tiny_config):
     proc = run_cli("data", "show", tiny_config(), "--n", "5", devices=1)
@@ -56,14 +60,25 @@ def test_bench_prints_throughput_and_profile(tiny_config, tmp_path):
     assert row["seconds"]["compile"] == round(row["compile_s"], 1)
 
 
-def test_bench_data_prints_examples_per_second(tiny_config):
+def test_bench_data_times_a_split_smaller_than_its_batch_whole(tiny_config):
+    """It refused, asking for a smaller batch that no option could set."""
+    config = config_lib.load(tiny_config())
+    row = bench_data(config, batches=1, batch_size=10 ** 6)
+    assert row["batch"] == len(open_data(config)[1]) < 10 ** 6 and row["examples_per_s"] > 0
+
+
+def test_bench_data_prints_examples_per_second(tiny_config, tmp_path):
     config = tiny_config()
-    per_core = run_cli("bench", "data", str(config), "--batches", "2", "--json", devices=1)
+    twin = tmp_path / "twin" / config.name  # the same name in another folder: once merged into one row
+    twin.parent.mkdir()
+    twin.write_text(config.read_text())
+    per_core = run_cli("bench", "data", str(config), str(twin), "--batches", "2", "--json", devices=1)
     # 20 batches: long enough that the CPU time psutil reads (in 10 ms clock ticks) cannot round to nothing
     loader = run_cli("bench", "data", str(config), "--batches", "20", "--workers", "0,1", "--json", devices=1)
     rows = [json.loads(line) for proc in (per_core, loader) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert [row["workers"] for row in rows] == ["thread", 0, 1]
+    assert [row["workers"] for row in rows] == ["thread", "thread", 0, 1]
+    assert [row["config"] for row in rows[:2]] == [str(config), str(twin)]
     assert all(row["examples_per_s"] > 0 and row["batch"] == 256 and row["family"] == "bert" for row in rows)
     assert rows[0]["examples_per_s_core"] > 0
-    assert all(0 < row["cores_used"] for row in rows[1:]), rows  # the worker's CPU counts with the trainer's
+    assert all(0 < row["cores_used"] for row in rows[2:]), rows  # the worker's CPU counts with the trainer's
     assert "examples_per_s" in loader.stdout.splitlines()[0] and "cores_used" in loader.stdout.splitlines()[0]
