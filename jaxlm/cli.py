@@ -517,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
         _chosen_command(top, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     checkpoint.quiet_failed_writes()
     try:
+        compile_cache.check_users_cache()
         args.handler(args)
     except BrokenPipeError:  # the reader of our output closed it (`jaxlm tokenize ... | head`): stop as a filter does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit

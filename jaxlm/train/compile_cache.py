@@ -34,6 +34,15 @@ def enable(train) -> None:
     jax.config.update("jax_compilation_cache_dir", str(where))
 
 
+def check_users_cache() -> None:
+    """A ConfigError where the user's JAX_COMPILATION_CACHE_DIR (which JAX reads itself, whatever the command) has
+    a file standing where the directory is needed: JAX warned it could not use it, and every command went on."""
+    theirs = jax.config.jax_compilation_cache_dir
+    if theirs and not in_cloud(theirs) and (blocked := file_in_the_way(pathlib.Path(theirs))) is not None:
+        raise ConfigError(f"JAX_COMPILATION_CACHE_DIR={theirs}: {blocked} is a file; name a directory for the compiled "
+                          "programs, or unset it")
+
+
 def drop_cut_short(directory: pathlib.Path) -> list[pathlib.Path]:
     """Remove the cache's entries that do not decompress, and return them. JAX writes an entry in place and never
     replaces one, so a write cut short (a full disk, a kill) would otherwise be read, warned about and compiled

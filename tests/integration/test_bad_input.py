@@ -429,6 +429,11 @@ def test_a_compile_cache_that_is_a_file_and_beam_args_that_do_not_split_are_name
     assert train.returncode == 2 and train.stderr.strip().splitlines()[-1] == (
         f"jaxlm train: error: train.compile_cache={afile}: {afile} is a file; name a directory for the compiled "
         "programs, run_dir (inside the run) or off")
+    bench = subprocess.run([JAXLM, "bench", str(config), "--compile-only"], capture_output=True, text=True,
+                           env=env | {"JAX_COMPILATION_CACHE_DIR": str(afile)}, timeout=120)  # compiled, uncached
+    assert bench.returncode == 2 and bench.stderr.strip().splitlines()[-1] == (
+        f"jaxlm bench: error: JAX_COMPILATION_CACHE_DIR={afile}: {afile} is a file; name a directory for the "
+        "compiled programs, or unset it")
     prepare = subprocess.run([JAXLM, "prepare", str(config), f"data.prepared_dir={tmp_path / 'data'}", "--runner",
                               "direct", "--beam-args", '"unterminated'], env=env, capture_output=True, text=True,
                              timeout=120)
