@@ -43,10 +43,14 @@ class Row(NamedTuple):
     sentence_starts: np.ndarray = np.zeros(0, np.int32)  # where each stored sentence starts
 
 
+RECORD_DTYPES = ("<u2", "<i4")  # what `record_dtype` chooses from
+
+
 def record_dtype(vocab_size: int, max_seq_length: int) -> str:
     """The dtype a row's numbers are stored in: uint16 where every token id and position fits (half the bytes
     of int32 to store and read), int32 otherwise."""
-    return "<u2" if max(vocab_size, max_seq_length + 1) <= 2**16 else "<i4"
+    narrow, wide = RECORD_DTYPES
+    return narrow if max(vocab_size, max_seq_length + 1) <= 2**16 else wide
 
 
 def encode_row(row: Row, dtype: str = "<i4") -> bytes:

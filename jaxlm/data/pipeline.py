@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import reprlib
 import signal
 import threading
 import time
@@ -19,9 +20,9 @@ from absl import flags as absl_flags
 from jaxlm import families
 from jaxlm.config import ConfigError, RunConfig
 from jaxlm.data import transfer
-from jaxlm.data.layouts import Row, decode_row
+from jaxlm.data.layouts import RECORD_DTYPES, Row, decode_row
 from jaxlm.data.prepare import FORMAT, FORMAT_V1, MANIFEST, SPACED, WORD_STARTS
-from jaxlm.data.records import ShardedRecords
+from jaxlm.data.records import PREPARE_AGAIN, ShardedRecords, unreadable
 from jaxlm.data.seeds import RowGenerators
 from jaxlm.data.settings import PREPARATION_FIELDS, DataConfig, data_settings
 from jaxlm.data.sources import model_tokenizer
@@ -29,16 +30,65 @@ from jaxlm.data.tokenized import sentence_space
 from jaxlm.jsonfile import read_json
 
 
+def _whole(least: int) -> tuple:
+    return (lambda value: type(value) is int and value >= least), f"a whole number of {least} or more"
+
+
+_TEXT = (lambda value: isinstance(value, str)), "a string"
+# what a reader takes from a manifest: each key, a test of its value and what the test asks for
+MANIFEST_KEYS = {
+    **dict.fromkeys(PREPARATION_FIELDS, ((lambda value: True), "")),  # any value: the run's settings must equal it
+    "family": _TEXT, "layout": _TEXT, "tokenizer_fingerprint": _TEXT,
+    "vocab_size": _whole(1), "max_seq_length": _whole(1), "shard_size": _whole(1),
+    "special_ids": ((lambda value: isinstance(value, dict)), "a JSON object"),
+    "record_dtype": ((lambda value: value in RECORD_DTYPES), f"one of {', '.join(RECORD_DTYPES)}"),
+    "splits": ((lambda value: isinstance(value, dict) and all(isinstance(s, dict) for s in value.values())),
+               "a JSON object of split objects")}
+SPLIT_KEYS = {"examples": _whole(0),
+              "shards": ((lambda value: isinstance(value, list) and all(isinstance(n, str) for n in value)),
+                         "a list of file names")}
+
+
+def _faults(value: dict, keys: dict, where: str = "") -> list[str]:
+    """What `value` (a manifest, or its split `where`) lacks of `keys`, or holds that fails its key's test, in words."""
+    return [f"has no {where}{key}" if key not in value else f"has {where}{key}={reprlib.repr(value[key])}, not {needed}"
+            for key, (test, needed) in keys.items() if key not in value or not test(value[key])]
+
+
 def load_manifest(data_dir: str | Path) -> dict:
+    """The manifest of the data prepared in `data_dir`; ValueError naming the first thing in it a reader cannot use."""
     path = Path(data_dir) / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"no prepared dataset at {data_dir} ({MANIFEST} missing): "
                                 "run `jaxlm prepare CONFIG` first")
     manifest = read_json(path)
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{path} holds {reprlib.repr(manifest)}, not a JSON object: {PREPARE_AGAIN}")
     if manifest.get("format") not in (FORMAT, FORMAT_V1):
         raise ValueError(f"{path} has format {manifest.get('format')!r}, expected {FORMAT!r}: "
                          "re-run `jaxlm prepare CONFIG`")
-    return {"record_dtype": "<i4"} | manifest
+    if manifest["format"] == FORMAT_V1:
+        manifest = {"record_dtype": "<i4"} | manifest
+    faults = _faults(manifest, MANIFEST_KEYS) or [
+        fault for name, split in manifest["splits"].items() for fault in _faults(split, SPLIT_KEYS, f"splits.{name}.")]
+    if faults:
+        raise ValueError(f"{path} {faults[0]}: {PREPARE_AGAIN}")
+    return manifest
+
+
+def _word_starts(data_dir: Path, vocab_size: int) -> np.ndarray:
+    """The word-start table prepared with the data, bool[vocab_size]; ValueError saying what to fix where it cannot
+    be read or is not one."""
+    path = data_dir / WORD_STARTS
+    try:
+        table = np.load(path, allow_pickle=False)
+    except OSError as err:
+        raise unreadable(path, err.strerror or str(err)) from None
+    except (ValueError, EOFError):  # not a .npy file, or cut short
+        raise unreadable(path, "not a NumPy array file") from None
+    if not isinstance(table, np.ndarray) or table.dtype != bool or table.shape != (vocab_size,):
+        raise unreadable(path, f"not the table of {vocab_size} booleans")
+    return table
 
 
 ID_FIELDS = ("input_ids", "masked_labels", "targets", "decoder_input_ids")
@@ -158,7 +208,7 @@ class PretrainingData:
         self.max_seq_length = self.manifest["max_seq_length"]
         # the settings that made the stored rows are the manifest's
         self.settings = data_settings(data, **settings | {k: self.manifest[k] for k in PREPARATION_FIELDS})
-        table = np.load(self.data_dir / WORD_STARTS)
+        table = _word_starts(self.data_dir, self.manifest["vocab_size"])
         self._transform = self.family.transform(self.manifest, table, self.settings)
         self._records = ShardedRecords([self.data_dir / name for name in splits[split]["shards"]],
                                        self.manifest["shard_size"], splits[split]["examples"])

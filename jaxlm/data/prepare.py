@@ -242,6 +242,8 @@ def already_prepared(output_dir, settings: dict) -> bool:
     if not path.is_file():
         return False
     manifest = read_json(path)
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{path} is not a JSON object: the prepared data is damaged; pass --overwrite to rebuild it")
     differing = {k: (manifest.get(k), v) for k, v in settings.items() if manifest.get(k) != v}
     if differing:
         details = "; ".join(f"{k}: prepared {old!r}, config {new!r}" for k, (old, new) in differing.items())

@@ -1,5 +1,6 @@
 """A split's ArrayRecord shards: its records written in order, `shard_size` to a shard, and read back as one
 sequence (each shard's reader opened on first use, and kept open while the limit on open files allows)."""
+import errno
 import os
 import resource
 import threading
@@ -17,6 +18,11 @@ WRITER_OPTIONS = "group_size:1,uncompressed"
 READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"  # random access: read one chunk, in this thread
 READ_BUFFER_BYTES = 1 << 13  # a row or two; larger buffers read (and cost) more per random record
 SPARE_FILES = 256  # open files left for everything else in the process (half the room, where it is small)
+PREPARE_AGAIN = "re-run `jaxlm prepare CONFIG --overwrite`"
+# the fix for a prepared file that the operating system will not open, by its errno (any other: its reason alone)
+OPEN_FIXES = {errno.ENOENT: PREPARE_AGAIN, errno.EISDIR: PREPARE_AGAIN,
+              errno.EACCES: "give the user running jaxlm read access to it",
+              errno.EMFILE: "raise the limit on open files (ulimit -n)"}
 
 
 def write_shards(records: Sequence[bytes], directory: Path, split: str, shard_size: int,
@@ -61,7 +67,7 @@ class ShardedRecords(Sequence):
         expected = _shard_count(count, shard_size)
         if len(paths) != expected:
             raise ValueError(f"{count} records in shards of {shard_size} take {expected} shards, but {len(paths)} "
-                             "are listed; the prepared data is damaged: re-run `jaxlm prepare CONFIG --overwrite`")
+                             f"are listed; the prepared data is damaged: {PREPARE_AGAIN}")
         self._paths, self._shard_size, self._count = [str(p) for p in paths], shard_size, count
         self._readers: OrderedDict[int, ArrayRecordReader] = OrderedDict()  # the open ones, least recently read first
         self._max_open = _allow_open_files(len(paths))
@@ -113,14 +119,24 @@ class ShardedRecords(Sequence):
             try:
                 reader.seek(0)  # a reader that failed to open raises its reason here (e.g. too many open files)
             except RuntimeError as err:
-                reason = str(err).strip().split("\n")[0] or "cut short, or not an ArrayRecord file"
-                raise ValueError(f"{path} cannot be read ({reason}); if the file is damaged, re-run `jaxlm prepare "
-                                 "CONFIG --overwrite`") from None
+                raise unreadable(path, str(err).strip().split("\n")[0] or "cut short, or not an ArrayRecord file") \
+                    from None
         held, expected = reader.num_records(), len(_shard_span(self._count, self._shard_size, shard))
         if held != expected:
             raise ValueError(f"{path} holds {held} records where its manifest needs {expected}; the prepared "
-                             "data is damaged: re-run `jaxlm prepare CONFIG --overwrite`")
+                             f"data is damaged: {PREPARE_AGAIN}")
         return reader
+
+
+def unreadable(path, reason: str) -> ValueError:
+    """The error for a prepared file that cannot be read (`reason`), with the fix its cause needs: where the operating
+    system will not open it, the fix for that errno; where it opens, its content may be at fault."""
+    try:
+        open(path, "rb").close()
+    except OSError as err:
+        fix = OPEN_FIXES.get(err.errno)
+        return ValueError(f"{path} cannot be read ({reason})" + (f"; {fix}" if fix else ""))
+    return ValueError(f"{path} cannot be read ({reason}); if the file is damaged, {PREPARE_AGAIN}")
 
 
 def _allow_open_files(readers: int) -> int:

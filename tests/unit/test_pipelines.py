@@ -1,6 +1,7 @@
 """Every objective's pipeline end to end on real text (Jane Austen): `prepare` -> `PretrainingData`
 -> batches, checked against the objective's declared batch and each corruption's definition."""
 import dataclasses
+import errno
 import gc
 import hashlib
 import json
@@ -20,7 +21,7 @@ import pytest
 from jaxlm import config as jaxlm_config
 from jaxlm.corpora.registry import fetch_austen
 from jaxlm.corpora.text import text_documents
-from jaxlm.data import transfer
+from jaxlm.data import records, transfer
 from jaxlm.data.denoising import t5_lengths
 from jaxlm.data.layouts import encode_row
 from jaxlm.data.pipeline import PretrainingData
@@ -308,7 +309,7 @@ def test_a_worker_that_cannot_build_its_batch_fails_the_loader_with_its_error(bu
     data = dataclasses.replace(prepared, path=copy).open()
     (copy / WORD_STARTS).unlink()
     stream = data.iterate(0, BATCH, workers=1)
-    with pytest.raises(FileNotFoundError, match=WORD_STARTS):
+    with pytest.raises(ValueError, match=WORD_STARTS):
         next(stream)
     stream.close()
 
@@ -674,6 +675,80 @@ def test_data_of_another_layout_is_refused(build):
     with pytest.raises(ValueError, match=r"prepared for model\.family=gpt2 \(causal rows\).*"
                                          r"model\.family=bert.*re-run `jaxlm prepare"):
         PretrainingData(prepared.path, "train", seed=0, family="bert")
+
+
+def _edit_manifest(change):
+    """A damage: `change` done to the manifest's contents."""
+    def damage(directory):
+        manifest = json.loads((directory / "manifest.json").read_text())
+        change(manifest)
+        (directory / "manifest.json").write_text(json.dumps(manifest))
+    return damage
+
+
+AGAIN = "re-run `jaxlm prepare CONFIG --overwrite`"
+# damage done to a copy of prepared data ({d}; {shard}: its first train shard), and the error that opening it gives
+DAMAGED = {
+    "manifest not an object": (lambda d: (d / "manifest.json").write_text("[]"),
+                               "{d}/manifest.json holds [], not a JSON object: " + AGAIN),
+    "no splits": (_edit_manifest(lambda m: m.pop("splits")), "{d}/manifest.json has no splits: " + AGAIN),
+    "examples not a number": (_edit_manifest(lambda m: m["splits"]["train"].update(examples="many")),
+                              "{d}/manifest.json has splits.train.examples='many', not a whole number of 0 or more: "
+                              + AGAIN),
+    "record_dtype not numpy's": (_edit_manifest(lambda m: m.update(record_dtype="<f9")),
+                                 "{d}/manifest.json has record_dtype='<f9', not one of <u2, <i4: " + AGAIN),
+    "no record_dtype": (_edit_manifest(lambda m: m.pop("record_dtype")),
+                        "{d}/manifest.json has no record_dtype: " + AGAIN),
+    "word starts missing": (lambda d: (d / WORD_STARTS).unlink(),
+                            f"{{d}}/{WORD_STARTS} cannot be read (No such file or directory); " + AGAIN),
+    "word starts junk": (lambda d: (d / WORD_STARTS).write_bytes(b"junk" * 16),
+                         f"{{d}}/{WORD_STARTS} cannot be read (not a NumPy array file); if the file is damaged, "
+                         + AGAIN),
+    "shard missing": (lambda d: sorted(d.glob("train-*"))[0].unlink(),
+                      "{shard} cannot be read (open() failed: No such file or directory; opening {shard}); " + AGAIN),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGED)
+def test_damaged_prepared_data_is_named_with_what_to_do(build, tmp_path, damage):
+    """Each was a traceback (AttributeError, KeyError, TypeError), a silent misreading (rows of uint16 read as int32),
+    numpy's own words ("pickled (object) data ... allow_pickle") or an error without its fix; `<f9` passed preflight."""
+    prepared = build("bert")
+    copy = tmp_path / "copy"
+    shutil.copytree(prepared.path, copy)
+    do, expected = DAMAGED[damage]
+    shard = sorted(copy.glob("train-*"))[0]
+    do(copy)
+    with pytest.raises(ValueError) as refused:
+        dataclasses.replace(prepared, path=copy).open().check_shards()
+    assert str(refused.value) == expected.format(d=copy, shard=shard)
+
+
+def test_a_shard_its_user_may_not_read_is_named_with_that_fix(build, monkeypatch):
+    """A shard the operating system would not open for its permissions said "if the file is damaged, re-run `jaxlm
+    prepare`". Root reads every file, so the reader's and the system's refusals are simulated."""
+    prepared = build("bert")
+    shard = prepared.path / prepared.manifest["splits"]["train"]["shards"][0]
+
+    class Refused:  # ArrayRecordReader of a file this user may not read
+        def __init__(self, path, *args, **kwargs):
+            self.path = path
+
+        def ok(self):
+            return False
+
+        def seek(self, position):
+            raise RuntimeError(f"open() failed: Permission denied; opening {self.path}")
+
+    def refuse(path, *args):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+    monkeypatch.setattr(records, "ArrayRecordReader", Refused)
+    monkeypatch.setattr(records, "open", refuse, raising=False)  # records' own `open`, not the builtin
+    with pytest.raises(ValueError) as refused:
+        prepared.open().check_shards()
+    assert str(refused.value) == (f"{shard} cannot be read (open() failed: Permission denied; opening {shard}); "
+                                  "give the user running jaxlm read access to it")
 
 
 def test_byte_level_bpe_data_prepared_before_its_sentences_kept_their_spaces_is_refused(build, tmp_path):

@@ -437,6 +437,13 @@ def test_a_source_that_changed_since_the_preparation_is_named(tmp_path):
                                   f"{then}, now {now}); pass --overwrite to rebuild it")
 
 
+def test_a_manifest_that_is_not_an_object_asks_for_overwrite(tmp_path):
+    """An AttributeError's traceback."""
+    (tmp_path / prep.MANIFEST).write_text("[]")
+    with pytest.raises(ValueError, match="is not a JSON object: the prepared data is damaged; pass --overwrite"):
+        prep.already_prepared(tmp_path, {"family": "bert"})
+
+
 def test_a_file_that_shrank_below_a_piece_is_named_with_its_real_size(tmp_path):
     """A file cut short after it was planned: the message once gave the piece's start (where the seek past the end
     left the file position) as the byte the file ended at."""
