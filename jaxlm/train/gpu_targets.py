@@ -78,7 +78,8 @@ def plugin_installed() -> bool:
 def devices(topology: str) -> list:
     """Compile-only devices for "h100" (one GPU), "h100:8" (8 GPUs of one host), "h100:2x8" (2 hosts of 8)."""
     found = _TOPOLOGY.match(topology.lower())
-    if found is None or found["gpu"] not in TARGETS or found["gpus"] == "0" or found["hosts"] == "0":
+    counts = [int(found[name]) for name in ("hosts", "gpus") if found and found[name] is not None]
+    if found is None or found["gpu"] not in TARGETS or not all(0 < count < 2 ** 31 for count in counts):
         raise TopologyError(f"GPU topology {topology!r} must look like h100, h100:8 or h100:2x8 "
                             f"(GPUs known: {', '.join(TARGETS)})")
     if not plugin_installed():
@@ -91,8 +92,8 @@ def devices(topology: str) -> list:
         return list(topologies.get_topology_desc(platform="cuda", target_config=TARGETS[found["gpu"]],
                                                  topology=shape).devices)
     except Exception as err:  # the plugin raises JaxRuntimeError / RuntimeError with its own text
-        raise TopologyError(f"could not make compile-only {found['gpu']} devices ({first_line(err)}); "
-                               f"{plugin_hint()}") from err
+        raise TopologyError(f"could not make compile-only devices for {topology!r} ({first_line(err)}); give fewer "
+                            "hosts or GPUs, e.g. h100:8 or h100:2x8") from err
 
 
 @contextlib.contextmanager

@@ -259,6 +259,8 @@ def test_bench_refuses_the_options_of_its_other_mode(options, expected, capsys):
     (["data", "show", "c.yaml", "--n", "-2"], "jaxlm data show: error: --n -2: give the number of examples"),
     (["compile", "configs/bert-tiny.yaml", "--num-slices", "0"],
      "jaxlm compile: error: --num-slices 0: give 1 or more slices"),
+    (["compile", "configs/bert-tiny.yaml", "--num-slices", str(10 ** 20)],  # was named an unknown TPU topology
+     f"jaxlm compile: error: --num-slices {10 ** 20}: give 1 or more slices (fewer than 2^31)"),
 ])
 def test_an_option_out_of_range_is_named_before_anything_is_read(argv, expected, capsys, monkeypatch):
     """bench data --batches 0 was a ZeroDivisionError's traceback; a negative --poll or --idle-timeout,

@@ -100,6 +100,9 @@ def test_eight_gpus_split_the_batch_and_all_reduce():
     (["model.attention_kernel=cudnn", "model.dtype=float32", "--topology", "h100"], PLUGIN,
      "model.attention_kernel='cudnn' computes in bfloat16 or float16, not model.dtype='float32'"),
     (["--topology", "h100:0"], PLUGIN, "GPU topology 'h100:0' must look like h100, h100:8 or h100:2x8"),
+    # these were "could not make compile-only h100 devices ...; pip install jax-cuda12-plugin", the plugin installed
+    (["--topology", "h100:00x8"], PLUGIN, "GPU topology 'h100:00x8' must look like h100, h100:8 or h100:2x8"),
+    (["--topology", f"h100:{10 ** 20}"], PLUGIN, f"GPU topology 'h100:{10 ** 20}' must look like h100"),
     (["--topology", "v5e:2x2", "--plan"], {}, "--plan reads a GPU's compiled step; 'v5e:2x2' is a TPU topology"),
     (["--topology", "h100"], {"PYTHONPATH": ""},
      "needs JAX's CUDA plugin, which is not installed: pip install jax-cuda12-plugin=="),
