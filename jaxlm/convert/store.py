@@ -252,7 +252,7 @@ def _config(mngr, step: int, path: pathlib.Path) -> tuple[TransformerConfig, Che
         stored = checkpoint.stored_config(mngr, step)
     if stored is None:
         raise _not_a_checkpoint(path, "its config item has no model")
-    return _stored_config(stored, path)
+    return _stored_config(stored, pathlib.Path(mngr.directory))  # a converted checkpoint's tokenizer/ is beside its steps
 
 
 def finetuned_for(path) -> str:
@@ -283,14 +283,14 @@ def load_checkpoint(path) -> tuple[TransformerConfig, dict, CheckpointTokenizer 
             return config, _restore_params(mngr, step, tree), tokenizer
 
 
-def _stored_config(stored: dict, path: pathlib.Path) -> tuple[TransformerConfig, CheckpointTokenizer | None]:
+def _stored_config(stored: dict, directory: pathlib.Path) -> tuple[TransformerConfig, CheckpointTokenizer | None]:
     if "train" in stored:
         run = config_lib.from_dict(stored)
         return run.model, CheckpointTokenizer(resolve_vocab(run.data), run.data.lowercase, run.data.sentinels,
                                               families.get(run.model.family).layout)
     config = model_config(**stored["model"])
     config.validate()
-    tokenizer = path / TOKENIZER_DIR
+    tokenizer = directory / TOKENIZER_DIR
     if not tokenizer.is_dir():
         return config, None
     return config, CheckpointTokenizer(tokenizer, layout=families.get(config.family).layout)
