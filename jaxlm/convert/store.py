@@ -252,7 +252,7 @@ def _config(mngr, step: int, path: pathlib.Path) -> tuple[TransformerConfig, Che
         stored = checkpoint.stored_config(mngr, step)
     if stored is None:
         raise _not_a_checkpoint(path, "its config item has no model")
-    return _stored_config(stored, pathlib.Path(mngr.directory))  # a converted checkpoint's tokenizer/ is beside its steps
+    return _stored_config(stored, pathlib.Path(mngr.directory))  # a converted checkpoint's tokenizer/: by its steps
 
 
 def finetuned_for(path) -> str:
