@@ -22,6 +22,14 @@ if [ $((total % count)) -ne 0 ]; then
   exit 2
 fi
 port=${JAXLM_PORT:-$((20000 + RANDOM % 20000))}
+if ! [[ $port =~ ^[1-9][0-9]{0,4}$ ]] || ((port > 65534)); then
+  echo "local_multiprocess.sh: error: JAXLM_PORT=$port: give a port from 1 to 65534 (the next one is taken too)" >&2
+  exit 2
+fi
+if [ ! -e "$config" ]; then  # said once here, not once by each process
+  echo "local_multiprocess.sh: error: $config does not exist; give a config file (or what JAXLM_COMMAND reads)" >&2
+  exit 2
+fi
 here=$(cd "$(dirname "$0")/.." && pwd)
 jaxlm=${JAXLM_BIN:-$here/.venv/bin/jaxlm}
 pids=()

@@ -148,15 +148,21 @@ def test_pod_launcher_trains_only_a_committed_config_from_the_checkout_root(tmp_
         assert proc.returncode == 2 and proc.stdout == "" and proc.stderr == f"tpu_pod.sh: error: {message}\n"
 
 
-@pytest.mark.parametrize("count, message", [
-    ("0", "N=0 processes and JAXLM_TOTAL_DEVICES=8: give positive whole numbers"),  # once bash's division by 0
-    ("-2", "N=-2 processes"),  # once started no process and exited 0
-    ("two", "N=two processes"),
-    ("3", "8 devices cannot be split evenly over 3 processes"),
+BERT = "configs/bert-tiny.yaml"
+
+
+@pytest.mark.parametrize("count, config, env, message", [
+    ("0", BERT, {}, "N=0 processes and JAXLM_TOTAL_DEVICES=8: give positive whole numbers"),  # once bash's division
+    ("-2", BERT, {}, "N=-2 processes"),  # once started no process and exited 0
+    ("two", BERT, {}, "N=two processes"),
+    ("3", BERT, {}, "8 devices cannot be split evenly over 3 processes"),
+    # each process said these, as distributed.coordinator='127.0.0.1:abc' or a missing config file
+    ("2", BERT, {"JAXLM_PORT": "abc"}, "JAXLM_PORT=abc: give a port from 1 to 65534"),
+    ("2", BERT, {"JAXLM_PORT": "65535"}, "JAXLM_PORT=65535: give a port"),
+    ("2", "configs/nope.yaml", {}, "configs/nope.yaml does not exist"),
 ])
-def test_local_launcher_bad_input(count, message):
-    proc = launch("bash", "launch/local_multiprocess.sh", count, "configs/bert-tiny.yaml",
-                  env={"JAXLM_TOTAL_DEVICES": "8"})
+def test_local_launcher_bad_input(count, config, env, message):
+    proc = launch("bash", "launch/local_multiprocess.sh", count, config, env={"JAXLM_TOTAL_DEVICES": "8", **env})
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith("local_multiprocess.sh: error: ") and message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
