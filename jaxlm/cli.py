@@ -361,7 +361,8 @@ def parser() -> argparse.ArgumentParser:
                       "--temp_location=gs://B/tmp\" for Dataflow")
     command(commands, "train", cmd_train, "train, or resume the run in train.run_dir")
     command(commands, "preflight", cmd_preflight, "the checks `train` makes on every process before any compute: "
-            "mesh, batch, the same config and data everywhere, a shared run directory")
+            "mesh, batch, the same config and data everywhere, prepared data that fits the run, a shared run "
+            "directory")
     bench = command(commands, "bench", cmd_bench, "time the compiled train step: tokens/s and MFU; "
                     "`jaxlm bench data CONFIG [CONFIG ...]`: the input pipeline's examples/s per core")
     bench.add_argument("--json", action="store_true", help="also print the row(s) as JSON")

@@ -167,13 +167,19 @@ class _Loader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen = {}
         for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # a merge (<<: *anchor) may be overridden, and an unhashable key is YAML's own error
             key = self.construct_object(key_node, deep=True)
             if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    problem=f"{key!r} is given twice in one mapping (first on line {seen[key] + 1}), and YAML would "
-                            "keep only the last; merge the two", problem_mark=key_node.start_mark)
+                raise KeyGivenTwice(problem=f"{key!r} is given twice in one mapping (first on line {seen[key] + 1}), "
+                                            "and YAML would keep only the last; merge the two",
+                                    problem_mark=key_node.start_mark)
             seen[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep)
+
+
+class KeyGivenTwice(yaml.constructor.ConstructorError):
+    """A mapping that names a key twice."""
 
 
 _Loader.yaml_implicit_resolvers = {
@@ -196,6 +202,8 @@ def parse_overrides(overrides: list[str]) -> dict:
         key, raw = item.split("=", 1)
         try:
             value = read_yaml(raw)
+        except KeyGivenTwice as err:
+            raise ConfigError(f"override {item!r}: {err.problem}") from None
         except yaml.YAMLError as err:
             raise ConfigError(f"override {item!r}: {getattr(err, 'problem', None) or 'not YAML'}; give a YAML value "
                               "(a number, a word, [a, b] or {key: value})") from None
@@ -338,7 +346,7 @@ def file_tree(path: pathlib.Path) -> dict:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
         problem = getattr(err, "problem", None) or "not YAML"
-        if "is given twice" in problem:
+        if isinstance(err, KeyGivenTwice):
             raise ConfigError(f"{where}: {problem}") from None
         raise ConfigError(f"{where}: {problem}; a config is a YAML mapping of sections (model, data, train, ...)"
                           ) from None
@@ -351,11 +359,11 @@ def file_tree(path: pathlib.Path) -> dict:
 
 
 def load(path: str | pathlib.Path, overrides: list[str] = ()) -> RunConfig:
-    tree = load_tree(path)
+    tree = merge(load_tree(path), parse_overrides(list(overrides)))
     if not tree:
-        raise ConfigError(f"{path} sets nothing; a config names at least its model (model: {{preset: bert-tiny}}) "
-                          "and data (configs/ has one for each family)")
-    return from_dict(merge(tree, parse_overrides(list(overrides))))
+        raise ConfigError(f"{path} sets nothing, nor do overrides; a config names at least its model (model: "
+                          "{preset: bert-tiny}) and data (configs/ has one for each family)")
+    return from_dict(tree)
 
 
 def unread_settings(path: str | pathlib.Path, overrides: list[str], config: RunConfig) -> list[str]:

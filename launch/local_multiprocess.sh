@@ -2,7 +2,8 @@
 # Start N jaxlm processes on this machine, joined by jax.distributed through a local coordinator.
 #   launch/local_multiprocess.sh N CONFIG [section.key=value ...]
 # Each process gets TOTAL_DEVICES / N simulated CPU devices (JAXLM_TOTAL_DEVICES, default 8) when
-# run on the CPU. JAXLM_COMMAND picks the subcommand (default: train). Exits non-zero if any fails.
+# run on the CPU. JAXLM_COMMAND picks the subcommand (default: train); JAXLM_PORT the coordinator's port (default:
+# a random one from 20000). Exits non-zero if any fails.
 # SIGTERM or SIGINT to this script reaches every process as SIGTERM (each stops at one step and saves); it then
 # waits for them all.
 set -euo pipefail
@@ -26,8 +27,9 @@ if ! [[ $port =~ ^[1-9][0-9]{0,4}$ ]] || ((port > 65534)); then
   echo "local_multiprocess.sh: error: JAXLM_PORT=$port: give a port from 1 to 65534 (the next one is taken too)" >&2
   exit 2
 fi
-if [ ! -e "$config" ]; then  # said once here, not once by each process
-  echo "local_multiprocess.sh: error: $config does not exist; give a config file (or what JAXLM_COMMAND reads)" >&2
+# said once here, not once by each process; eval's first argument may be a run that does not exist yet (--watch)
+if [[ ${JAXLM_COMMAND:-train} != eval && ! -e $config ]]; then
+  echo "local_multiprocess.sh: error: config $config does not exist" >&2
   exit 2
 fi
 here=$(cd "$(dirname "$0")/.." && pwd)

@@ -64,8 +64,8 @@ def check_output(out, overwrite: bool, source=None, kept_out_of=None) -> pathlib
     source_path = None if source is None else pathlib.Path(source).resolve()
     if source_path is not None and out.resolve() in (source_path, *source_path.parents):
         raise ValueError(f"output {out} would replace the input {source}; choose another output directory")
-    if kept_out_of is not None and pathlib.Path(kept_out_of).resolve() in out.resolve().parents:
-        raise ValueError(f"output {out} lies inside {kept_out_of}, where Orbax keeps the checkpoints; choose an "
+    if kept_out_of is not None and pathlib.Path(kept_out_of).resolve() in (out.resolve(), *out.resolve().parents):
+        raise ValueError(f"output {out} lies in {kept_out_of}, where Orbax keeps the checkpoints; choose an "
                          "output directory outside it")
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"{out} exists and is not a directory; choose another output directory")

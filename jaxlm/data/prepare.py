@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from jaxlm import families, file_lock
 from jaxlm.data.layouts import build_rows, check_roles, record_dtype
 from jaxlm.data.pieces import Piece, is_tfds, piece_documents, plan_pieces, source_documents, source_info
-from jaxlm.data.records import write_shards
+from jaxlm.data.records import PREPARE_AGAIN, write_shards
 from jaxlm.data.settings import PREPARATION_FIELDS, DataConfig, check_data, data_settings
 from jaxlm.data.sources import tfds_dir
 from jaxlm.data.tokenized import (Documents, RowSpill, TokenizedCorpus, piece_done, piece_path, sentence_space,
@@ -243,7 +243,7 @@ def already_prepared(output_dir, settings: dict) -> bool:
         return False
     manifest = read_json(path)
     if not isinstance(manifest, dict):
-        raise ValueError(f"{path} is not a JSON object: the prepared data is damaged; pass --overwrite to rebuild it")
+        raise ValueError(f"{path} is not a JSON object: the prepared data is damaged; {PREPARE_AGAIN}")
     differing = {k: (manifest.get(k), v) for k, v in settings.items() if manifest.get(k) != v}
     if differing:
         details = "; ".join(f"{k}: prepared {old!r}, config {new!r}" for k, (old, new) in differing.items())

@@ -203,7 +203,8 @@ def source_tokenizer(source: Source):
 
 
 def check_out(out: pathlib.Path, sources: list[Source]) -> None:
-    """Refuse an output directory inside (or equal to) a source's run or checkpoint directory."""
+    """Refuse an output directory inside (or equal to) a source's run or checkpoint directory, or where nothing can
+    be written."""
     target = out.resolve()
     for source in sources:
         for guarded in filter(None, (source.run_dir, source.directory, source.path)):

@@ -71,6 +71,9 @@ def parse_task(spec: str) -> Task:
                      "finetune:CONFIG (a fine-tune config)")
 
 
+TASK_FORMS = "heldout, ppl:FILE, choice:FILE.json[@K] or finetune:CONFIG"
+
+
 def parse_tasks(specs: Sequence[str]) -> list[Task]:
     """Tasks from comma-separated specs, in order, without repeats."""
     tasks: list[Task] = []
@@ -78,7 +81,7 @@ def parse_tasks(specs: Sequence[str]) -> list[Task]:
         parts = spec.split(",")
         if len(parts) > 1 and not all(part.strip() for part in parts):
             raise ValueError(f"--tasks {spec!r} has an empty task between its commas; name a task in each place "
-                             "(heldout, ppl:FILE or choice:FILE.json[@K]) or drop the extra comma")
+                             f"({TASK_FORMS}) or drop the extra comma")
         for part in parts:
             if part.strip():
                 task = parse_task(part)
@@ -89,7 +92,7 @@ def parse_tasks(specs: Sequence[str]) -> list[Task]:
                                      "name); give one of the files another name")
                 tasks.append(task)
     if not tasks:
-        raise ValueError("no task given; pass --tasks heldout, ppl:FILE or choice:FILE.json[@K]")
+        raise ValueError(f"no task given; pass --tasks with {TASK_FORMS}")
     return tasks
 
 

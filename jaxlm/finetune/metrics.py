@@ -31,10 +31,9 @@ def names_entities(tags) -> bool:
     named = sorted(tag for tag in tags if tag != "O" and entity(tag))
     if not named:
         return False
-    raise ValueError(f"tag {odd[0]!r} is neither O nor an entity tag (B-TYPE or I-TYPE), as others are "
+    raise ValueError(f"tag {odd[0]!r} is neither O nor an entity tag (B-, I-, E- or S-TYPE), as others are "
                      f"({', '.join(named[:3])}); fix the tag, or tag every word with tags of its own (NN, VB) for "
                      "tagging scored by accuracy")
-
 
 
 def entity_scores(gold: list[list[str]], predicted: list[list[str]], scheme: str = "IOB2",

@@ -97,7 +97,8 @@ class TransformerConfig:
     # (0: the whole logits at once).
     logits_chunks: int = 0
     # Decoders on packed rows: a row is one sequence, its documents attending to those before them and its positions
-    # running on, as GPT-2 and nanoGPT trained (false: each document attends within itself, positions restart).
+    # running on, as GPT-2 and nanoGPT attend (false: each document attends within itself, positions restart). The
+    # next document's first token stays no target of the end-of-text before it, which they do train.
     cross_document_attention: bool = False
     # Token tables, output projections and their biases get rows up to the next multiple of this
     # (Megatron's make-vocab-size-divisible-by, 64 or 128; tensor-parallel meshes need it when the vocabulary

@@ -21,7 +21,8 @@ def token_summary(stats: dict) -> dict:
 @dataclasses.dataclass(frozen=True)
 class CausalLmObjective(Objective):
     """`segment_ids` number the documents packed in a row (0 = padding): attention never crosses
-    them and positions restart in each. `targets` are the next tokens, weighted by `target_weights`."""
+    them and positions restart in each, unless model.cross_document_attention. `targets` are the next tokens,
+    weighted by `target_weights` (the token after a document's end-of-text is not a target)."""
 
     def fields(self):
         seq = self.max_seq_length

@@ -10,7 +10,7 @@ import time
 import jax
 from jax._src import distributed as jax_distributed  # the client, for barriers with a timeout (not public)
 
-from jaxlm.config import ConfigError, DistributedConfig
+from jaxlm.config import ConfigError, DistributedConfig, check_distributed
 from jaxlm.errors import first_line
 
 _CLUSTER_ENV = ("SLURM_NTASKS", "TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS", "OMPI_COMM_WORLD_SIZE")
@@ -38,6 +38,7 @@ def settings(config: DistributedConfig) -> dict:
 
 def initialize(config: DistributedConfig) -> bool:
     """Start the distributed runtime if needed; returns whether this is a multi-process run."""
+    check_distributed(config)  # eval and finetune build this section without loading a whole run's config
     if config.enabled == "false":
         return False
     values = settings(config)

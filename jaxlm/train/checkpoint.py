@@ -177,7 +177,8 @@ def open_checkpoint(path: epath.PathLike, step: int | None = None
         mngr.close()
 
 
-UNREADABLE_METADATA = "Failed to json parse Metadata file:"  # how Orbax begins its log of a damaged step metadata
+# how Orbax's logs of a step metadata file it could not read or parse begin (their first argument: the file)
+UNREADABLE_METADATA = ("Failed to read Metadata file:", "Failed to json parse Metadata file:")
 _unreadable_metadata_said: set[str] = set()
 
 
@@ -200,13 +201,14 @@ def _orbax_error_in_one_line(record: logging.LogRecord) -> bool:
     message = record.getMessage()
     if message.startswith("Given directory is read only"):
         return False
-    if message.startswith(UNREADABLE_METADATA):
-        path = message.removeprefix(UNREADABLE_METADATA).split(",", 1)[0].strip()
+    if str(record.msg).startswith(UNREADABLE_METADATA) and record.args:
+        path = str(record.args[0])
         if path in _unreadable_metadata_said:
             return False
         _unreadable_metadata_said.add(path)
         record.levelno, record.levelname, record.args = logging.WARNING, "WARNING", ()
-        record.msg = f"{path} is not valid JSON; it holds the step's times, which reading the checkpoint does not need"
+        record.msg = (f"{path} cannot be read as JSON; it holds the step's times, which reading the checkpoint "
+                      "does not need")
         return True
     if record.levelno >= logging.ERROR and record.exc_info and "/orbax/" in record.pathname:
         record.msg, record.args = (record.getMessage().strip().splitlines() or [""])[0], ()

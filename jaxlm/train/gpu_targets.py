@@ -92,8 +92,8 @@ def devices(topology: str) -> list:
         return list(topologies.get_topology_desc(platform="cuda", target_config=TARGETS[found["gpu"]],
                                                  topology=shape).devices)
     except Exception as err:  # the plugin raises JaxRuntimeError / RuntimeError with its own text
-        raise TopologyError(f"could not make compile-only devices for {topology!r} ({first_line(err)}); give fewer "
-                            "hosts or GPUs, e.g. h100:8 or h100:2x8") from err
+        raise TopologyError(f"could not make compile-only devices for {topology!r} ({first_line(err)}); "
+                            f"{plugin_hint()}") from err
 
 
 @contextlib.contextmanager

@@ -220,9 +220,10 @@ def test_training_run_initialised_from_a_conversion_exports_the_same_weights(tmp
     assert f"initialised from {tmp_path / 'init'}" in output and "leaving out" not in output  # the same depth
     checkpoints = tmp_path / "run" / "checkpoints"
     before = snapshot(checkpoints)
-    for source, out in ((tmp_path / "run", checkpoints / "hf"), (checkpoints / "1", checkpoints / "2")):
+    for source, out in ((tmp_path / "run", checkpoints / "hf"), (checkpoints / "1", checkpoints / "2"),
+                        (tmp_path / "run", checkpoints)):  # the folder itself: --overwrite would have deleted it
         code, _, err = cli(capsys, "convert", "to-hf", source, out, "--overwrite")
-        assert_one_error(code, err, "convert to-hf", f"output {out} lies inside {checkpoints}, where Orbax keeps")
+        assert_one_error(code, err, "convert to-hf", f"output {out} lies in {checkpoints}, where Orbax keeps")
     assert snapshot(checkpoints) == before
     assert cli(capsys, "convert", "to-hf", tmp_path / "run", tmp_path / "back")[0] == 0
     assert_same_tensors(model, tmp_path / "back")
@@ -386,7 +387,7 @@ def test_an_unreadable_step_metadata_file_is_one_warning(tmp_path, capsys, caplo
     metadata.write_text("")
     assert cli(capsys, "convert", "to-hf", ckpt, tmp_path / "out")[0] == 0
     said = [(r.levelname, r.getMessage()) for r in caplog.records if "_CHECKPOINT_METADATA" in r.getMessage()]
-    assert said == [("WARNING", f"{metadata} is not valid JSON; it holds the step's times, which reading the "
+    assert said == [("WARNING", f"{metadata} cannot be read as JSON; it holds the step's times, which reading the "
                                 "checkpoint does not need")]
 
 

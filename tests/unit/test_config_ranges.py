@@ -272,8 +272,16 @@ def test_a_key_given_twice_and_a_config_that_sets_nothing_are_refused(tmp_path):
         config_lib.load(BERT_TINY, ["train.steps=[1"])  # once a YAML parser's traceback
     empty = tmp_path / "empty.yaml"
     empty.write_text("# nothing yet\n")
-    with pytest.raises(ConfigError, match=re.escape(f"{empty} sets nothing; a config names at least its model")):
+    with pytest.raises(ConfigError, match=re.escape(f"{empty} sets nothing, nor do overrides; a config names")):
         config_lib.load(empty)
+    assert config_lib.load(empty, ["model.preset=bert-tiny"]).model.hidden_size == 128  # the overrides set it
+    merged = tmp_path / "merged.yaml"  # YAML's merge key, overridden by a key of the same name: not given twice
+    merged.write_text(f"include: {BERT_TINY}\ncommon: &common\n  steps: 3\ntrain:\n  <<: *common\n  steps: 4\n")
+    assert config_lib.file_tree(merged)["train"] == {"steps": 4}
+    unhashable = tmp_path / "unhashable.yaml"
+    unhashable.write_text("? [a]\n: 1\n")
+    with pytest.raises(ConfigError, match="unhashable.yaml:1: found unhashable key"):
+        config_lib.load(unhashable)
 
 
 def test_a_bad_include_is_named_with_the_file_that_includes_it(tmp_path):
@@ -315,6 +323,12 @@ def test_numbers_and_text_a_setting_cannot_take_are_named(override, expected):
     with pytest.raises(ConfigError) as refused:
         config_lib.load(BERT_TINY, [override])
     assert str(refused.value).startswith(expected)
+
+
+def test_cross_document_attention_is_a_decoders_setting():
+    for config in ("gpt2-tiny.yaml", "llama-tiny.yaml"):
+        loaded = config_lib.load(BERT_TINY.parent / config, ["model.cross_document_attention=true"])
+        assert loaded.model.cross_document_attention
 
 
 def test_a_boolean_where_text_is_read_is_read_as_yaml_writes_it():

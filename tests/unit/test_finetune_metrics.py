@@ -274,7 +274,7 @@ def test_entity_tags_are_told_from_tags_of_their_own_and_a_mix_is_refused():
     assert names_entities(("O", "B-PER", "I-PER", "E-LOC", "S-LOC")) and names_entities(("O",))
     assert not names_entities(("NN", "VB", "DT")) and not names_entities(("O", "NN"))
     for mixed in (("O", "B-PER", "X-FOO"), ("B-PER", "PER"), ("B-PER", "B-")):
-        with pytest.raises(ValueError, match="is neither O nor an entity tag .B-TYPE or I-TYPE., as others are"):
+        with pytest.raises(ValueError, match="is neither O nor an entity tag .B-, I-, E- or S-TYPE., as others are"):
             names_entities(mixed)
     task, settings = TASKS["token_classification"], FinetuneConfig(task="token_classification")
     with pytest.raises(ValueError, match=r"^finetune.train=t.jsonl \(or finetune.labels\): tag 'X-FOO' is neither"):

@@ -159,7 +159,7 @@ BERT = "configs/bert-tiny.yaml"
     # each process said these, as distributed.coordinator='127.0.0.1:abc' or a missing config file
     ("2", BERT, {"JAXLM_PORT": "abc"}, "JAXLM_PORT=abc: give a port from 1 to 65534"),
     ("2", BERT, {"JAXLM_PORT": "65535"}, "JAXLM_PORT=65535: give a port"),
-    ("2", "configs/nope.yaml", {}, "configs/nope.yaml does not exist"),
+    ("2", "configs/nope.yaml", {}, "config configs/nope.yaml does not exist"),
 ])
 def test_local_launcher_bad_input(count, config, env, message):
     proc = launch("bash", "launch/local_multiprocess.sh", count, config, env={"JAXLM_TOTAL_DEVICES": "8", **env})

@@ -440,7 +440,7 @@ def test_a_source_that_changed_since_the_preparation_is_named(tmp_path):
 def test_a_manifest_that_is_not_an_object_asks_for_overwrite(tmp_path):
     """An AttributeError's traceback."""
     (tmp_path / prep.MANIFEST).write_text("[]")
-    with pytest.raises(ValueError, match="is not a JSON object: the prepared data is damaged; pass --overwrite"):
+    with pytest.raises(ValueError, match="is not a JSON object: the prepared data is damaged; re-run .jaxlm prepare"):
         prep.already_prepared(tmp_path, {"family": "bert"})
 
 

@@ -107,6 +107,9 @@ def test_one_file_of_a_byte_level_bpe_pair_asks_for_its_directory(name, pair, tm
     assert main(["tokenize", "--tokenizer", str(path), "--input", str(text)]) == 2
     assert capsys.readouterr().err == (f"jaxlm tokenize: error: {path} is one file of a byte-level BPE pair; give the "
                                        f"directory that holds both {pair}\n")
+    path.unlink()  # a name mistyped, of no file: said as such
+    assert main(["tokenize", "--tokenizer", str(path), "--input", str(text)]) == 2
+    assert "file not found: " in capsys.readouterr().err
 
 
 def test_a_vocab_and_merges_of_two_tokenizers_are_refused_in_one_line(tmp_path):
@@ -125,7 +128,6 @@ def test_a_vocab_and_merges_of_two_tokenizers_are_refused_in_one_line(tmp_path):
 @pytest.mark.parametrize("config, error", [
     ("[1, 2]", ' is not a JSON object; give settings such as {"do_lower_case": true}'),  # was an AttributeError
     ('{"do_lower_case": "no"}', ': do_lower_case is "no"; give true or false'),  # these three were TypeErrors
-    ('{"do_lower_case": null}', ": do_lower_case is null; give true or false"),
     ('{"strip_accents": 1}', ": strip_accents is 1; give true, false or null (as do_lower_case)"),
 ])
 def test_a_bad_tokenizer_config_next_to_a_vocab_txt_is_refused_in_one_line(config, error, tmp_path):
@@ -136,10 +138,11 @@ def test_a_bad_tokenizer_config_next_to_a_vocab_txt_is_refused_in_one_line(confi
     assert str(refused.value) == f"{path}{error}"
 
 
-def test_a_tokenizer_config_may_leave_strip_accents_null(tmp_path):
-    """As transformers' BertTokenizer: null strips accents where it lower-cases."""
+def test_a_tokenizer_config_may_leave_strip_accents_and_do_lower_case_null(tmp_path):
+    """As transformers' BertTokenizer: null strips accents where it lower-cases; a null do_lower_case is the
+    default (lower-case)."""
     write(tmp_path, "vocab.txt", "[UNK]\ncafe\ncafé\nCafé\n".encode())
-    for lowercase, pieces in (("true", ["cafe"]), ("false", ["Café"])):
+    for lowercase, pieces in (("true", ["cafe"]), ("false", ["Café"]), ("null", ["cafe"])):
         write(tmp_path, "tokenizer_config.json", f'{{"do_lower_case": {lowercase}, "strip_accents": null}}'.encode())
         tokenizer = load_tokenizer(tmp_path)
         assert [tokenizer.backend.id_to_token(i) for i in tokenizer.encode("Café")] == pieces

@@ -36,7 +36,7 @@ def load_tokenizer(spec, lowercase: bool = True, sentinels: int = 0):
     path = tokenizer_path(spec)
     if path.is_dir():
         return _from_directory(path, lowercase, sentinels)
-    if path.name in BPE_PAIR_OF:
+    if path.name in BPE_PAIR_OF and path.is_file():
         raise ValueError(f"{path} is one file of a byte-level BPE pair; give the directory that holds both "
                          f"{' and '.join(BPE_PAIR_OF[path.name])}")
     if path.suffix == ".model":
@@ -66,13 +66,14 @@ def _from_directory(path: Path, lowercase: bool, sentinels: int):
 
 def _wordpiece_settings(path: Path, lowercase: bool) -> tuple[bool, bool | None]:
     """(do_lower_case, strip_accents) of a tokenizer_config.json, as transformers' BertTokenizer takes them: a
-    boolean, and a boolean or null (null: strip accents where it lower-cases)."""
+    boolean (null or absent: `lowercase`), and a boolean or null (null: strip accents where it lower-cases)."""
     if not path.is_file():
         return lowercase, None
     settings = read_json(path)
     if not isinstance(settings, dict):
         raise ValueError(f"{path} is not a JSON object; give settings such as {{\"do_lower_case\": true}}")
-    lowercase, strip_accents = settings.get("do_lower_case", lowercase), settings.get("strip_accents")
+    given = settings.get("do_lower_case")
+    lowercase, strip_accents = lowercase if given is None else given, settings.get("strip_accents")
     if not isinstance(lowercase, bool):
         raise ValueError(f"{path}: do_lower_case is {json.dumps(lowercase)}; give true or false")
     if not isinstance(strip_accents, bool | None):
