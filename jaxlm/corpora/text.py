@@ -105,7 +105,9 @@ def check_output_file(path: pathlib.Path, overwrite: bool, input_files: Sequence
 def check_writable(directory: pathlib.Path, what: str) -> None:
     """A PermissionError saying that `what` cannot be written in `directory`, or in the directory above it that exists
     (a read-only disk, no permission), found by making and removing a file there: before the work whose result would
-    have nowhere to go."""
+    have nowhere to go. A cloud URI (gs://...) is left to its store."""
+    if "://" in str(directory):
+        return
     directory = pathlib.Path(directory).absolute()
     directory = next(p for p in (directory, *directory.parents) if p.is_dir())
     try:
