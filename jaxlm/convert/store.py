@@ -61,10 +61,11 @@ def check_output(out, overwrite: bool, source=None, kept_out_of=None) -> pathlib
     """`out` as a path, after refusing a file, a non-empty directory unless `overwrite`, the `source` being
     converted or a directory holding it, and any place inside `kept_out_of` (the checkpoints of a run)."""
     out = pathlib.Path(out)
+    target = out.resolve()
     source_path = None if source is None else pathlib.Path(source).resolve()
-    if source_path is not None and out.resolve() in (source_path, *source_path.parents):
+    if source_path is not None and target in (source_path, *source_path.parents):
         raise ValueError(f"output {out} would replace the input {source}; choose another output directory")
-    if kept_out_of is not None and pathlib.Path(kept_out_of).resolve() in (out.resolve(), *out.resolve().parents):
+    if kept_out_of is not None and pathlib.Path(kept_out_of).resolve() in (target, *target.parents):
         raise ValueError(f"output {out} lies in {kept_out_of}, where Orbax keeps the checkpoints; choose an "
                          "output directory outside it")
     if out.exists() and not out.is_dir():

@@ -8,6 +8,8 @@ import sys
 import tempfile
 from typing import Iterable, Iterator, Sequence
 
+from jaxlm.train.storage import in_cloud
+
 _BOUNDARY = re.compile(r"[.!?]+[\"')\]\u2019\u201d]*\s+(?=[A-Z0-9\"'(\[\u2018\u201c])")
 _ABBREVIATION = re.compile(
     r"(?:^|[^A-Za-z])(?:Mr|Mrs|Ms|Messrs|Mme|Dr|St|Sr|Jr|Prof|Rev|Col|Gen|Maj|Capt|Lt|Sgt|Brig|Adm"
@@ -106,7 +108,7 @@ def check_writable(directory: pathlib.Path, what: str) -> None:
     """A PermissionError saying that `what` cannot be written in `directory`, or in the directory above it that exists
     (a read-only disk, no permission), found by making and removing a file there: before the work whose result would
     have nowhere to go. A cloud URI (gs://...) is left to its store."""
-    if "://" in str(directory):
+    if in_cloud(directory):
         return
     directory = pathlib.Path(directory).absolute()
     directory = next(p for p in (directory, *directory.parents) if p.is_dir())

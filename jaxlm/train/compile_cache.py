@@ -25,11 +25,10 @@ def enable(train) -> None:
         return
     in_run_dir = train.compile_cache == IN_RUN_DIR
     where = run_path(train.run_dir) / "compile-cache" if in_run_dir else run_path(train.compile_cache)
+    if (blocked := _file_in_the_way(where)) is not None:
+        raise ConfigError(f"train.compile_cache={train.compile_cache}: {blocked} is a file; name a directory for "
+                          "the compiled programs, run_dir (inside the run) or off")
     if not in_cloud(where):  # an object in a bucket is written whole or not at all
-        blocked = file_in_the_way(pathlib.Path(where))
-        if blocked is not None:
-            raise ConfigError(f"train.compile_cache={train.compile_cache}: {blocked} is a file; name a directory for "
-                              "the compiled programs, run_dir (inside the run) or off")
         drop_cut_short(pathlib.Path(where))
     jax.config.update("jax_compilation_cache_dir", str(where))
 
@@ -38,9 +37,15 @@ def check_users_cache() -> None:
     """A ConfigError where the user's JAX_COMPILATION_CACHE_DIR (which JAX reads itself, whatever the command) has
     a file standing where the directory is needed: JAX warned it could not use it, and every command went on."""
     theirs = jax.config.jax_compilation_cache_dir
-    if theirs and not in_cloud(theirs) and (blocked := file_in_the_way(pathlib.Path(theirs))) is not None:
+    if theirs and (blocked := _file_in_the_way(theirs)) is not None:
         raise ConfigError(f"JAX_COMPILATION_CACHE_DIR={theirs}: {blocked} is a file; name a directory for the compiled "
                           "programs, or unset it")
+
+
+def _file_in_the_way(where) -> pathlib.Path | None:
+    """The file standing where the cache's directory `where` is needed; None in a bucket, which has no files in the
+    way."""
+    return None if in_cloud(where) else file_in_the_way(pathlib.Path(where))
 
 
 def drop_cut_short(directory: pathlib.Path) -> list[pathlib.Path]:
