@@ -28,7 +28,7 @@ from jaxlm.convert.names import flatten
 from jaxlm.corpora.models import PACKAGED_MODELS
 from jaxlm.corpora.text import check_writable, file_in_the_way
 from jaxlm.data.bench import bench_data, format_data_table, median_rows
-from jaxlm.data.pipeline import open_data
+from jaxlm.data.pipeline import check_workers, open_data
 from jaxlm.data.prepare import Terminated, already_prepared, prepare, preparation_settings
 from jaxlm.data.sources import model_tokenizer, resolve_corpus
 from jaxlm.data.tokenized import TokenizationFailed
@@ -43,6 +43,7 @@ from jaxlm.train.profile import PROFILED_STEPS, format_profile
 from jaxlm.train.faults import TrainingStopped
 from jaxlm.train.preflight import preflight
 from jaxlm.train.loop import report, train
+from jaxlm.train.storage import missing_dirs, remove_if_empty
 
 
 def _load(args) -> config_lib.RunConfig:
@@ -97,7 +98,12 @@ def cmd_train(args) -> None:
 def cmd_preflight(args) -> None:
     config = _load(args)
     distributed.initialize(config.distributed)
-    lines, _ = preflight(config)
+    made = missing_dirs(config.train.run_dir)  # before any process makes them: preflight starts at a barrier
+    try:
+        lines, _ = preflight(config)
+    finally:
+        if jax.process_index() == 0:  # a mistyped run_dir leaves nothing behind
+            remove_if_empty(made)
     if jax.process_index() == 0:
         print("\n".join(["preflight passed:", *(f"  {line}" for line in lines)]))
 
@@ -183,6 +189,8 @@ def cmd_bench_data(args) -> None:
     if not paths:
         raise ConfigError("jaxlm bench data needs at least one config, e.g. jaxlm bench data configs/bert-tiny.yaml")
     workers = [None] if args.workers is None else _whole_numbers(args.workers, "--workers")
+    if args.workers is not None:
+        check_workers(max(workers), "--workers ")
     if args.repeat < 1:
         raise ConfigError(f"--repeat {args.repeat}: give 1 or more runs of each setting")
     if args.batches < 1:

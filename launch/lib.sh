@@ -8,3 +8,7 @@ quote() {
   done
   echo "${words[*]}"
 }
+
+# Whether $1 is a port a coordinator can take: JAX's service takes the next one too.
+coordinator_port() { [[ $1 =~ ^[1-9][0-9]{0,4}$ ]] && (($1 < 65535)); }
+COORDINATOR_PORT_FIX="give a port from 1 to 65534 (the next one is taken too)"

@@ -22,9 +22,11 @@ if [ $((total % count)) -ne 0 ]; then
   echo "local_multiprocess.sh: error: $total devices cannot be split evenly over $count processes" >&2
   exit 2
 fi
+here=$(cd "$(dirname "$0")/.." && pwd)
+source "$here/launch/lib.sh"
 port=${JAXLM_PORT:-$((20000 + RANDOM % 20000))}
-if ! [[ $port =~ ^[1-9][0-9]{0,4}$ ]] || ((port > 65534)); then
-  echo "local_multiprocess.sh: error: JAXLM_PORT=$port: give a port from 1 to 65534 (the next one is taken too)" >&2
+if ! coordinator_port "$port"; then
+  echo "local_multiprocess.sh: error: JAXLM_PORT=$port: $COORDINATOR_PORT_FIX" >&2
   exit 2
 fi
 # said once here, not once by each process; eval's first argument may be a run that does not exist yet (--watch)
@@ -32,7 +34,6 @@ if [[ ${JAXLM_COMMAND:-train} != eval && ! -e $config ]]; then
   echo "local_multiprocess.sh: error: config $config does not exist" >&2
   exit 2
 fi
-here=$(cd "$(dirname "$0")/.." && pwd)
 jaxlm=${JAXLM_BIN:-$here/.venv/bin/jaxlm}
 pids=()
 for ((i = 0; i < count; i++)); do

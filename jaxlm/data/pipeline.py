@@ -131,6 +131,20 @@ def _exit_with_the_trainer(trainer_pid: int) -> None:
     os._exit(1)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system keeps one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def check_workers(workers: int, setting: str) -> None:
+    """Refuse more loader processes than cores: each builds batches flat out, and each opens the split.
+    `setting` names it as typed: "data.workers=" or "--workers "."""
+    cores = usable_cores()
+    if workers > cores:
+        raise ConfigError(f"{setting}{workers} asks for more loader processes than the {cores} cores this process "
+                          f"may use: give at most {cores} (0: one background thread)")
+
+
 def _in_worker_processes(stream: grain.IterDataset, workers: int, prefetch: int,
                          ring: transfer.SlotRing | None) -> grain.IterDataset:
     """`stream`'s elements built by `workers` grain processes that take them in turn, `prefetch` ahead each,

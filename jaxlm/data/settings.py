@@ -62,7 +62,8 @@ class DataConfig:
     shard_size: int = 20000
     piece_mb: float = 16.0  # text tokenized as one unit (by one Beam worker; kept when a run is interrupted)
     seed: int = 12345
-    # the input pipeline (grain): 0 builds batches in a background thread, N in N worker processes
+    # the input pipeline (grain): 0 builds batches in a background thread, N in N worker processes (at most
+    # the cores the run may use)
     workers: int = 0
 
 

@@ -14,7 +14,7 @@ from jax.experimental import multihost_utils
 
 from jaxlm import config as config_lib
 from jaxlm.config import ConfigError, RunConfig
-from jaxlm.data.pipeline import MANIFEST, open_data
+from jaxlm.data.pipeline import MANIFEST, check_workers, open_data
 from jaxlm.parallel import distributed
 from jaxlm.parallel.mesh import make_mesh
 from jaxlm.train.storage import run_path
@@ -24,6 +24,7 @@ def preflight(config: RunConfig) -> tuple[list[str], tuple]:
     """Every check, on every process (all must call it); raises ConfigError naming the processes at
     fault; returns what was checked, a line each, and the data it opened: (tokenizer, train split, held-out split)."""
     timeout = config.distributed.barrier_timeout_s
+    check_workers(config.data.workers, "data.workers=")
     distributed.barrier("preflight", timeout)
     mesh = make_mesh(config.mesh)
     check_batch(config, mesh)

@@ -20,6 +20,26 @@ def run_path(setting) -> epath.Path:
     return epath.Path(text if in_cloud(text) else os.path.abspath(text))
 
 
+def missing_dirs(path) -> list[epath.Path]:
+    """The local directories from `path` up that do not exist yet, deepest first (none in the cloud)."""
+    if in_cloud(path):
+        return []
+    missing, here = [], run_path(path)
+    while not here.exists() and here != here.parent:
+        missing.append(here)
+        here = here.parent
+    return missing
+
+
+def remove_if_empty(dirs: list[epath.Path]) -> None:
+    """Remove each of `dirs` (deepest first) that holds nothing, stopping at the first that holds something."""
+    for directory in dirs:
+        try:
+            directory.rmdir()
+        except OSError:
+            return
+
+
 class GrowingText:
     """A text file grown by `write`: a local file is appended to, each line on disk at once; a cloud
     object (which cannot be appended to) is rewritten whole at most every `every_s` seconds and on

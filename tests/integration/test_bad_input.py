@@ -37,6 +37,8 @@ CASES = {
     "batch vs mesh": ({"train": {"global_batch": 12}}, [], ["global_batch=12", "batch shards"]),
     "spikes without skipping": ({}, ["train.spike_sigmas=3"], ["train.spike_sigmas=3:", "set train.nonfinite=skip"]),
     "negative workers": ({}, ["data.workers=-2"], ["data.workers=-2: use 0", "worker processes"]),
+    "more workers than cores": ({}, ["data.workers=100000"], ["data.workers=100000 asks for more loader processes "
+                                                              "than the", "give at most"]),
     "unknown undecodable policy": ({}, ["data.undecodable=drop"], ["data.undecodable='drop'", "fail", "skip"]),
     "model switch not a boolean": ({}, ["model.fp8=maybe"], ["model.fp8 must be true or false, got 'maybe'"]),
     "vocabulary not divisible by the tensor axis": (
@@ -254,6 +256,8 @@ def test_bench_refuses_the_options_of_its_other_mode(options, expected, capsys):
 
 @pytest.mark.parametrize(("argv", "expected"), [
     (["bench", "data", "c.yaml", "--batches", "0"], "jaxlm bench: error: --batches 0: give 1 or more batches to time"),
+    (["bench", "data", "c.yaml", "--workers", "0,100000"],
+     "jaxlm bench: error: --workers 100000 asks for more loader processes than the"),
     (["eval", "run", "--watch", "--poll", "0"], "jaxlm eval: error: --poll 0: give the seconds between looks"),
     (["eval", "run", "--watch", "--idle-timeout", "-5"], "jaxlm eval: error: --idle-timeout -5: give the seconds"),
     (["data", "show", "c.yaml", "--n", "-2"], "jaxlm data show: error: --n -2: give the number of examples"),

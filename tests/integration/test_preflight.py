@@ -39,7 +39,19 @@ def test_two_processes_pass(config, tmp_path):
     assert "preflight passed:" in out0 and "over 8 devices of 2 processes" in out0
     assert "global batch 32: 4 rows per batch shard, 16 read by each process" in out0
     assert "preflight passed" not in out1  # process 0 reports
-    assert list((tmp_path / "run").iterdir()) == []  # the probe is cleaned up
+    assert not (tmp_path / "run").exists()  # the probe is cleaned up, and the run directory made for it
+
+
+def test_a_run_directory_preflight_made_is_removed_and_one_that_was_there_is_kept(config, tmp_path, capsys):
+    """A mistyped train.run_dir used to be left behind as an empty tree of directories."""
+    made = tmp_path / "typo" / "deeper" / "run"
+    assert main(["preflight", str(config), f"train.run_dir={made}"]) == 0
+    assert "preflight passed:" in capsys.readouterr().out
+    assert list(tmp_path.glob("typo*")) == []
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    assert main(["preflight", str(config), f"train.run_dir={kept / 'run'}"]) == 0
+    assert kept.is_dir() and list(kept.iterdir()) == []
 
 
 def test_a_process_with_another_config_is_named(config):
