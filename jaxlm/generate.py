@@ -19,6 +19,8 @@ from jaxlm.parallel.mesh import batch_shards, mesh_and_rules
 
 # Hugging Face's "never choose this" offset in beam search, kept identical so that beam choices match.
 NEG = -1.0e9
+FLOAT32_RANGE = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)  # the logits / temperature
+COUNT_LIMIT = 2 ** 31  # token counts and positions are int32 in the jitted loop
 
 
 class Generation(NamedTuple):
@@ -69,7 +71,9 @@ def sample_next(logits: jax.Array, rng: jax.Array, temperature: float = 0.0, top
     after top-k, then top-p filtering (Hugging Face's order)."""
     if temperature == 0:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    logits = logits.astype(jnp.float32) / temperature
+    logits = logits.astype(jnp.float32)
+    # the best at 0 before dividing: a small temperature sends the others to -inf, not the best to inf (then NaN)
+    logits = (logits - jnp.max(logits, axis=-1, keepdims=True)) / temperature
     if top_k > 0:
         logits = top_k_filter(logits, top_k)
     if top_p < 1.0:
@@ -80,6 +84,10 @@ def sample_next(logits: jax.Array, rng: jax.Array, temperature: float = 0.0, top
 def check_sampling(temperature: float, top_k: int, top_p: float, num_beams: int = 1) -> None:
     if not 0 <= temperature < math.inf:
         raise ValueError(f"temperature={temperature} must be a number >= 0 (0 is greedy)")
+    tiny, largest = FLOAT32_RANGE
+    if 0 < temperature < tiny or temperature > largest:
+        raise ValueError(f"temperature={temperature} is outside float32's range, in which the logits are divided: "
+                         f"use 0 for greedy, or a temperature from {tiny:.2g} to {largest:.2g}")
     if top_k < 0:
         raise ValueError(f"top_k={top_k} must be >= 0 (0 keeps every token)")
     if not 0 < top_p <= 1:
@@ -325,8 +333,8 @@ def _knobs(eos_id: int | None, pad_id: int, length_penalty: float) -> Knobs:
 
 
 def _check_counts(max_new_tokens: int, rows: int, early_stopping) -> None:
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
+    if not 1 <= max_new_tokens < COUNT_LIMIT:
+        raise ValueError(f"max_new_tokens={max_new_tokens} must lie in [1, 2**31)")
     if rows < 1:
         raise ValueError("no prompts to generate from")
     if early_stopping not in (True, False, "never"):
@@ -463,6 +471,7 @@ def generate_from_checkpoint(checkpoint, prompts: list[str], *, max_new_tokens: 
     """{"prompt", "generated" text, "token_ids"} per prompt, from a converted or run checkpoint and its
     tokenizer; every argument is checked before the parameters are read."""
     check_sampling(temperature, top_k, top_p, num_beams)
+    _check_counts(max_new_tokens, len(prompts), True)
     if not 0 <= seed < 2 ** 31:
         raise ValueError(f"seed={seed} must lie in [0, 2**31)")
     config, checkpoint_tokenizer = checkpoint_config(checkpoint)

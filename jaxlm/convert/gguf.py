@@ -292,6 +292,11 @@ def gguf_tokenizer(path_or_reader):
         raise ValueError(f"GGUF tokenizer.ggml.model={info['model']!r} is not supported: jaxlm builds only "
                          "byte-level BPE ('gpt2') tokenizers from GGUF files")
     tokens = byte_level_tokens(metadata(reader, "tokenizer.ggml.tokens"))
+    outside = next((key for key in ("bos_token_id", "eos_token_id") if info[key] is not None
+                    and not 0 <= info[key] < len(tokens)), None)
+    if outside:
+        raise ValueError(f"GGUF tokenizer.ggml.{outside}={info[outside]} is outside the file's {len(tokens):,} tokens: "
+                         "the file is damaged; download or convert it again")
     kinds = metadata(reader, "tokenizer.ggml.token_type", [1] * len(tokens))
     merges = [tuple(m.split(" ", 1)) for m in metadata(reader, "tokenizer.ggml.merges")]
     tokenizer = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
@@ -317,8 +322,8 @@ def save_tokenizer(tokenizer, directory) -> pathlib.Path:
 # ---------------------------------------------------------------- loading
 
 def load_gguf(path, **config_overrides) -> tuple[TransformerConfig, dict, dict]:
-    """(config, CausalLM parameter tree, tokenizer info) of a Llama-architecture GGUF file."""
-    reader = open_gguf(path)
+    """(config, CausalLM parameter tree, tokenizer info) of a Llama-architecture GGUF file (a path, or its reader)."""
+    reader = _reader(path)
     check_architecture(reader)
     check_tensor_types(reader)
     hf_config = hf_llama_config(reader)

@@ -22,6 +22,7 @@ import safetensors
 import safetensors.flax
 import safetensors.numpy
 
+from jaxlm.config import typed_values
 from jaxlm.convert.names import (Entry, dense, encoder_layer, flatten, has_group, norm, params_from_hf, params_to_hf,
                                  plain, prefixed, unflatten)
 from jaxlm.errors import first_line
@@ -135,8 +136,9 @@ def check_family(config: Mapping, model_type: str, family: str) -> None:
 
 
 def build_config(fields: dict, overrides: dict) -> TransformerConfig:
-    """A validated TransformerConfig from converted fields; `overrides` win."""
-    result = model_config(**{**fields, **overrides})
+    """A validated TransformerConfig from converted fields, each of its field's type (64.0 is 64; null refused);
+    `overrides` win."""
+    result = model_config(**{**typed_values(TransformerConfig(), fields, "model"), **overrides})
     result.validate()
     return result
 
@@ -145,7 +147,22 @@ def read_config(model_dir) -> dict:
     path = pathlib.Path(model_dir) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"no Hugging Face config.json at {path}")
-    return read_json(path)
+    config = read_json(path)
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} is not a JSON object of settings; give the config.json saved with the model")
+    quoted = next((f"{key}={value!r}" for key, value in config.items() if isinstance(value, str) and _numeral(value)),
+                  None)
+    if quoted:
+        raise ValueError(f"{path}: {quoted} is a string; write the number without quotes")
+    return config
+
+
+def _numeral(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 # ---------------------------------------------------------------- reading tensors

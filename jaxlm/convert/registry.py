@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pathlib
 from typing import Mapping
 
 import flax.linen as nn
@@ -15,6 +16,7 @@ from jaxlm.convert.hf import read_config, read_tensors
 from jaxlm.convert.layout import stack_layers, unstack_layers
 from jaxlm.convert.names import flatten, plain, unflatten
 from jaxlm.data.settings import DataConfig
+from jaxlm.errors import first_line
 from jaxlm.models.config import TransformerConfig, check_vocab_multiple
 
 
@@ -45,8 +47,12 @@ def from_hf(model_dir, *, scan_layers: bool = False, vocab_multiple: int = 1,
     the token tables are padded (`padded_vocab`)."""
     hf_config = read_config(model_dir)
     family = family_for_hf(hf_config)
-    config = family.converter("config_from_hf")(hf_config, **overrides)
-    check_vocab_multiple(vocab_multiple, "--vocab-multiple")
+    try:
+        config = family.converter("config_from_hf")(hf_config, **overrides)
+    except TypeError as err:  # a size given as null (or a list) where the converter computes with it
+        raise ValueError(f"{pathlib.Path(model_dir) / 'config.json'}: a setting is not a number ({first_line(err)}); "
+                         "give sizes and rates as JSON numbers") from None
+    check_vocab_padding(config.vocab_size, vocab_multiple)
     params = family.converter("params_from_hf")(read_tensors(model_dir), config)
     config, params = padded_vocab(config, params, vocab_multiple)
     return scan_layout(config, params) if scan_layers else (config, params)
@@ -54,11 +60,15 @@ def from_hf(model_dir, *, scan_layers: bool = False, vocab_multiple: int = 1,
 
 def from_gguf(path, *, scan_layers: bool = False, vocab_multiple: int = 1,
               **overrides) -> tuple[TransformerConfig, dict, dict[str, str]]:
-    """(config, parameter tree, tokenizer files by name) of a llama.cpp GGUF file, via jaxlm.convert.gguf."""
+    """(config, parameter tree, tokenizer files by name) of a llama.cpp GGUF file, via jaxlm.convert.gguf; its
+    metadata and tokenizer are checked before any tensor is dequantised."""
     check_vocab_multiple(vocab_multiple, "--vocab-multiple")
-    config, params, info = gguf.load_gguf(path, **overrides)
+    reader = gguf.open_gguf(path)
+    vocab_size = gguf.hf_llama_config(reader)["vocab_size"]
+    tokenizer = gguf.gguf_tokenizer(reader)
+    check_vocab_padding(vocab_size, vocab_multiple)
+    config, params, info = gguf.load_gguf(reader, **overrides)
     config, params = padded_vocab(config, params, vocab_multiple)
-    tokenizer = gguf.gguf_tokenizer(path)
     settings = {f"{kind}_token": tokenizer.id_to_token(info[f"{kind}_token_id"])
                 for kind in ("bos", "eos") if info.get(f"{kind}_token_id") is not None}
     if info.get("chat_template"):
@@ -67,6 +77,14 @@ def from_gguf(path, *, scan_layers: bool = False, vocab_multiple: int = 1,
              "tokenizer_config.json": json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", **settings}, indent=2)}
     config, params = scan_layout(config, params) if scan_layers else (config, params)
     return config, params, files
+
+
+def check_vocab_padding(vocab_size: int, multiple: int) -> None:
+    """A --vocab-multiple of 1 or more, and at most the vocabulary: a larger one pads in more rows than it has."""
+    check_vocab_multiple(multiple, "--vocab-multiple")
+    if multiple > vocab_size:
+        raise ValueError(f"--vocab-multiple={multiple} is larger than the vocabulary it pads ({vocab_size:,} tokens); "
+                         "use a row multiple such as 64 or 128")
 
 
 def vocab_axes(config: TransformerConfig) -> dict[str, int]:

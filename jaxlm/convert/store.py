@@ -8,7 +8,9 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import tempfile
+import threading
 from typing import Mapping
 
 import jax
@@ -78,22 +80,50 @@ def check_output(out, overwrite: bool, source=None, kept_out_of=None) -> pathlib
 
 
 @contextlib.contextmanager
+def _noting_interrupts(raising: bool):
+    """Yields a list that Ctrl-C inside the block is appended to; it raises KeyboardInterrupt there only where
+    `raising`. (Python's own handler leaves no trace when its KeyboardInterrupt lands in JAX's garbage-collection
+    hook, which ignores it.)"""
+    received = []
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) in (
+            signal.SIG_IGN, None):  # a signal ignored stays ignored (a job started in the background)
+        yield received
+        return
+
+    def note(*_):
+        received.append(signal.SIGINT)
+        if raising:
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, note)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
 def staged(out, overwrite: bool = False):
-    """Yields a fresh sibling directory of `out`; it becomes `out` only when the block succeeds."""
+    """Yields a fresh sibling directory of `out`; it becomes `out` only when the block succeeds uninterrupted
+    (Ctrl-C while the earlier `out` is swapped for it waits until the swap is done)."""
     out = check_output(out, overwrite).absolute()
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = pathlib.Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
     try:
-        yield staging
+        with _noting_interrupts(raising=True) as received:
+            yield staging
+            if received:  # raised inside JAX's garbage-collection hook, and ignored there
+                raise KeyboardInterrupt
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     staging.chmod(0o755)
     old = None
-    if out.exists():
-        old = pathlib.Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
-        os.replace(out, old / out.name)
-    os.replace(staging, out)
+    with _noting_interrupts(raising=False):
+        if out.exists():
+            old = pathlib.Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
+            os.replace(out, old / out.name)
+        os.replace(staging, out)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -195,9 +225,12 @@ def save_converted(out_dir, config: TransformerConfig, params: Mapping, tokenize
     with staged(out_dir, overwrite) as staging:
         mngr = checkpoint.manager(staging, keep=1, async_save=False)
         record = {"model": dataclasses.asdict(config), "source": str(source)}
-        checkpoint.save(mngr, 0, {"params": dict(params)}, {"step": 0}, record)
-        mngr.wait_until_finished()
-        mngr.close()
+        with _noting_interrupts(raising=False) as received:  # cut short, Orbax's threads write on into staging
+            checkpoint.save(mngr, 0, {"params": dict(params)}, {"step": 0}, record)
+            mngr.wait_until_finished()
+            mngr.close()
+        if received:
+            raise KeyboardInterrupt
         copy_tokenizer(tokenizer_dir, staging / TOKENIZER_DIR)
         for name, text in (tokenizer_files or {}).items():
             (staging / TOKENIZER_DIR).mkdir(exist_ok=True)
@@ -289,7 +322,7 @@ def _stored_config(stored: dict, directory: pathlib.Path) -> tuple[TransformerCo
         run = config_lib.from_dict(stored)
         return run.model, CheckpointTokenizer(resolve_vocab(run.data), run.data.lowercase, run.data.sentinels,
                                               families.get(run.model.family).layout)
-    config = model_config(**stored["model"])
+    config = model_config(**config_lib.typed_values(TransformerConfig(), stored["model"], "model"))
     config.validate()
     tokenizer = directory / TOKENIZER_DIR
     if not tokenizer.is_dir():

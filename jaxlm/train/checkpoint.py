@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import sys
 import warnings
 from typing import Callable, Iterator
@@ -290,7 +291,22 @@ def check_fits(stored, abstract, where: str, listed: int = 6) -> None:
             problems.append(f"{name} missing")
         elif have[name] != shape:
             problems.append(f"{name} checkpoint {have[name]} vs config {shape}")
+    layouts = layer_layout(have), layer_layout(leaf_shapes(abstract))
+    if problems and None not in layouts and layouts[0] != layouts[1]:
+        raise ValueError(f"{where}: the checkpoint stores its layers {LAYOUT_WORDS[layouts[0]]} and this config "
+                         f"{LAYOUT_WORDS[layouts[1]]}: set model.scan_layers={str(layouts[0] == 'scan').lower()}")
     if problems:
         more = f" (and {len(problems) - listed} more)" if len(problems) > listed else ""
         raise ValueError(f"{where}: the checkpoint does not fit model config: {'; '.join(problems[:listed])}{more}; "
                          "make the model section match the checkpoint (same preset and sizes)")
+
+
+LAYOUT_WORDS = {"scan": "stacked (model.scan_layers=true)", "loop": "one by one (model.scan_layers=false)"}
+
+
+def layer_layout(names) -> str | None:
+    """"scan" where parameter names (leaf_shapes' keys) hold one stacked `layers` subtree, "loop" where they hold
+    `layer_0`.. (jaxlm.convert.layout), None where neither."""
+    if any("['layers']" in name for name in names):
+        return "scan"
+    return "loop" if any(re.search(r"\['layer_\d+'\]", name) for name in names) else None

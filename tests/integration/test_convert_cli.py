@@ -2,7 +2,9 @@
 and the same outputs back, and clear errors on bad input that leave existing files alone."""
 from __future__ import annotations
 
+import dataclasses
 import json
+import pathlib
 import shutil
 import sys
 
@@ -175,6 +177,11 @@ def test_scan_layers_stores_stacked_params_and_round_trips(converted, tmp_path, 
     ids = jnp.zeros((1, 4), jnp.int32)
     shapes = jax.eval_shape(lambda: nn.unbox(CausalLM(config).init(jax.random.key(0), ids)))["params"]
     assert jax.tree.map(np.shape, params) == jax.tree.map(lambda s: s.shape, shapes)
+    looped = CausalLM(dataclasses.replace(config, scan_layers=False))
+    loop_shapes = jax.eval_shape(lambda: nn.unbox(looped.init(jax.random.key(0), ids)))["params"]
+    with pytest.raises(ValueError, match=r"stores its layers stacked \(model.scan_layers=true\) and this config one by "
+                                         r"one \(model.scan_layers=false\): set model.scan_layers=true$"):
+        restore_params(tmp_path / "scan", loop_shapes)  # train.init_from of a --scan-layers conversion, looping
     assert cli(capsys, "convert", "to-hf", tmp_path / "scan", tmp_path / "back")[0] == 0
     assert_same_tensors(model, tmp_path / "back")
 
@@ -431,3 +438,64 @@ def test_real_cli_process_reports_errors_on_one_line(tmp_path):
 def test_generate_refuses_sampling_numbers_it_cannot_use(capsys, converted, option, value, expected):
     code, _, err = cli(capsys, "generate", converted["gpt2"][2], "--prompt", "hello", option, value)
     assert_one_error(code, err, "generate", expected)
+
+
+@pytest.mark.parametrize("config, expected", [
+    ([{"model_type": "gpt2"}], "config.json is not a JSON object of settings; give the config.json saved with the "
+                               "model"),
+    ({"model_type": "gpt2", "n_embd": "64"}, "config.json: n_embd='64' is a string; write the number without quotes"),
+    ({"model_type": "bert", "layer_norm_eps": "1e-12"}, "config.json: layer_norm_eps='1e-12' is a string"),
+    ({"model_type": "gpt2", "n_embd": None}, "config.json: a setting is not a number (unsupported operand"),
+    ({"model_type": "bert", "num_hidden_layers": True}, "model.num_layers must be a number, got True"),
+    ({"model_type": "gpt2", "n_embd": 64, "n_head": 4},
+     "--vocab-multiple=100000000000 is larger than the vocabulary it pads (50,257 tokens); use a row multiple such as "
+     "64 or 128"),
+], ids=["a-list", "quoted-size", "quoted-rate", "null-size", "true-layers", "vocab-multiple"])
+def test_from_hf_refuses_a_config_json_of_the_wrong_shape_before_reading_tensors(tmp_path, capsys, config, expected):
+    """Each was a traceback (AttributeError, TypeError, or a MemoryError for 23 TiB of padding), or went on with
+    "64" repeated as a string ("64646464") for GPT-2's inner size."""
+    source = tmp_path / "hf"
+    source.mkdir()
+    (source / "config.json").write_text(json.dumps(config))
+    (source / "model.safetensors").write_text("not a tensor file: reading it would fail differently")
+    code, _, err = cli(capsys, "convert", "from-hf", source, tmp_path / "out", "--vocab-multiple", "100000000000")
+    assert_one_error(code, err, "convert from-hf", expected)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_whole_float_size_in_config_json_becomes_an_integer():
+    """n_embd=64.0 (JSON written by other tools) was kept a float, and Flax refused it as a shape mid-conversion."""
+    config = {"model_type": "gpt2", "n_embd": 64.0, "n_layer": 2, "n_head": 4}
+    converted = registry.family_for_hf(config).converter("config_from_hf")(config)
+    assert (converted.hidden_size, converted.intermediate_size) == (64, 256)
+    assert type(converted.hidden_size) is int and type(converted.intermediate_size) is int
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowing, as Python says it
+def test_ctrl_c_that_jax_garbage_collection_hook_swallows_still_keeps_the_earlier_output(tmp_path):
+    """Python's KeyboardInterrupt, raised where JAX's gc callback runs, is printed as "Exception ignored" and lost:
+    the conversion went on and replaced the earlier output though Ctrl-C had been pressed."""
+    import gc
+    import signal
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("an earlier conversion")
+
+    def interrupt_in_gc(phase, info):
+        if phase == "start":
+            gc.callbacks.remove(interrupt_in_gc)
+            signal.raise_signal(signal.SIGINT)
+
+    # Ctrl-C's handler as in a terminal, even where the suite runs as a background job (SIGINT ignored)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with store.staged(out, overwrite=True) as staging:
+                (staging / "new.txt").write_text("half a conversion")
+                gc.callbacks.append(interrupt_in_gc)
+                gc.collect()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert snapshot(out) == {pathlib.Path("keep.txt"): b"an earlier conversion"}

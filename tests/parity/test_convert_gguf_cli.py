@@ -90,3 +90,50 @@ def test_from_gguf_says_a_file_is_not_gguf_without_naming_python(tmp_path, capsy
     assert capsys.readouterr().err.strip().splitlines() == [
         f"jaxlm convert from-gguf: error: {path} {NOT_GGUF.format(why=why)}"]
     assert not (tmp_path / "out").exists()
+
+
+def tiny_llama_gguf(path, tokenizer_model="gpt2", eos=1, vocab=50):
+    """A one-layer Llama GGUF of float32 tensors, hidden size 8, over a made-up byte-level vocabulary."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for add, value in ((writer.add_block_count, 1), (writer.add_context_length, 32), (writer.add_embedding_length, 8),
+                       (writer.add_feed_forward_length, 16), (writer.add_head_count, 2),
+                       (writer.add_head_count_kv, 2), (writer.add_layer_norm_rms_eps, 1e-5),
+                       (writer.add_tokenizer_model, tokenizer_model),
+                       (writer.add_token_list, [chr(ord("a") + i % 26) * (1 + i // 26) for i in range(vocab)]),
+                       (writer.add_token_merges, ["a a"]), (writer.add_bos_token_id, 0),
+                       (writer.add_eos_token_id, eos)):
+        add(value)
+    shapes = {"token_embd.weight": (vocab, 8), "output_norm.weight": (8,), "blk.0.attn_norm.weight": (8,),
+              **{f"blk.0.attn_{n}.weight": (8, 8) for n in ("q", "k", "v", "output")}, "blk.0.ffn_norm.weight": (8,),
+              "blk.0.ffn_gate.weight": (16, 8), "blk.0.ffn_up.weight": (16, 8), "blk.0.ffn_down.weight": (8, 16)}
+    for name, shape in shapes.items():
+        writer.add_tensor(name, np.random.default_rng(0).standard_normal(shape).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("settings, options, says", [
+    ({"tokenizer_model": "llama"}, [], "GGUF tokenizer.ggml.model='llama' is not supported"),  # Llama 2, Mistral
+    ({"eos": 999}, [], "GGUF tokenizer.ggml.eos_token_id=999 is outside the file's 50 tokens: the file is damaged"),
+    ({}, ["--vocab-multiple", "100000000000"],  # was a MemoryError's traceback
+     "--vocab-multiple=100000000000 is larger than the vocabulary it pads (50 tokens)"),
+], ids=["sentencepiece", "eos-outside", "vocab-multiple"])
+def test_from_gguf_refuses_its_tokenizer_and_settings_before_dequantising(tmp_path, capsys, monkeypatch, settings,
+                                                                         options, says):
+    """A SentencePiece GGUF (most Llama files) was refused only after every tensor was dequantised (a 7B model: 28 GB
+    of float32 first); an EOS id outside the vocabulary was an IndexError's traceback."""
+    from jaxlm.convert import gguf as ours
+
+    path = tiny_llama_gguf(tmp_path / "tiny.gguf", **settings)
+    monkeypatch.setattr(ours, "dequantized_tensors", lambda reader: pytest.fail("dequantised before the checks"))
+    assert main(["convert", "from-gguf", str(path), str(tmp_path / "out"), *options]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"jaxlm convert from-gguf: error: {says}" + (
+        "; download or convert it again" if "damaged" in says else
+        ": jaxlm builds only byte-level BPE ('gpt2') tokenizers from GGUF files" if "model=" in says else
+        "; use a row multiple such as 64 or 128")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.gguf"]

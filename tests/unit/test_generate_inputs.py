@@ -1,5 +1,7 @@
 """jaxlm.generate's host-side checks and defaults: token ids outside the vocabulary are refused before any
 compute, and a mesh given without rules runs under the default rules."""
+import re
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -49,3 +51,31 @@ def test_a_mesh_without_rules_generates_what_no_mesh_does():
     on_mesh = generate_causal(model, params, ids, max_new_tokens=4, mesh=one_device)
     np.testing.assert_array_equal(on_mesh.tokens, alone.tokens)
     np.testing.assert_array_equal(on_mesh.lengths, alone.lengths)
+
+
+def test_a_tiny_temperature_samples_the_best_token_and_one_float32_cannot_hold_is_refused():
+    """logits / 1e-37 overflowed float32 to inf and the draw became NaN's token 0, whatever the logits said; 1e-50
+    divides by float32's 0."""
+    from jaxlm.generate import check_sampling, sample_next
+
+    logits = jnp.array([[50.0, 100.0, -20.0, 99.0]])
+    for temperature in (1e-3, 1e-37):
+        assert [int(sample_next(logits, jax.random.key(s), temperature)[0]) for s in range(4)] == [1] * 4
+    for temperature in (1e-50, 1e300):
+        said = rf"^temperature={re.escape(str(temperature))} is outside float32's range.*use 0 for greedy"
+        with pytest.raises(ValueError, match=said):
+            check_sampling(temperature, 0, 1.0)
+
+
+def test_a_count_of_new_tokens_beyond_int32_is_refused_before_any_compute():
+    """Rotary positions have no table to bound it: 3e9 was JAX's OverflowError traceback."""
+    model, params = tiny_decoder()
+    with pytest.raises(ValueError, match=r"^max_new_tokens=3000000000 must lie in \[1, 2\*\*31\)$"):
+        generate_causal(model, params, np.array([[1, 5, 7]]), max_new_tokens=3_000_000_000)
+
+
+def test_generate_from_a_checkpoint_checks_the_count_before_reading_it(tmp_path):
+    from jaxlm.generate import generate_from_checkpoint
+
+    with pytest.raises(ValueError, match=r"^max_new_tokens=0 must lie in \[1, 2\*\*31\)$"):
+        generate_from_checkpoint(tmp_path / "not-read", ["hello"], max_new_tokens=0)

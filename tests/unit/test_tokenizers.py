@@ -394,6 +394,20 @@ def test_resolver_errors(tmp_path):
         load_tokenizer(tmp_path / "vocab.txt")
 
 
+def test_a_checkpoint_given_as_a_tokenizer_is_told_where_its_tokenizer_lies(tmp_path, capsys):
+    """`jaxlm tokenize --tokenizer CKPT` listed every tokenizer form, not the checkpoint's tokenizer/ it meant."""
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "0").mkdir(parents=True)
+    shutil.copytree(gpt2_tokenizer_dir(), ckpt / "tokenizer")
+    (tmp_path / "text.txt").write_text("Hello world\n")
+    assert main(["tokenize", "--tokenizer", str(ckpt), "--input", str(tmp_path / "text.txt")]) == 2
+    assert capsys.readouterr().err == (f"jaxlm tokenize: error: tokenizer directory {ckpt} holds no tokenizer files; a "
+                                       f"jaxlm checkpoint keeps its tokenizer in {ckpt / 'tokenizer'}: give that "
+                                       "directory\n")
+    assert main(["tokenize", "--tokenizer", str(ckpt / "tokenizer"), "--input", str(tmp_path / "text.txt")]) == 0
+    assert capsys.readouterr().out == "15496 995\n"
+
+
 def test_a_lone_tokenizer_file_under_any_name_is_copied_as_its_directory_reads_it(tmp_path):
     """A run's data.vocab may be `my-vocab.txt` (what `jaxlm tokenizer train --output` wrote); the tokenizer
     directory of its exports and fine-tunes names it vocab.txt (spiece.model, tokenizer.json), as loaders expect."""

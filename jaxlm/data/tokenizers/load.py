@@ -61,6 +61,9 @@ def _from_directory(path: Path, lowercase: bool, sentinels: int):
     for encoder, merges in BPE_FILES:
         if (path / encoder).is_file() and (path / merges).is_file():
             return Gpt2Tokenizer.from_files(path / encoder, path / merges)
+    if (path / "tokenizer").is_dir():  # a converted checkpoint's (jaxlm.convert.store.TOKENIZER_DIR)
+        raise FileNotFoundError(f"tokenizer directory {path} holds no tokenizer files; a jaxlm checkpoint keeps its "
+                                f"tokenizer in {path / 'tokenizer'}: give that directory")
     raise FileNotFoundError(f"tokenizer directory {path} holds no tokenizer files; a tokenizer is {SPEC_FORMS}")
 
 
