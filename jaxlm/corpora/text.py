@@ -119,6 +119,16 @@ def check_writable(directory: pathlib.Path, what: str) -> None:
                               "write to") from None
 
 
+def check_characters(text: str, where: str) -> None:
+    """ValueError for a text with half a surrogate pair ("\\ud83d" alone, which JSON lets through), which no tokenizer
+    reads; `where` says where the text is ("FILE: examples[3]")."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(f"{where} holds {text[max(0, err.start - 20):err.end + 20]!r}, with half a surrogate pair "
+                         "(a \\uD800-\\uDFFF escape alone), not a character; fix the file") from None
+
+
 def utf8_text(path: pathlib.Path) -> str:
     """A UTF-8 text file's contents, without a byte-order mark; a ValueError names the first line that is not
     UTF-8."""

@@ -37,9 +37,16 @@ def done(records: list[dict]) -> set[tuple[str, int, str]]:
 
 
 def append_records(out: pathlib.Path, records: list[dict]) -> None:
-    """All the metrics of one (source, step, task) in one write, so an interruption leaves none or all."""
-    with open(out / RESULTS, "a", encoding="utf-8") as stream:
-        stream.write("".join(json.dumps(r) + "\n" for r in records))
+    """All the metrics of one (source, step, task) in one write, so an interruption leaves none or all; after a
+    line an interruption cut short, on a line of their own (glued to it, the first would be lost with it)."""
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    with open(out / RESULTS, "a+b") as stream:
+        end = stream.seek(0, io.SEEK_END)
+        if end:
+            stream.seek(end - 1)
+            if stream.read(1) != b"\n":
+                text = "\n" + text
+        stream.write(text.encode("utf-8"))
 
 
 def write_examples(path: pathlib.Path, rows: list[dict]) -> None:

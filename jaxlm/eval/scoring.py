@@ -266,8 +266,8 @@ def place_params(params, config: TransformerConfig, mesh: Mesh, rules: tuple):
 @dataclasses.dataclass
 class Scorer:
     """Token log-likelihoods of Items under one model config on one mesh; `batch_size` rows per call
-    (rounded up to the mesh's batch shards). `pad_id` defaults to the config's; encoders need
-    `mask_id`, encoder-decoders use the config's decoder start id."""
+    (rounded up to the mesh's batch shards; fewer, a power of two, where a call has fewer rows). `pad_id`
+    defaults to the config's; encoders need `mask_id`, encoder-decoders use the config's decoder start id."""
 
     config: TransformerConfig
     mesh: Mesh
@@ -281,7 +281,7 @@ class Scorer:
         if self.kind == "masked" and self.mask_id is None:
             raise ValueError(f"pseudo-log-likelihood needs the tokenizer's mask token; this {self.config.family} "
                              "tokenizer has none")
-        shards = batch_shards(self.mesh, self.rules)
+        self.shards = shards = batch_shards(self.mesh, self.rules)
         self.batch_size = max(shards, -(-self.batch_size // shards) * shards)
         self.limit = position_limit(self.config)
         self.pad = self.config.pad_token_id if self.pad_id is None else self.pad_id
@@ -307,9 +307,12 @@ class Scorer:
         rows = self.rows(items)
         order = sorted(range(len(rows)), key=lambda r: -len(rows[r]["input_ids"]))
         per_row: list[np.ndarray] = [np.zeros(0, np.float32)] * len(rows)
-        for start in range(0, len(order), self.batch_size):
-            chosen = order[start:start + self.batch_size]
-            batch = pad_rows([rows[r] for r in chosen], self.batch_size, self.pad, self.limit)
+        # no wider than the rows (to a power of two: few shapes): a --batch-size of 10**8 was that many rows of padding
+        wanted = 1 << max(0, len(rows) - 1).bit_length()
+        size = min(self.batch_size, -(-wanted // self.shards) * self.shards)
+        for start in range(0, len(order), size):
+            chosen = order[start:start + size]
+            batch = pad_rows([rows[r] for r in chosen], size, self.pad, self.limit)
             scores = host_value(self.score_fn(params, global_arrays(batch, self.mesh, self.rules)))
             for slot, r in enumerate(chosen):
                 per_row[r] = scores[slot][batch["weights"][slot] > 0]

@@ -40,6 +40,7 @@ class Plan:
     batch_size: int = 32
     encoder_input: str = ""
     inputs: dict[str, str] = dataclasses.field(default_factory=dict)  # task name -> `task_inputs`
+    items: dict[str, dict] = dataclasses.field(default_factory=dict)  # source path -> task name -> `task_items`
 
 
 def finetune_run():
@@ -54,8 +55,8 @@ def finetune_config(task: Task, source: Source, step: int, run_dir: pathlib.Path
     return finetune_run().load(task.path, [f"train.run_dir={run_dir}"], init_from=str(init))
 
 
-def check_task(source: Source, task: Task, first_step: int | None) -> None:
-    """Raise ValueError unless `source` can run `task` (before any compute)."""
+def check_task(source: Source, task: Task, first_step: int | None, encoder_input: str = ""):
+    """Raise ValueError unless `source` can run `task` (before any compute); a ppl or choice task's items."""
     if task.kind == "finetune":
         if first_step is not None:  # reads and checks the data and the head against the checkpoint
             finetune_run().plan(*finetune_config(task, source, first_step, pathlib.Path("unused")))
@@ -85,6 +86,34 @@ def check_task(source: Source, task: Task, first_step: int | None) -> None:
             raise ValueError(f"{task.name}: {source.path} cannot score text: its checkpoint has no "
                              f"{', '.join(lacking)} parameters (an encoder converted without its masked-LM head); "
                              "convert a checkpoint that has one (e.g. from BertForMaskedLM)")
+    return task_items(source, task, tokenizer, encoder_input)
+
+
+def task_items(source: Source, task: Task, tokenizer, encoder_input: str) -> list[list[Item]]:
+    """Per line (ppl) or per example (choice), its items; ValueError where there is nothing the model can score or
+    more than it can read at once."""
+    model = source.config.model
+    kind, limit = kind_of(model), position_limit(model)
+    if task.kind == "ppl":
+        context = tokenizer.encode(encoder_input, add_special_tokens=True) if kind == "seq2seq" else ()
+        groups = [tasks_lib.line_items(tokenizer, line, kind, limit, context)
+                  for line in tasks_lib.read_lines(task.path)]
+        if not any(item.continuation for group in groups for item in group):  # its perplexity would be 1
+            raise ValueError(f"{task.name}: no line of {task.path} holds a token to score ({source.path}'s tokenizer "
+                             "keeps none, and a decoder scores each token after a line's first); give lines of text")
+    else:
+        choices = tasks_lib.load_choice_task(task.path)
+        groups = tasks_lib.choice_items(tokenizer, kind, choices, task.shots)
+        for index, (example, group) in enumerate(zip(choices.examples, groups)):
+            empty = next((c for c, item in zip(example["target_scores"], group) if not item.continuation), None)
+            if empty is not None:  # scored 0, the highest log-likelihood, it would always be chosen
+                raise ValueError(f"{task.path}: examples[{index}] has the choice {empty!r}, in which {source.path}'s "
+                                 "tokenizer finds no token to score; give every choice some text")
+    try:
+        check_fits([item for group in groups for item in group], model, kind)
+    except ValueError as err:
+        raise ValueError(f"{task.name}: {err}") from None
+    return groups
 
 
 def label_apart(sources: list[Source]) -> None:
@@ -122,6 +151,9 @@ def check_reuse(out: pathlib.Path, sources: list[Source], inputs: dict[str, str]
                              f"{results.RESULTS} to evaluate again")
 
 
+LONGEST_POLL = 86400
+
+
 def plan(paths: list[str], task_specs: list[str], select: str = "all", out: str = "eval",
          overrides: list[str] = (), batch_size: int = 32, encoder_input: str = "", watch: bool = False,
          idle_timeout: float = 0.0, poll: float = 2.0) -> Plan:
@@ -131,9 +163,10 @@ def plan(paths: list[str], task_specs: list[str], select: str = "all", out: str 
         raise ValueError("give at least one run directory, checkpoint or converted checkpoint to evaluate")
     if batch_size < 1:
         raise ValueError(f"--batch-size {batch_size} must be at least 1")
-    if poll <= 0:
-        raise ValueError(f"--poll {poll:g}: give the seconds between looks for new checkpoints, above 0")
-    if idle_timeout < 0:
+    if not 0 < poll <= LONGEST_POLL:  # nan fails too; a longer sleep overflows time.sleep
+        raise ValueError(f"--poll {poll:g}: give the seconds between looks for new checkpoints, above 0 and at most "
+                         f"{LONGEST_POLL} (a day)")
+    if not idle_timeout >= 0:  # nan too: it would never time out
         raise ValueError(f"--idle-timeout {idle_timeout:g}: give the seconds to wait for a new checkpoint, 0 or more")
     config_lib.refuse_unread_sections(overrides, ("model", "mesh", "distributed", "data", "train"))
     selection = parse_selection(select)
@@ -141,10 +174,15 @@ def plan(paths: list[str], task_specs: list[str], select: str = "all", out: str 
     wait = idle_timeout if watch else 0.0
     sources = [open_source(p, list(overrides), wait, poll) for p in paths]
     label_apart(sources)
+    if encoder_input and not (any(t.kind == "ppl" for t in task_list)
+                              and any(kind_of(s.config.model) == "seq2seq" for s in sources)):
+        raise ValueError(f"--encoder-input {encoder_input!r} is read by ppl tasks of encoder-decoders (T5, BART) only, "
+                         "and this evaluation would ignore it: remove it")
     out_path = pathlib.Path(out)
     check_out(out_path, sources)
     if out_path.exists() and not out_path.is_dir():
         raise ValueError(f"--out {out} is a file; give a directory")
+    items: dict[str, dict] = {}
     for source in sources:
         mesh = make_mesh(source.config.mesh)  # a mesh that does not fit the devices fails here
         if any(t.kind == "heldout" for t in task_list) and source.is_run:
@@ -160,10 +198,12 @@ def plan(paths: list[str], task_specs: list[str], select: str = "all", out: str 
             raise ValueError(f"--select {select}{what} {source.path}'s committed steps "
                              f"({', '.join(map(str, committed))})")
         for task in task_list:
-            check_task(source, task, chosen[0] if chosen else None)
+            groups = check_task(source, task, chosen[0] if chosen else None, encoder_input)
+            if groups is not None:
+                items.setdefault(str(source.path), {})[task.name] = groups
     inputs = {task.name: task_inputs(task, list(overrides), encoder_input) for task in task_list}
     check_reuse(out_path, sources, inputs)
-    return Plan(sources, task_list, selection, out_path, batch_size, encoder_input, inputs)
+    return Plan(sources, task_list, selection, out_path, batch_size, encoder_input, inputs, items)
 
 
 # ---------------------------------------------------------------- one source, compiled once
@@ -172,7 +212,9 @@ class SourceEvaluator:
     """Evaluates the checkpoints of one source: builds the mesh, compiles and tokenizes once, then
     restores each step onto the mesh and runs each task."""
 
-    def __init__(self, source: Source, task_list: list[Task], batch_size: int, encoder_input: str):
+    def __init__(self, source: Source, task_list: list[Task], batch_size: int, encoder_input: str,
+                 items: dict | None = None):
+        """`items`: task name -> the plan's `task_items` (made here where not given)."""
         config = source.config
         self.source = source
         self.setup = self.compiled = self.valid = self.scorer = self.baselines = None
@@ -191,18 +233,11 @@ class SourceEvaluator:
             tokenizer = source_tokenizer(source)
             self.scorer = Scorer(config.model, self.mesh, self.rules, batch_size, special_ids(tokenizer)["mask"])
             for task in scoring:
-                self.items[task.name] = self.task_items(task, tokenizer, encoder_input)
-                check_fits([i for group in self.items[task.name] for i in group], config.model, self.scorer.kind)
-
-    def task_items(self, task: Task, tokenizer, encoder_input: str) -> list[list[Item]]:
-        """Per line (ppl) or per example (choice), its items."""
-        kind, limit = self.scorer.kind, position_limit(self.source.config.model)
-        if task.kind == "ppl":
-            source = tokenizer.encode(encoder_input, add_special_tokens=True) if kind == "seq2seq" else ()
-            return [tasks_lib.line_items(tokenizer, line, kind, limit, source)
-                    for line in tasks_lib.read_lines(task.path)]
-        self.choices[task.name] = tasks_lib.load_choice_task(task.path)
-        return tasks_lib.choice_items(tokenizer, kind, self.choices[task.name], task.shots)
+                given = (items or {}).get(task.name)
+                self.items[task.name] = given if given is not None else task_items(source, task, tokenizer,
+                                                                                   encoder_input)
+                if task.kind == "choice":
+                    self.choices[task.name] = tasks_lib.load_choice_task(task.path)
 
     def restore(self, step: int):
         return checkpoint.restore_params(self.source.directory, self.target, step)
@@ -337,7 +372,8 @@ def run(plan_: Plan, watch: bool = False, idle_timeout: float = 1800.0, poll: fl
                 pending = any((key, step, t.name) not in finished for t in plan_.tasks)
                 if step in chosen and pending:
                     if key not in evaluators:
-                        evaluators[key] = SourceEvaluator(source, plan_.tasks, plan_.batch_size, plan_.encoder_input)
+                        evaluators[key] = SourceEvaluator(source, plan_.tasks, plan_.batch_size, plan_.encoder_input,
+                                                          plan_.items.get(key))
                     evaluate_step(evaluators[key], plan_, step, finished, progress, writer)
                 seen[key].add(step)
                 last_new = time.time()

@@ -14,7 +14,7 @@ import numpy as np
 
 from jaxlm.corpora.choice_tasks import NAMES as CHOICE_TASKS
 from jaxlm.corpora.choice_tasks import choice_task
-from jaxlm.corpora.text import check_file, utf8_lines
+from jaxlm.corpora.text import check_characters, check_file, utf8_lines, utf8_text
 from jaxlm.eval.scoring import Item
 
 # BIG-bench's own defaults for JSON tasks (bigbench/api/json_task.py).
@@ -54,7 +54,7 @@ def parse_task(spec: str) -> Task:
         file, shots = rest, 0
         match = None if pathlib.Path(rest).is_file() else re.fullmatch(r"(.+)@([^@/]*)", rest)
         if match:
-            if not match.group(2).isdigit():
+            if not match.group(2).isdecimal():
                 raise ValueError(f"{spec}: the shots after @ must be a number, e.g. choice:{match.group(1)}@3")
             file, shots = match.group(1), int(match.group(2))
         path = choice_task(file) if file in CHOICE_TASKS and not pathlib.Path(file).exists() else pathlib.Path(file)
@@ -178,8 +178,8 @@ def load_choice_task(path: pathlib.Path) -> ChoiceTask:
     """A BIG-bench JSON task's multiple-choice examples, each checked (ValueError naming the field)."""
     check_file(path, "choice: file", "give a BIG-bench JSON task (task.json)")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        data = json.loads(utf8_text(path))  # without a byte-order mark, as every reader of text
+    except json.JSONDecodeError as err:
         raise ValueError(f"{path} is not a BIG-bench JSON task: not JSON ({err})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path} is not a BIG-bench JSON task: it holds a {type(data).__name__}, not an object "
@@ -195,15 +195,26 @@ def load_choice_task(path: pathlib.Path) -> ChoiceTask:
         if not isinstance(scores, dict) or len(scores) < 2:
             raise _missing(path, where, "target_scores", "a mapping of at least two choices to scores; "
                            "choice tasks need multiple-choice examples")
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in scores.values()):
-            raise ValueError(f"{path}: {where}.target_scores must map each choice to a number")
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                   for v in scores.values()):  # NaN, Infinity: JSON as Python reads it
+            raise ValueError(f"{path}: {where}.target_scores must map each choice to a finite number")
+        for text in (example["input"], *scores):
+            check_characters(text, f"{path}: {where}")
         if max(scores.values()) <= min(scores.values()):
             raise ValueError(f"{path}: {where}.target_scores has no correct choice (all scores equal)")
-    name = data.get("name") or (path.parent.name if path.stem == "task" else path.stem)
+    name = str(data.get("name") or (path.parent.name if path.stem == "task" else path.stem))
     settings = {k: data.get(k, default) for k, default in BIGBENCH_DEFAULTS.items()}
+    texts = {k: v for k, v in settings.items() if k != "append_choices_to_input"}
+    odd = next((k for k, v in texts.items() if not isinstance(v, str)), None)
+    if odd is not None:  # was a TypeError's traceback where the prompts were put together
+        raise ValueError(f"{path}: {odd!r} is {texts[odd]!r}; give text (BIG-bench's default is "
+                         f"{BIGBENCH_DEFAULTS[odd]!r})")
+    for text in (name, *texts.values()):
+        check_characters(text, f"{path}: the task")
     # a few tasks spell the flag as a string ("false")
     settings["append_choices_to_input"] = str(settings["append_choices_to_input"]).lower() != "false"
-    return ChoiceTask(str(name).replace(" ", "_"), examples, settings)
+    return ChoiceTask(name.replace(" ", "_"), examples, settings)
+
 
 
 def correct_choice(example: dict) -> str:

@@ -6,12 +6,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import numbers
 import pathlib
 import re
 
 from jaxlm.corpora import labelled
-from jaxlm.corpora.text import check_file, utf8_text
+from jaxlm.corpora.text import check_characters, check_file, utf8_text
 from jaxlm.data.sources import tfds_dir
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
@@ -82,6 +83,9 @@ def _jsonl(path: pathlib.Path, where: str):
 def _table(path: pathlib.Path, delimiter: str, where: str):
     reader = csv.DictReader(io.StringIO(_text(path, where), newline=""), delimiter=delimiter)
     header = reader.fieldnames or []
+    twice = next((name for index, name in enumerate(header) if name in header[:index]), None)
+    if twice is not None:  # DictReader keeps the last column of a name: the others' values were dropped, silently
+        raise ValueError(f"{where}{path}:1: the header names {twice!r} twice; give each column a name of its own")
     for raw in reader:
         if None in raw or any(value is None for value in raw.values()):
             raise ValueError(f"{where}{path}:{reader.line_num}: {len(header)} columns in the header "
@@ -176,27 +180,49 @@ def _typed(role: str, value, where: str, field: str):
         if odd is not None:
             raise ValueError(f"{where}: field {field!r} holds {type(odd).__name__} {str(odd)[:40]!r}, not the text "
                              f"each of the {role} is")
+        if role in ("words", "choices"):
+            for text in value:
+                check_characters(text, f"{where}: field {field!r}")
         return value
     if role in ("text", "text_pair", "question", "context", "prompt", "response", "source", "target"):
         if not isinstance(value, str):
             raise ValueError(f"{where}: field {field!r} holds {type(value).__name__} {str(value)[:40]!r}, not text")
+        check_characters(value, f"{where}: field {field!r}")
     if role == "label" and (value is None or isinstance(value, (list, dict))):
         raise ValueError(f"{where}: field {field!r} holds {str(value)[:40]}, not a label (a name or a number)")
     return value
 
 
+
 # ---------------------------------------------------------------- checks
 
 def label_list(train: list[dict], given=(), field: str = "label") -> tuple[str, ...]:
-    """The given labels, else those of the training records (sorted; tags: every tag of every record)."""
+    """The given labels, else those of the training records (sorted; tags: every tag of every record); two or
+    more, each named once."""
+    what = "tag" if field == "tags" else field
     if given:
-        return tuple(str(label) for label in given)
+        labels = tuple(str(label) for label in given)
+        twice = next((label for index, label in enumerate(labels) if label in labels[:index]), None)
+        if twice is not None:  # a head of one class more, which no record could ever be
+            raise ValueError(f"finetune.labels names {twice!r} twice; name each {what} once")
+        if len(labels) < 2:
+            raise ValueError(f"finetune.labels={list(labels)} names one {what}; give two or more, as a list "
+                             "([negative, positive])")
+        return labels
     unlabelled = next((i for i, r in enumerate(train) if field not in r), None)
     if unlabelled is not None:
         raise ValueError(f"finetune.train: record {unlabelled + 1} has no {field} (fields: "
                          f"{', '.join(train[unlabelled])}); name it with finetune.fields.{field}")
-    values = [v for r in train for v in (r[field] if field == "tags" else [r[field]])]
-    return tuple(sorted({str(v) for v in values}))
+    for index, record in enumerate(train):
+        for value in record[field] if field == "tags" else [record[field]]:
+            if (isinstance(value, float) and not math.isfinite(value)) or not str(value).strip():
+                raise ValueError(f"finetune.train: record {index + 1} has {what} {value!r}, which names no class; "
+                                 f"give every record its {what}")
+    labels = tuple(sorted({str(v) for r in train for v in (r[field] if field == "tags" else [r[field]])}))
+    if len(labels) < 2:  # its loss is 0 from the first step: nothing to learn
+        raise ValueError(f"finetune.train: every {'word' if field == 'tags' else 'record'} has the {what} "
+                         f"{labels[0]!r}; a classifier needs examples of two or more")
+    return labels
 
 
 def check_labels(records: list[dict], labels: tuple[str, ...], where: str, field: str = "label") -> None:
@@ -226,6 +252,8 @@ def check_scores(records: list[dict], where: str) -> None:
         except (TypeError, ValueError):
             raise ValueError(f"{where}: record {index + 1} has label {record['label']!r}, not the number a score "
                              "is") from None
+        if not math.isfinite(record["label"]):  # its loss would be NaN from the first step
+            raise ValueError(f"{where}: record {index + 1} has label {record['label']!r}; a score is a finite number")
 
 
 def check_tag_lengths(records: list[dict], where: str) -> None:
@@ -248,7 +276,8 @@ def check_answers(records: list[dict], where: str) -> None:
                 raise ValueError(f"{where}: question {record.get('id', index + 1)}: an answer is "
                                  f"{str(answer)[:60]!r}, not {{\"text\": ..., \"answer_start\": ...}}")
             start, text = answer["answer_start"], answer["text"]
-            whole = (isinstance(start, numbers.Integral) and not isinstance(start, bool)) or str(start).isdigit()
+            # isdecimal, not isdigit: "²" is a digit int() cannot read
+            whole = (isinstance(start, numbers.Integral) and not isinstance(start, bool)) or str(start).isdecimal()
             if not whole or not isinstance(text, str):
                 raise ValueError(f"{where}: question {record.get('id', index + 1)}: an answer's answer_start must be "
                                  f"a whole number and its text a string, got {start!r} and {text!r}")
@@ -270,7 +299,7 @@ def check_choices(records: list[dict], choices: int, where: str) -> None:
                              f"{choices}; every record needs the same number")
         if "label" in record:
             label = record["label"]
-            if isinstance(label, bool) or not isinstance(label, int) and not str(label).isdigit() \
+            if isinstance(label, bool) or not isinstance(label, int) and not str(label).isdecimal() \
                     or not 0 <= int(label) < choices:
                 raise ValueError(f"{where}: record {index + 1} has label {label!r}; give the index (0 to "
                                  f"{choices - 1}) of the right choice")

@@ -50,6 +50,7 @@ def predict(checkpoint_path, input_spec: str, output, batch_size: int = 32, over
     ctx = Context(config.model, settings, settings.labels, source_tokenizer(source))
     rows = task.rows(ctx, records, labelled=False)
     shards = jax.device_count()
+    batch_size = min(batch_size, len(rows))  # --batch-size 10**8 padded a batch that size: killed for memory
     config = dataclasses.replace(config, train=dataclasses.replace(
         config.train, global_batch=math.ceil(batch_size / shards) * shards))
     setup = build(config, objective=task.objective(ctx))

@@ -19,6 +19,7 @@ from jaxlm import config as config_lib
 from jaxlm import families
 from jaxlm.config import ConfigError, RunConfig
 from jaxlm.convert import store
+from jaxlm.corpora.text import check_writable
 from jaxlm.data.sources import resolve_vocab
 from jaxlm.eval.sources import Source, eval_config, open_source, source_tokenizer
 from jaxlm.finetune import data as task_data
@@ -175,6 +176,9 @@ def plan(config: RunConfig, source: Source) -> Plan:
     batch = config.train.global_batch
     steps_per_epoch = math.ceil(len(rows["train"]) / batch)
     total = max(1, math.ceil(settings.epochs * steps_per_epoch))
+    if total >= config_lib.INT_LIMIT:  # the step reaches the jitted schedule as an int32: an OverflowError's traceback
+        raise ConfigError(f"finetune.epochs={settings.epochs:g} makes {total:,} steps ({steps_per_epoch} an epoch), "
+                          f"more than a run counts ({config_lib.INT_LIMIT - 1:,}); give fewer epochs")
     config = dataclasses.replace(
         config, finetune=settings,
         train=dataclasses.replace(config.train, steps=total, checkpoint_every=total, eval_every=total),
@@ -336,6 +340,7 @@ def finetune(config: RunConfig, source: Source) -> dict:
     baselines), also written to RUN/summary.json. A multi-process run starts `jax.distributed` first
     (see jaxlm.cli). Another command writing the same run directory is refused (`run_lock`)."""
     the_plan = plan(config, source)
+    check_writable(pathlib.Path(config.train.run_dir), f"train.run_dir={config.train.run_dir}")
     with run_lock.writing(config.train.run_dir):
         return _finetune(the_plan, source)
 

@@ -260,6 +260,12 @@ def test_bench_refuses_the_options_of_its_other_mode(options, expected, capsys):
      "jaxlm bench: error: --workers 100000 asks for more loader processes than the"),
     (["eval", "run", "--watch", "--poll", "0"], "jaxlm eval: error: --poll 0: give the seconds between looks"),
     (["eval", "run", "--watch", "--idle-timeout", "-5"], "jaxlm eval: error: --idle-timeout -5: give the seconds"),
+    # each was taken: nan's sleep was "Invalid value NaN" after the first evaluation, inf's (or a year's) an
+    # OverflowError's traceback, and an idle timeout of nan never timed out
+    (["eval", "run", "--watch", "--poll", "nan"], "jaxlm eval: error: --poll nan: give the seconds between looks"),
+    (["eval", "run", "--watch", "--poll", "inf"], "jaxlm eval: error: --poll inf: give the seconds between looks"),
+    (["eval", "run", "--watch", "--poll", "3e7"], "jaxlm eval: error: --poll 3e+07: give the seconds between looks"),
+    (["eval", "run", "--watch", "--idle-timeout", "nan"], "jaxlm eval: error: --idle-timeout nan: give the seconds"),
     (["data", "show", "c.yaml", "--n", "-2"], "jaxlm data show: error: --n -2: give the number of examples"),
     (["compile", "configs/bert-tiny.yaml", "--num-slices", "0"],
      "jaxlm compile: error: --num-slices 0: give 1 or more slices"),

@@ -128,6 +128,20 @@ def test_an_interrupted_sweep_resumes_with_only_the_missing_checkpoints(trained,
     assert len(keys) == len(set(keys)) and sorted({s for s, _ in keys}) == [5, 10, 15, 20]
 
 
+def test_a_line_cut_short_does_not_swallow_the_next_sweeps_first_record(tmp_path):
+    """The next append was glued to a line an interruption cut short: its first metric was lost with it, while the
+    others marked that step and task done, so it was never evaluated again (a hole in results.csv)."""
+    def record(step, metric):
+        return {"run": "r", "source": "/r", "step": step, "task": "heldout", "metric": metric, "value": 1.0}
+
+    results.append_records(tmp_path, [record(5, "loss"), record(5, "acc")])
+    with open(tmp_path / results.RESULTS, "a", encoding="utf-8") as stream:
+        stream.write('{"run": "r", "source": "/r", "st')
+    results.append_records(tmp_path, [record(10, "loss"), record(10, "acc")])
+    assert [(r["step"], r["metric"]) for r in records_of(tmp_path)] == [(5, "loss"), (5, "acc"), (10, "loss"),
+                                                                       (10, "acc")]
+
+
 # ---------------------------------------------------------------- bad input: a message, no compute, nothing written
 
 def _snapshot(directory):
@@ -140,6 +154,12 @@ def bad_cases(run_dir, tmp_path, minilm):
     lines = tmp_path / "lines.txt"
     lines.write_text("a line of text\n")
     (tmp_path / "empty").mkdir()
+    no_tokens = tmp_path / "controls.txt"
+    no_tokens.write_text("\x00\x01\n\x02\n")  # lines WordPiece keeps no token of: their perplexity was 1.0
+    empty_choice = tmp_path / "empty_choice.json"  # scored 0, the highest log-likelihood, "" was always chosen
+    empty_choice.write_text(json.dumps({"examples": [{"input": "Is it?", "target_scores": {"": 1, "no": 0}}]}))
+    too_long = tmp_path / "long_choice.json"  # refused once the heldout step had compiled and --out was made
+    too_long.write_text(json.dumps({"examples": [{"input": "Is it?", "target_scores": {"yes " * 100: 1, "no": 0}}]}))
     return {
         "no checkpoint": ([tmp_path / "empty"], ["holds no committed checkpoint"]),
         "selection matches none": ([run_dir, "--select", "every:7"],
@@ -157,12 +177,24 @@ def bad_cases(run_dir, tmp_path, minilm):
         "out where nothing can be written": ([run_dir, "--out", "/sys/eval"],
                                              ["--out /sys/eval: cannot write in /sys"]),
         "bad selection": ([run_dir, "--select", "every:0"], ["--select 'every:0'", "every:N"]),
+        "lines without a token": ([run_dir, "--tasks", f"ppl:{no_tokens}"],
+                                  ["ppl:controls: no line of", "holds a token to score", "give lines of text"]),
+        "a choice without a token": ([run_dir, "--tasks", f"choice:{empty_choice}"],
+                                     ["empty_choice.json: examples[0] has the choice ''",
+                                      "give every choice some text"]),
+        "a choice longer than the model reads": ([run_dir, "--tasks", f"heldout,choice:{too_long}"],
+                                                 ["choice:long_choice@0: item 0: a continuation of",
+                                                  "more than the model's 64"]),
+        "an encoder input nothing reads": ([run_dir, "--tasks", f"ppl:{lines}", "--encoder-input", "summarize:"],
+                                           ["--encoder-input 'summarize:' is read by ppl tasks of encoder-decoders",
+                                            "would ignore it: remove it"]),  # was ignored, silently
     }
 
 
 CASE_NAMES = ["no checkpoint", "selection matches none", "a selected step missing", "unknown task",
               "not BIG-bench JSON", "no way to score", "heldout of a converted checkpoint", "shape-changing override",
-              "out inside the run", "out where nothing can be written", "bad selection"]
+              "out inside the run", "out where nothing can be written", "bad selection", "lines without a token",
+              "a choice without a token", "a choice longer than the model reads", "an encoder input nothing reads"]
 
 
 @pytest.mark.parametrize("case", CASE_NAMES)

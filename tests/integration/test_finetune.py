@@ -76,6 +76,23 @@ def test_predict_writes_the_label_and_probabilities_of_each_record(polarity, tmp
     assert main(["predict", str(polarity), "--input", "polarity:test", "--output", str(output)]) == 2  # no overwrite
 
 
+def test_a_batch_larger_than_the_input_is_as_large_as_the_input(polarity, tmp_path, monkeypatch):
+    """--batch-size 100000000 padded a batch of that many rows: the process was killed for memory."""
+    from jaxlm.finetune import predict
+    batches, build = [], predict.build
+
+    def checked(config, **kwargs):
+        batches.append(config.train.global_batch)
+        assert config.train.global_batch <= 1024, "a batch of padding"  # before the memory runs out
+        return build(config, **kwargs)
+
+    monkeypatch.setattr(predict, "build", checked)
+    output = tmp_path / "predictions.jsonl"
+    assert main(["predict", str(polarity), "--input", "polarity:test[:5]", "--output", str(output),
+                 "--batch-size", str(10 ** 8)]) == 0
+    assert batches == [-(-5 // jax.device_count()) * jax.device_count()] and len(read_jsonl(output)) == 5
+
+
 def test_to_hf_of_a_fine_tuned_classifier_says_what_to_export_instead(polarity, tmp_path, capsys):
     """It said only that the parameters do not fit ("unexpected: classifier/bias; ...")."""
     capsys.readouterr()
@@ -198,13 +215,18 @@ def bad_cases(tmp_path, minilm):
         "no checkpoint": ({**classify, "init_from": str(tmp_path / "nothing")}, ["finetune.init_from"]),
         "a setting another head reads": ({**classify, "crf": True}, [
             "finetune.crf=true is read by token_classification only; sequence_classification would ignore it"]),
+        # an OverflowError's traceback once the train step had compiled, and the run directory begun
+        "more steps than a run counts": ({**classify, "epochs": 1e9}, ["finetune.epochs=1e+09 makes", "more than a run "
+                                                                       "counts (2,147,483,647); give fewer epochs"]),
+        "one label": ({**classify, "train": "polarity:train[:1]"}, ["finetune.train: every record has the label",
+                                                                    "a classifier needs examples of two or more"]),
     }
 
 
 @pytest.mark.parametrize("case", ["label unseen in train", "missing field", "answer not in context",
                                   "tags and words differ", "tags that mix entities with others",
                                   "head that does not fit", "unknown task", "no checkpoint",
-                                  "a setting another head reads"])
+                                  "a setting another head reads", "more steps than a run counts", "one label"])
 def test_bad_input_is_one_line_before_compute(tmp_path, minilm_converted, capsys, case):
     finetune, expected = bad_cases(tmp_path, minilm_converted)[case]
     config, run_dir = write(tmp_path, "bad", finetune)
@@ -214,6 +236,15 @@ def test_bad_input_is_one_line_before_compute(tmp_path, minilm_converted, capsys
     for text in expected:
         assert text in error, error
     assert not run_dir.exists()  # nothing written
+
+
+def test_a_run_directory_nothing_can_be_written_in_is_named_before_compute(tmp_path, minilm_converted, capsys):
+    """It was "[Errno 1] Operation not permitted: '/sys/finetune'", naming no setting."""
+    config, _ = write(tmp_path, "unwritable", {"task": "sequence_classification", "init_from": str(minilm_converted),
+                                               "train": "polarity:train"})
+    assert main(["finetune", str(config), "train.run_dir=/sys/finetune"]) == 2
+    assert capsys.readouterr().err == ("jaxlm finetune: error: train.run_dir=/sys/finetune: cannot write in /sys "
+                                       "(Permission denied); choose a directory you can write to\n")
 
 
 def test_a_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path, minilm_converted, capsys):

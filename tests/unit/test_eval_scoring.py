@@ -93,3 +93,16 @@ def test_a_mesh_without_rules_gets_the_default_rules_or_a_line_naming_the_axes_t
     with pytest.raises(ValueError, match=r"^the default sharding rules \('dp'\) split over mesh axes \['data', "
                                          r"'fsdp'\], which this mesh \('x',\) lacks; pass rules for its axes$"):
         loglikelihoods(config, params, items, mesh=other_axes)
+
+
+def test_a_batch_larger_than_the_rows_is_padded_to_the_rows_not_to_the_batch(monkeypatch):
+    """`jaxlm eval --batch-size 100000000` padded each batch to that many rows: killed for memory."""
+    from jaxlm.eval import scoring
+    config, params = tiny_decoder()
+    items = [Item((1, 2), (3, 4)), Item((1,), (5, 6, 7)), Item((1, 9), (8,))]
+    sizes, pad_rows = [], scoring.pad_rows
+    monkeypatch.setattr(scoring, "pad_rows", lambda rows, size, *rest: sizes.append(size) or pad_rows(
+        rows, min(size, 64), *rest))  # never the batch the old code asked for
+    huge = loglikelihoods(config, params, items, batch_size=10 ** 9)
+    assert sizes == [max(4, jax.device_count())]  # 3 rows: 4, a power of two, or one a device
+    np.testing.assert_allclose(huge, loglikelihoods(config, params, items, batch_size=1), rtol=1e-5)

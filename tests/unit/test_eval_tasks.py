@@ -35,6 +35,8 @@ def test_task_specs(tmp_path, arithmetic_task):
     with pytest.raises(ValueError, match=r"^choice:arc_easy@x: the shots after @ must be a number, e.g. "
                                          r"choice:arc_easy@3$"):
         tasks.parse_task("choice:arc_easy@x")
+    with pytest.raises(ValueError, match=r"^choice:arc_easy@²: the shots after @ must be a number"):  # int()'s
+        tasks.parse_task("choice:arc_easy@²")  # "invalid literal for int() with base 10: '²'"
 
 
 @pytest.mark.parametrize("content, message", [
@@ -50,6 +52,36 @@ def test_a_file_that_is_not_a_bigbench_choice_task_names_what_is_missing(tmp_pat
     path.write_text(content)
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         tasks.load_choice_task(path)
+
+
+@pytest.mark.parametrize("content, message", [
+    # NaN won every comparison it was in: the example counted as wrong whatever the model chose
+    ('{"examples": [{"input": "q", "target_scores": {"a": NaN, "b": 0}}]}', "examples[0].target_scores must map each "
+                                                                            "choice to a finite number"),
+    ('{"examples": [{"input": "q", "target_scores": {"a": Infinity, "b": 0}}]}', "to a finite number"),
+    # each was a TypeError's (or the tokenizer's) traceback once the sweep had begun
+    ('{"examples": [{"input": "q", "target_scores": {"a": 1, "b": 0}}], "task_prefix": 5}',
+     "'task_prefix' is 5; give text (BIG-bench's default is '')"),
+    ('{"examples": [{"input": "q", "target_scores": {"a": 1, "b": 0}}], "example_input_prefix": null}',
+     "'example_input_prefix' is None; give text"),
+    ('{"examples": [{"input": "caf\\ud83d", "target_scores": {"a": 1, "b": 0}}]}',
+     "examples[0] holds 'caf\\ud83d', with half a surrogate pair"),
+    ('{"examples": [{"input": "q", "target_scores": {"\\udc00": 1, "b": 0}}]}', "examples[0] holds '\\udc00', with half"),
+])
+def test_a_task_whose_values_json_allows_but_bigbench_does_not_is_named(tmp_path, content, message):
+    path = tmp_path / "task.json"
+    path.write_text(content)
+    with pytest.raises(ValueError) as error:
+        tasks.load_choice_task(path)
+    assert str(error.value).startswith(f"{path}: ") and message in str(error.value), str(error.value)
+
+
+def test_a_task_saved_with_a_byte_order_mark_is_read_as_every_text_file_is(tmp_path):
+    """It was "not JSON (Unexpected UTF-8 BOM)", where the ppl lines and fine-tuning files drop the mark."""
+    path = tmp_path / "task.json"
+    path.write_text("\ufeff" + json.dumps({"examples": [{"input": "q", "target_scores": {"a": 1, "b": 0}}]}),
+                    encoding="utf-8")
+    assert tasks.load_choice_task(path).examples == [{"input": "q", "target_scores": {"a": 1, "b": 0}}]
 
 
 def test_zero_shot_prompt_follows_bigbench_default_format(arithmetic):

@@ -34,7 +34,7 @@ def test_nested_fields_and_lists_in_csv_cells(tmp_path):
     check_tag_lengths(records, "t")
 
 
-@pytest.mark.parametrize("start", [None, "x", 1.5])
+@pytest.mark.parametrize("start", [None, "x", 1.5, "²"])  # "²" was int()'s "invalid literal", naming no question
 def test_an_answer_start_that_is_not_a_whole_number_is_named(start):
     """null was a TypeError's traceback, "x" Python's int() message naming no question."""
     records = [{"id": "q7", "context": "Bob went home.", "answers": [{"text": "Bob", "answer_start": start}]}]
@@ -104,5 +104,52 @@ def test_missing_file_and_bad_choices(tmp_path):
         check_choices([{"choices": ["a", "b", "c"], "label": 0}], 2, "dev")
     with pytest.raises(ValueError, match="label 2; give the index"):
         check_choices([{"choices": ["a", "b"], "label": 2}], 2, "dev")
+    with pytest.raises(ValueError, match="label '¹'; give the index"):  # a digit int() cannot read: its message
+        check_choices([{"choices": ["a", "b"], "label": "¹"}], 2, "dev")
     with pytest.raises(ValueError, match=r"^train: the training data's first record has 0 choice\(s\); a multiple-"):
         check_choices([{"choices": [], "label": 0}], 0, "train")  # once "give the index (0 to -1)"
+
+
+@pytest.mark.parametrize("content, suffix, expected", [
+    # DictReader kept the last "label" column: the first one's labels were dropped without a word
+    ("sentence,gold,gold\nok,positive,negative\n", "csv", "x.csv:1: the header names 'gold' twice; give each column"),
+    # half a surrogate pair: the tokenizer's TypeError traceback ("TextInputSequence must be str") at encoding
+    ('{"sentence": "caf\\ud83d", "gold": "positive"}\n', "jsonl",
+     "x.jsonl:1: field 'sentence' holds 'caf\\ud83d', with half a surrogate pair"),
+])
+def test_files_that_parse_but_hold_what_no_reader_means_are_named(tmp_path, content, suffix, expected):
+    path = tmp_path / f"x.{suffix}"
+    path.write_text(content)
+    with pytest.raises(ValueError) as error:
+        read_records(str(path), ROLES, ("text", "label"), "finetune.train")
+    assert str(error.value).startswith("finetune.train: ") and expected in str(error.value), str(error.value)
+    words = tmp_path / "w.jsonl"
+    words.write_text('{"words": ["ok", "\\udc00"]}\n')
+    with pytest.raises(ValueError, match=r"w.jsonl:1: field 'words' holds '\\udc00', with half a surrogate pair"):
+        read_records(str(words), {"words": "words"}, ("words",))
+
+
+@pytest.mark.parametrize("train, given, expected", [
+    # each trained without a word: one class (loss 0 from the first step), a class "" of the rows whose label cell
+    # was empty, a class "nan", and a head with a class no record could be
+    ([{"label": "pos"}, {"label": "pos"}], (), "finetune.train: every record has the label 'pos'; a classifier "
+                                               "needs examples of two or more"),
+    ([{"label": "pos"}, {"label": ""}], (), "finetune.train: record 2 has label '', which names no class"),
+    ([{"label": float("nan")}, {"label": 1}], (), "finetune.train: record 1 has label nan, which names no class"),
+    ([{"label": "pos"}], ("pos", "neg", "pos"), "finetune.labels names 'pos' twice; name each label once"),
+    ([{"label": "pos"}], ("pos,neg",), "finetune.labels=['pos,neg'] names one label; give two or more, as a list"),
+])
+def test_labels_that_leave_nothing_to_learn_are_named(train, given, expected):
+    with pytest.raises(ValueError) as error:
+        label_list(train, given)
+    assert str(error.value).startswith(expected), str(error.value)
+    with pytest.raises(ValueError, match=r"^finetune.train: every word has the tag 'O'"):
+        label_list([{"tags": ["O", "O"]}], field="tags")
+
+
+def test_a_score_that_is_not_finite_is_named():
+    """1e400 (inf) or NaN trained a regression whose loss was NaN from the first step."""
+    from jaxlm.finetune.data import check_scores
+    for value in (float("inf"), "nan"):
+        with pytest.raises(ValueError, match=r"^dev: record 2 has label (inf|nan); a score is a finite number$"):
+            check_scores([{"label": 1}, {"label": value}], "dev")
