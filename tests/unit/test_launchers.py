@@ -3,6 +3,7 @@ would run, word for word, and their one-line errors."""
 import itertools
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -309,7 +310,7 @@ def test_a_2_node_slurm_job_runs_one_task_per_node(slurm_env):
     assert "#SBATCH --output=%x-%j.log" in directives  # logs/%x-%j.log: SLURM wrote nothing where logs/ was missing
 
 
-def test_the_slurm_script_outside_an_allocation_says_how_to_submit_it(slurm_env):
+def test_the_slurm_script_outside_an_allocation_says_how_to_submit_it(slurm_env, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     proc = subprocess.run(["bash", "launch/gpu_slurm.sbatch", "configs/bert-large.yaml"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
@@ -318,6 +319,12 @@ def test_the_slurm_script_outside_an_allocation_says_how_to_submit_it(slurm_env)
                                    "(or run it inside salloc)")
     missing = launch("bash", "launch/gpu_slurm.sbatch", "nowhere.yaml", env=slurm_env)
     assert missing.returncode == 2 and missing.stderr.strip() == "gpu_slurm.sbatch: error: config nowhere.yaml not found"
+    # a login node's shell with SLURM's variables copied in: "scontrol: command not found" from the middle of the script
+    bare = launch(shutil.which("bash"), "launch/gpu_slurm.sbatch", "--dry-run", "configs/bert-large.yaml",
+                  env=slurm_env | {"PATH": str(tmp_path)})
+    assert bare.returncode == 2 and bare.stderr.strip() == (
+        "gpu_slurm.sbatch: error: scontrol not found on PATH: run this inside a SLURM allocation (sbatch or salloc), "
+        "where SLURM's commands are")
 
 
 def test_the_default_coordinator_is_the_one_jax_picks(slurm_env, monkeypatch):
