@@ -13,6 +13,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxlm import families
 from jaxlm.corpora.text import check_file, utf8_lines
+from jaxlm.errors import first_line
 from jaxlm.convert.store import checkpoint_config, load_checkpoint
 from jaxlm.models.config import check_ids
 from jaxlm.parallel.mesh import batch_shards, mesh_and_rules
@@ -358,15 +359,24 @@ def _place(mesh, rules, params, abstract_init: Callable, arrays: list[np.ndarray
 def _run(jitted, model, params, arrays, rng, knobs: Knobs, mesh, rules, abstract_init, **static) -> Generation:
     rows = arrays[0].shape[0]
     rng = jax.random.key(0) if rng is None else rng
-    if mesh is None:
-        tokens, lengths = jitted(model, params, *arrays, rng, knobs, **static)
-    else:
-        mesh, rules = mesh_and_rules(mesh, rules)
-        params, arrays = _place(mesh, rules, params, abstract_init, arrays)
-        static["s"] = static["s"]._replace(rules=rules)
-        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    try:
+        if mesh is None:
             tokens, lengths = jitted(model, params, *arrays, rng, knobs, **static)
-    return Generation(np.asarray(tokens)[:rows], np.asarray(lengths)[:rows])
+        else:
+            mesh, rules = mesh_and_rules(mesh, rules)
+            params, arrays = _place(mesh, rules, params, abstract_init, arrays)
+            static["s"] = static["s"]._replace(rules=rules)
+            with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+                tokens, lengths = jitted(model, params, *arrays, rng, knobs, **static)
+        tokens, lengths = np.asarray(tokens), np.asarray(lengths)  # where a failed run's error surfaces
+    except jax.errors.JaxRuntimeError as err:
+        if "RESOURCE_EXHAUSTED" not in str(err):
+            raise
+        s = static["s"]
+        raise ValueError(f"{rows} prompt(s) of up to {arrays[0].shape[1]} tokens, {s.max_new_tokens} new tokens "
+                         f"and {s.num_beams} beam(s) need more memory than the device has ({first_line(err)}); ask "
+                         "for fewer new tokens, prompts or beams") from None
+    return Generation(tokens[:rows], lengths[:rows])
 
 
 def generate_causal(model, params, prompt_ids, prompt_mask=None, *, max_new_tokens: int, eos_id: int | None = None,

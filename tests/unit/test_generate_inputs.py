@@ -1,6 +1,8 @@
 """jaxlm.generate's host-side checks and defaults: token ids outside the vocabulary are refused before any
 compute, and a mesh given without rules runs under the default rules."""
 import re
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
@@ -8,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import ROOT
 from jaxlm.generate import generate_causal, generate_seq2seq
 from jaxlm.models import CausalLM, T5ForConditionalGeneration, model_config
 from jaxlm.parallel.rules import MESH_AXES
@@ -79,3 +82,18 @@ def test_generate_from_a_checkpoint_checks_the_count_before_reading_it(tmp_path)
 
     with pytest.raises(ValueError, match=r"^max_new_tokens=0 must lie in \[1, 2\*\*31\)$"):
         generate_from_checkpoint(tmp_path / "not-read", ["hello"], max_new_tokens=0)
+
+
+def test_a_generation_the_memory_cannot_hold_is_one_line():
+    """Rotary positions have no table to bound the cache: 10**8 new tokens was XLA's RESOURCE_EXHAUSTED traceback.
+    Run in a process whose address space is capped, so no machine's overcommit lets the allocation through."""
+    script = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30)); "
+              "sys.path[:0] = ['tests', 'tests/unit']; import numpy as np; "
+              "from test_generate_inputs import tiny_decoder; "
+              "from jaxlm.generate import generate_causal; model, params = tiny_decoder()\n"
+              "try:\n generate_causal(model, params, np.array([[1, 5, 7]]), max_new_tokens=10**8)\n"
+              "except ValueError as err:\n print(err)")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.startswith("1 prompt(s) of up to 3 tokens, 100000000 new tokens and 1 beam(s) need more "
+                                  "memory than the device has (RESOURCE_EXHAUSTED: "), proc.stderr[-2000:]
+    assert proc.stdout.rstrip().endswith("; ask for fewer new tokens, prompts or beams")
