@@ -14,7 +14,7 @@ from jaxlm import families
 from jaxlm.convert import gguf
 from jaxlm.convert.hf import read_config, read_tensors
 from jaxlm.convert.layout import stack_layers, unstack_layers
-from jaxlm.convert.names import flatten, plain, unflatten
+from jaxlm.convert.names import flatten, listed, plain, unflatten
 from jaxlm.data.settings import DataConfig
 from jaxlm.errors import first_line
 from jaxlm.models.config import TransformerConfig, check_vocab_multiple
@@ -87,14 +87,30 @@ def check_vocab_padding(vocab_size: int, multiple: int) -> None:
                          "use a row multiple such as 64 or 128")
 
 
-def vocab_axes(config: TransformerConfig) -> dict[str, int]:
-    """'/'-joined path -> vocabulary axis of each parameter that the family's pretraining network splits over
-    "vocab": token tables, output projections and their biases."""
+def _network_leaves(config: TransformerConfig) -> list[tuple[str, nn.Partitioned]]:
+    """('/'-joined path, abstract boxed parameter) of each parameter of the family's pretraining network."""
     objective = families.make_objective(config, DataConfig(max_seq_length=16, max_predictions=2))
     boxed = jax.eval_shape(objective.init, jax.random.key(0))
     leaves = jax.tree_util.tree_flatten_with_path(boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))[0]
-    return {"/".join(part.key for part in path): leaf.names.index("vocab") for path, leaf in leaves
-            if isinstance(leaf, nn.Partitioned) and "vocab" in leaf.names}
+    return [("/".join(part.key for part in path), leaf) for path, leaf in leaves if isinstance(leaf, nn.Partitioned)]
+
+
+def vocab_axes(config: TransformerConfig) -> dict[str, int]:
+    """'/'-joined path -> vocabulary axis of each parameter that the family's pretraining network splits over
+    "vocab": token tables, output projections and their biases."""
+    return {path: leaf.names.index("vocab") for path, leaf in _network_leaves(config) if "vocab" in leaf.names}
+
+
+def check_shapes(config: TransformerConfig, params: Mapping, where: str) -> None:
+    """ValueError naming the parameters whose shape is not the one `config` gives them (a config edited by hand);
+    parameters its pretraining network lacks (a fine-tuned head) are left alone."""
+    wanted = {path: tuple(leaf.value.shape) for path, leaf in _network_leaves(config)}
+    stored = {path: np.shape(value) for path, value in flatten(plain(params))}
+    wrong = [f"{path} is {stored[path]}, not {wanted[path]}" for path in sorted(set(stored) & set(wanted))
+             if stored[path] != wanted[path]]
+    if wrong:
+        raise ValueError(f"{where}: its parameters do not fit the model config stored with them (edited by hand?): "
+                         f"{listed(wrong)}; give the checkpoint the config it was written with")
 
 
 def padded_vocab(config: TransformerConfig, params: Mapping, multiple: int) -> tuple[TransformerConfig, dict]:

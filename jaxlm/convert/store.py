@@ -314,7 +314,9 @@ def load_checkpoint(path) -> tuple[TransformerConfig, dict, CheckpointTokenizer 
         if "params" not in tree:
             raise ValueError(f"{mngr.directory / str(step) / 'state'} holds no params")
         with _damaged(path, mngr, step, "its parameters"):
-            return config, _restore_params(mngr, step, tree), tokenizer
+            params = _restore_params(mngr, step, tree)
+    registry.check_shapes(config, params, str(path))
+    return config, params, tokenizer
 
 
 def _stored_config(stored: dict, directory: pathlib.Path) -> tuple[TransformerConfig, CheckpointTokenizer | None]:

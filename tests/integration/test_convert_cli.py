@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import re
 import shutil
 import sys
 
@@ -396,6 +397,23 @@ def test_an_unreadable_step_metadata_file_is_one_warning(tmp_path, capsys, caplo
     said = [(r.levelname, r.getMessage()) for r in caplog.records if "_CHECKPOINT_METADATA" in r.getMessage()]
     assert said == [("WARNING", f"{metadata} cannot be read as JSON; it holds the step's times, which reading the "
                                 "checkpoint does not need")]
+
+
+def test_a_config_edited_to_other_sizes_is_named_before_the_model_runs(tmp_path, capsys, converted):
+    """generate and embed, which read a checkpoint through load_checkpoint as to-hf does, applied the model and
+    failed in Flax's ScopeParamShapeError traceback."""
+    ckpt = tmp_path / "edited"
+    shutil.copytree(converted["llama"][2], ckpt)
+    stored = ckpt / "0" / "config" / "metadata"
+    record = json.loads(stored.read_text())
+    record["model"]["intermediate_size"] //= 2
+    stored.write_text(json.dumps(record))
+    said = f"{ckpt}: its parameters do not fit the model config stored with them"
+    with pytest.raises(ValueError, match=re.escape(said)):
+        store.load_checkpoint(ckpt)
+    code, _, err = cli(capsys, "convert", "to-hf", ckpt, tmp_path / "back")
+    assert_one_error(code, err, "convert to-hf", said, "decoder/layer_0/mlp/down/kernel is (128, 64), not (64, 64)",
+                     "give the checkpoint the config it was written with")
 
 
 def test_embed_refuses_decoders_missing_input_and_blank_lines(tmp_path, capsys, converted):
