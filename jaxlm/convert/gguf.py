@@ -79,10 +79,17 @@ def hf_llama_config(reader) -> dict:
     def key(name, default=_REQUIRED):
         return metadata(reader, f"{ARCHITECTURE}.{name}", default)
 
+    def count(name, default=_REQUIRED):
+        value = int(key(name, default))
+        if value < 1:
+            raise ValueError(f"GGUF {ARCHITECTURE}.{name}={value} must be at least 1: the file is damaged; download "
+                             "or convert it again")
+        return value
+
     if key("expert_count", 0):
         raise ValueError("mixture-of-experts Llama GGUF files (llama.expert_count > 0) are not supported")
-    hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
-    head_dim = int(key("attention.key_length", hidden // heads))
+    hidden, heads = count("embedding_length"), count("attention.head_count")
+    head_dim = count("attention.key_length", hidden // heads)
     rotary = int(key("rope.dimension_count", head_dim))
     if rotary != head_dim:
         raise ValueError(f"llama.rope.dimension_count={rotary} differs from head_dim={head_dim}: "
@@ -90,10 +97,10 @@ def hf_llama_config(reader) -> dict:
     tokens = metadata(reader, "tokenizer.ggml.tokens", None)
     config = dict(
         model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=hidden,
-        num_hidden_layers=int(key("block_count")), num_attention_heads=heads,
-        num_key_value_heads=int(key("attention.head_count_kv", heads)), head_dim=head_dim,
-        intermediate_size=int(key("feed_forward_length")),
-        max_position_embeddings=int(key("context_length")),
+        num_hidden_layers=count("block_count"), num_attention_heads=heads,
+        num_key_value_heads=count("attention.head_count_kv", heads), head_dim=head_dim,
+        intermediate_size=count("feed_forward_length"),
+        max_position_embeddings=count("context_length"),
         rope_theta=float(key("rope.freq_base", 10000.0)),
         rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
         vocab_size=len(tokens) if tokens is not None else int(key("vocab_size")),

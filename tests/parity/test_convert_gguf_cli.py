@@ -92,13 +92,13 @@ def test_from_gguf_says_a_file_is_not_gguf_without_naming_python(tmp_path, capsy
     assert not (tmp_path / "out").exists()
 
 
-def tiny_llama_gguf(path, tokenizer_model="gpt2", eos=1, vocab=50):
+def tiny_llama_gguf(path, tokenizer_model="gpt2", eos=1, vocab=50, heads=2):
     """A one-layer Llama GGUF of float32 tensors, hidden size 8, over a made-up byte-level vocabulary."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), "llama")
     for add, value in ((writer.add_block_count, 1), (writer.add_context_length, 32), (writer.add_embedding_length, 8),
-                       (writer.add_feed_forward_length, 16), (writer.add_head_count, 2),
+                       (writer.add_feed_forward_length, 16), (writer.add_head_count, heads),
                        (writer.add_head_count_kv, 2), (writer.add_layer_norm_rms_eps, 1e-5),
                        (writer.add_tokenizer_model, tokenizer_model),
                        (writer.add_token_list, [chr(ord("a") + i % 26) * (1 + i // 26) for i in range(vocab)]),
@@ -122,7 +122,8 @@ def tiny_llama_gguf(path, tokenizer_model="gpt2", eos=1, vocab=50):
     ({"eos": 999}, [], "GGUF tokenizer.ggml.eos_token_id=999 is outside the file's 50 tokens: the file is damaged"),
     ({}, ["--vocab-multiple", "100000000000"],  # was a MemoryError's traceback
      "--vocab-multiple=100000000000 is larger than the vocabulary it pads (50 tokens)"),
-], ids=["sentencepiece", "eos-outside", "vocab-multiple"])
+    ({"heads": 0}, [], "GGUF llama.attention.head_count=0 must be at least 1: the file is damaged"),  # was / by zero
+], ids=["sentencepiece", "eos-outside", "vocab-multiple", "no-heads"])
 def test_from_gguf_refuses_its_tokenizer_and_settings_before_dequantising(tmp_path, capsys, monkeypatch, settings,
                                                                          options, says):
     """A SentencePiece GGUF (most Llama files) was refused only after every tensor was dequantised (a 7B model: 28 GB
