@@ -31,7 +31,11 @@ def _no_tpu_chips():
 
 
 def main() -> None:
-    host_memory.restart_with_huge_pages()  # first: the restart would otherwise import jax twice (4 s)
-    skip_absent_tpu()
-    from jaxlm import cli  # after the restart
+    try:
+        host_memory.restart_with_huge_pages()  # first: the restart would otherwise import jax twice (4 s)
+        skip_absent_tpu()
+        from jaxlm import cli  # after the restart
+    except KeyboardInterrupt:  # Ctrl-C in the seconds jax takes to import: before any command has run
+        print("jaxlm: interrupted", file=sys.stderr)
+        sys.exit(130)
     sys.exit(cli.main())

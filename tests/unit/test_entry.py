@@ -1,4 +1,5 @@
-"""The `jaxlm` program keeps an installed libtpu quiet on a machine without TPU chips."""
+"""The `jaxlm` program keeps an installed libtpu quiet on a machine without TPU chips, and says Ctrl-C while it starts in
+one line."""
 import os
 import subprocess
 import sys
@@ -43,3 +44,29 @@ def test_libtpu_is_left_alone_where_the_user_names_the_platforms(monkeypatch, se
     before = registration.factory
     entry.skip_absent_tpu()
     assert registration.factory is before
+
+
+INTERRUPTED_IMPORT = """\
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal: a test worker's children may ignore it
+
+
+class CtrlCOnImport:  # the real signal, sent as the program imports its command line (jax with it)
+    def find_spec(self, name, path=None, target=None):
+        if name == "jaxlm.cli":
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+sys.meta_path.insert(0, CtrlCOnImport())
+sys.argv = ["jaxlm", "--help"]
+from jaxlm import entry
+entry.main()
+"""
+
+
+def test_ctrl_c_while_the_program_starts_is_one_line():
+    """Ctrl-C in the seconds `jaxlm` spends importing jax printed a KeyboardInterrupt traceback."""
+    env = dict(os.environ, JAXLM_RESTARTED_WITH_HUGE_PAGES="1")  # no restart: the hook stays in this process
+    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_IMPORT], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (130, "", "jaxlm: interrupted\n")
