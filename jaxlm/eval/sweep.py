@@ -357,6 +357,18 @@ def run(plan_: Plan, watch: bool = False, idle_timeout: float = 1800.0, poll: fl
     writer = jax.process_index() == 0
     if writer:
         plan_.out.mkdir(parents=True, exist_ok=True)
+    try:
+        return _evaluate(plan_, watch, idle_timeout, poll, writer)
+    finally:  # also where Ctrl-C stops a --watch: the table and plot of what was evaluated
+        if writer:
+            everything = results.read_records(plan_.out)
+            if everything:
+                results.write_csv(plan_.out, everything)
+                results.plot_curves(plan_.out, everything)
+
+
+def _evaluate(plan_: Plan, watch: bool, idle_timeout: float, poll: float, writer: bool) -> Progress:
+    """`run`'s loop: each selected step not yet in --out, until done (or idle, with `watch`)."""
     finished = agreed_done(plan_)
     keys = {str(s.path) for s in plan_.sources}
     progress = Progress([r for r in results.read_records(plan_.out) if r["source"] in keys] if writer else [], [], {})
@@ -384,11 +396,6 @@ def run(plan_: Plan, watch: bool = False, idle_timeout: float = 1800.0, poll: fl
                 print(f"jaxlm eval: no new checkpoint for {idle_timeout:g} s; stopping", flush=True)
             break
         time.sleep(poll)
-    if writer:
-        everything = results.read_records(plan_.out)
-        if everything:
-            results.write_csv(plan_.out, everything)
-            results.plot_curves(plan_.out, everything)
     return progress
 
 

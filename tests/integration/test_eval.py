@@ -6,6 +6,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -126,6 +127,30 @@ def test_an_interrupted_sweep_resumes_with_only_the_missing_checkpoints(trained,
     assert redone == [s for s in (5, 10, 15, 20) if s not in before]
     keys = [(r["step"], r["metric"]) for r in records_of(out)]
     assert len(keys) == len(set(keys)) and sorted({s for s, _ in keys}) == [5, 10, 15, 20]
+
+
+def test_ctrl_c_to_a_watch_leaves_the_table_and_plot_of_what_it_evaluated(trained, tmp_path):
+    """A --watch is stopped by Ctrl-C or waits out its --idle-timeout; Ctrl-C left results.jsonl alone, without
+    results.csv and curves.png."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained[0], run_dir)
+    shutil.rmtree(run_dir / "checkpoints" / "20")  # the run has not written its final step: the watch goes on
+    out = tmp_path / "eval"
+    command = [sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+               "from jaxlm.cli import main; sys.exit(main(sys.argv[1:]))", "eval", str(run_dir), "--watch",
+               "--poll", "0.2", "--idle-timeout", "600", "--out", str(out)]
+    watch = subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+    deadline = time.time() + 600
+    while {r["step"] for r in records_of(out)} != {5, 10, 15} and watch.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    watch.send_signal(signal.SIGINT)
+    output = watch.communicate(timeout=120)[0]
+    assert watch.returncode == 130 and output.rstrip().endswith("jaxlm eval: interrupted"), output[-3000:]
+    assert "Traceback" not in output
+    rows = (out / "results.csv").read_text().splitlines()
+    assert rows[0].startswith("run,step,heldout/loss") and [row.split(",")[1] for row in rows[1:]] == ["5", "10", "15"]
+    assert (out / "curves.png").stat().st_size > 0
 
 
 def test_a_line_cut_short_does_not_swallow_the_next_sweeps_first_record(tmp_path):
