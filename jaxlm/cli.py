@@ -40,9 +40,10 @@ from jaxlm.sentence_embedding import embed_file
 from jaxlm.train import aot, checkpoint, compile_cache, hlo_cost
 from jaxlm.train.bench import bench, compile_only, format_table
 from jaxlm.train.profile import PROFILED_STEPS, format_profile
+from jaxlm.train.state import check_state_memory, state_bytes
 from jaxlm.train.faults import TrainingStopped
 from jaxlm.train.preflight import preflight
-from jaxlm.train.loop import report, train
+from jaxlm.train.loop import build, report, train
 from jaxlm.train.storage import missing_dirs, remove_if_empty
 
 
@@ -101,9 +102,13 @@ def cmd_preflight(args) -> None:
     made = missing_dirs(config.train.run_dir)  # before any process makes them: preflight starts at a barrier
     try:
         lines, _ = preflight(config)
+        setup = build(config)
+        check_state_memory(setup.abstract)
     finally:
         if jax.process_index() == 0:  # a mistyped run_dir leaves nothing behind
             remove_if_empty(made)
+    lines.append(f"train state: {state_bytes(setup.abstract) / 2**20:,.1f} MiB per device under mesh.rules="
+                 f"{config.mesh.rules}, which divide every parameter's dimensions")
     if jax.process_index() == 0:
         print("\n".join(["preflight passed:", *(f"  {line}" for line in lines)]))
 
@@ -136,6 +141,8 @@ def cmd_bench(args) -> None:
         return cmd_bench_data(args)
     _refuse_other_mode(args, BENCH_DATA_DEFAULTS, "is an option of `jaxlm bench data` (the input pipeline), not of "
                        "the train step's bench: drop it, or put data before the config")
+    if args.profile is not None and not args.profile.strip():
+        raise ConfigError("--profile is empty; give a directory for the trace")
     if args.profile:
         blocked = file_in_the_way(args.profile)
         if blocked is not None:
@@ -370,7 +377,7 @@ def parser() -> argparse.ArgumentParser:
     command(commands, "train", cmd_train, "train, or resume the run in train.run_dir")
     command(commands, "preflight", cmd_preflight, "the checks `train` makes on every process before any compute: "
             "mesh, batch, the same config and data everywhere, prepared data that fits the run, a shared run "
-            "directory")
+            "directory, parameters the mesh splits evenly and a train state the devices can hold")
     bench = command(commands, "bench", cmd_bench, "time the compiled train step: tokens/s and MFU; "
                     "`jaxlm bench data CONFIG [CONFIG ...]`: the input pipeline's examples/s per core")
     bench.add_argument("--json", action="store_true", help="also print the row(s) as JSON")

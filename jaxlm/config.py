@@ -306,7 +306,11 @@ def from_dict(tree: dict) -> RunConfig:
     try:
         model = model_config(model_values.pop("preset", None), **model_values)
         model.validate()
-        families.get(model.family)
+        family = families.get(model.family)
+        if model.embedding_size and not family.factorised_embeddings:
+            raise ValueError(f"model.embedding_size={model.embedding_size} narrows the token embeddings of "
+                             f"{', '.join(families.names(factorised_embeddings=True))}; the {model.family} family's "
+                             "are hidden_size wide: leave it at 0")
     except (ValueError, TypeError) as err:
         raise ConfigError(str(err)) from None
     sections = {name: section(cls, tree.get(name) or {}, name) for name, cls in SECTION_TYPES.items()}
@@ -456,9 +460,12 @@ def validate_run(config: RunConfig) -> None:
         raise ConfigError(f"optim.name={optim.name!r}; choose one of {', '.join(OPTIMIZERS)}")
     if optim.grad_accum < 1:
         raise ConfigError(f"optim.grad_accum={optim.grad_accum} must be positive: the micro-batches of a step")
-    for name in ("peak_lr", "end_lr", "warmup_steps", "weight_decay", "eps", "clip_norm"):
+    for name in ("peak_lr", "end_lr", "warmup_steps", "weight_decay", "clip_norm"):
         if getattr(optim, name) < 0:
             raise ConfigError(f"optim.{name}={getattr(optim, name):g} must be 0 or more")
+    if not optim.eps > 0:
+        raise ConfigError(f"optim.eps={optim.eps:g} must be above 0: Adam divides by the root of the second moment "
+                          "plus eps, 0 for a parameter whose gradient is 0 (unused vocabulary rows); e.g. 1e-6")
     for name in ("b1", "b2"):
         if not 0 <= getattr(optim, name) < 1:
             raise ConfigError(f"optim.{name}={getattr(optim, name):g} must lie in [0, 1): a moment's decay")

@@ -77,6 +77,7 @@ class Family:
     pooling: str = "pooler"
     choice_pooling: str = "pooler"
     pair_separators: int = 1  # separator tokens between the segments of a pair: RoBERTa's </s></s> is 2
+    factorised_embeddings: bool = False  # token embeddings model.embedding_size wide, projected up (ALBERT)
 
     def make_objective(self, config: TransformerConfig, data: DataConfig) -> Objective:
         return self.objective(config, data, self.network)
@@ -126,7 +127,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            pooling="first_dense_relu", choice_pooling="first_dense_relu"),
     Family("albert", AlbertForPreTraining, _pairs("sop"), "sop_pairs", examples.sop_transform, MLM_ROLES,
            MLM_SETTINGS + PAIR_SETTINGS, "jaxlm.convert.hf_albert", "AutoModelForPreTraining",
-           **(ENCODER | dict(backbone=AlbertEncoder))),
+           **(ENCODER | dict(backbone=AlbertEncoder)), factorised_embeddings=True),
     Family("spanbert", SpanBertForPreTraining, _span_mlm_sbo, "sentence_rows", examples.span_transform, MLM_ROLES,
            SPAN_SETTINGS, **ENCODER),
     Family("gpt2", CausalLM, _causal_lm, "causal", examples.causal_transform, CAUSAL_ROLES, CAUSAL_SETTINGS,

@@ -139,6 +139,10 @@ class TransformerConfig:
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"model.{name}={getattr(self, name)} must lie in [0, 1): the share of values dropped")
         check_vocab_multiple(self.vocab_multiple)
+        for name, meaning in (("layer_norm_eps", "added to the variance a norm divides by (1e-12 in BERT)"),
+                              ("rope_theta", "the base of RoPE's wavelengths (10000 in Llama)")):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"model.{name}={getattr(self, name):g} must be above 0: {meaning}")
         if self.logits_chunks < 0:
             raise ValueError(f"model.logits_chunks={self.logits_chunks}; use 0 (whole logits) or a number of slices")
         if self.remat not in REMAT_POLICIES:
@@ -158,6 +162,11 @@ class TransformerConfig:
                 raise ValueError(f"model.{name}={getattr(self, name)!r}; choose one of {choices}")
         if self.position_embedding == "rope" and self.head_dim % 2:
             raise ValueError(f"model.position_embedding='rope' needs an even head_dim, not {self.head_dim}")
+        if self.position_embedding == "relative" and (self.relative_buckets < 4 or
+                                                      self.relative_max_distance <= self.relative_buckets // 2):
+            raise ValueError(f"model.relative_buckets={self.relative_buckets} and model.relative_max_distance="
+                             f"{self.relative_max_distance}: T5's relative positions need 4 buckets or more and a "
+                             "max distance above half the buckets (T5: 32 and 128)")
         if self.position_offset < 0 or self.position_offset >= self.max_position_embeddings:
             raise ValueError(f"model.position_offset={self.position_offset} must lie in "
                              f"[0, model.max_position_embeddings={self.max_position_embeddings})")

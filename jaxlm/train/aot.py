@@ -11,7 +11,6 @@ compile the real step, and `memory_analysis()` says what each device would hold.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import re
 
@@ -24,6 +23,7 @@ from jaxlm.errors import first_line
 from jaxlm.train import flops, gpu_targets, hlo_cost
 from jaxlm.train.gpu_targets import TopologyError
 from jaxlm.train.loop import build, compile_steps
+from jaxlm.train.state import state_bytes
 
 DEFAULT_TOPOLOGY = "v5e:2x2"
 MEMORY_FIELDS = ("argument", "output", "temp", "generated_code", "alias")
@@ -172,12 +172,6 @@ def out_of_memory(message: str) -> dict | None:
                     "need": int(float(fields["need"]) * UNITS[fields["need_unit"]]),
                     "available": int(float(fields["have"]) * UNITS[fields["have_unit"]])}
     return None
-
-
-def state_bytes(abstract) -> int:
-    """Bytes of the train state on one device, from the shardings its ShapeDtypeStructs carry."""
-    return sum(math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
-               for leaf in jax.tree.leaves(abstract))
 
 
 def _mib(count: int) -> str:

@@ -241,7 +241,12 @@ def restore_params(path: epath.PathLike, abstract_params, step: int | None = Non
     with open_checkpoint(path, step) as (mngr, step):
         if step is None:
             raise FileNotFoundError(f"{setting}={path}: no checkpoint found there")
-        check_fits(stored_tree(mngr, step).get("params", {}), abstract_params, f"{setting}={path}")
+        try:
+            stored = stored_tree(mngr, step)
+        except (OSError, ValueError) as err:  # Orbax's FileNotFoundError for a missing _METADATA, JSON's errors
+            raise ValueError(f"{setting}={path}: checkpoint {step} cannot be read ({first_line(err)}); name a run "
+                             "directory or checkpoint whose save completed") from None
+        check_fits(stored.get("params", {}), abstract_params, f"{setting}={path}")
         target = {"params": abstract_params}
         restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
             item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))

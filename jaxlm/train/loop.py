@@ -27,7 +27,7 @@ from jaxlm.train import checkpoint, compile_cache, faults, flops, run_lock
 from jaxlm.train.preflight import check_batch, preflight
 from jaxlm.train.metrics import MetricsWriter, plot_curves, read_jsonl
 from jaxlm.train.optim import make_optimizer, reject_loss_spikes, schedule
-from jaxlm.train.state import abstract_state, count_params, create_state, state_shardings
+from jaxlm.train.state import abstract_state, check_state_memory, count_params, create_state, state_shardings
 from jaxlm.train.step import dropout_key, init_key, make_eval_step, make_train_step
 from jaxlm.train.storage import run_path
 
@@ -144,9 +144,10 @@ def restore_or_init(setup: Setup, mngr, rng, warn):
     if resumed is not None:
         state, position, step = resumed
         return state, int(position["step"]), f"resumed from step {step}"
+    source = setup.config.train.init_from
+    params = checkpoint.restore_params(source, setup.abstract.params) if source else None  # read before any compute
     state = create_state(setup.objective.init, setup.optimizer, setup.shardings, setup.mesh, setup.rules, rng)
-    if source := setup.config.train.init_from:
-        params = checkpoint.restore_params(source, setup.abstract.params)
+    if params is not None:
         return state.replace(params=params), 0, f"initialised from {source}{left_out(source, setup.abstract.params)}"
     return state, 0, "initialised from scratch"
 
@@ -187,6 +188,7 @@ def train(config: RunConfig) -> dict:
     multiprocess = distributed.initialize(config.distributed)
     _, (_, train_data, valid) = preflight(config)
     setup = build(config)
+    check_state_memory(setup.abstract)
     with run_lock.writing(config.train.run_dir):
         return _train(config, setup, train_data, valid, multiprocess)
 

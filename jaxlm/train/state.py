@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import contextlib
+import math
+import os
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -11,6 +13,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
+from jaxlm.config import ConfigError
 from jaxlm.parallel.mesh import tree_shardings
 from jaxlm.parallel.rules import Rules
 
@@ -54,6 +57,37 @@ def abstract_state(init_params, optimizer, shardings):
     """ShapeDtypeStructs carrying the target shardings: for restore and AOT compilation."""
     shapes = jax.eval_shape(lambda r: _state(init_params, optimizer, r), jax.random.key(0))
     return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
+
+
+def state_bytes(abstract) -> int:
+    """The bytes of one device's shards of an abstract state (leaves carrying their shardings)."""
+    return sum(math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
+               for leaf in jax.tree.leaves(abstract))
+
+
+def device_memory() -> tuple[int, str] | None:
+    """(bytes, what they are) a local device holds: its own memory, or on CPUs its share of the host's; None
+    where the runtime does not say."""
+    device = jax.local_devices()[0]
+    limit = (device.memory_stats() or {}).get("bytes_limit")
+    if limit:
+        return limit, f"one {device.device_kind}"
+    if device.platform == "cpu":
+        count = jax.local_device_count()
+        share = f"a 1/{count} share of " if count > 1 else ""
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // count, f"{share}the host's memory"
+    return None
+
+
+def check_state_memory(abstract) -> None:
+    """A ConfigError, before anything is allocated, where one device's shards of the train state alone exceed what
+    a device holds (the state sizes of a mistyped model, which XLA would report as an allocation that failed)."""
+    have = device_memory()
+    need = state_bytes(abstract)
+    if have is not None and need > have[0]:
+        raise ConfigError(f"the train state (parameters and optimiser state) needs {need / 2**30:,.1f} GiB per "
+                          f"device, more than the {have[0] / 2**30:,.1f} GiB of {have[1]}; check the model's sizes "
+                          "(model.*), or spread the state over more devices (mesh.rules=fsdp)")
 
 
 THREEFRY_KERNEL = "jax_threefry_gpu_kernel_lowering"

@@ -52,6 +52,13 @@ CASES = {
     "a held-out split smaller than a batch": ({"train": {"global_batch": 1024}}, [],
                                               ["fewer than one held-out batch of train.global_batch=1024",
                                                "train.eval_batches=0"]),
+    "an Adam eps of 0": ({}, ["optim.eps=0"], ["optim.eps=0 must be above 0", "e.g. 1e-6"]),  # NaN at step 1
+    "factorised embeddings outside ALBERT": ({}, ["model.embedding_size=32"],  # a broadcasting traceback
+                                             ["model.embedding_size=32 narrows the token embeddings of albert; the "
+                                              "bert family's are hidden_size wide: leave it at 0"]),
+    "a train state no device can hold": ({}, ["model.vocab_multiple=1000000000"],  # an allocation's traceback
+                                         ["the train state (parameters and optimiser state) needs ",
+                                          "GiB per device, more than the ", "check the model's sizes (model.*)"]),
     "flash kernel with a head size Triton cannot tile": (
         {}, ["model.attention_kernel=flash", "model.head_size=24"],
         ["model.attention_kernel='flash' needs a head_dim that is a power of two from 16, not 24"]),
@@ -169,6 +176,28 @@ def test_bench_refuses_a_profile_directory_it_cannot_write_in(tiny_config):
     """It ran the whole bench, then said the trace could not be summarised, and exited 0."""
     proc = run_cli("bench", tiny_config(), "--profile", "/sys/trace", check=False)
     assert proc.returncode == 2 and "--profile /sys/trace: cannot write in /sys" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_bench_refuses_an_empty_profile_path(capsys):
+    """`--profile ""` ran the whole bench and traced nothing."""
+    from jaxlm.cli import main  # in this process: refused before the config is read
+
+    assert main(["bench", "configs/bert-tiny.yaml", "--profile", ""]) == 2
+    assert capsys.readouterr().err == "jaxlm bench: error: --profile is empty; give a directory for the trace\n"
+
+
+def test_an_init_from_checkpoint_that_cannot_be_read_is_named_before_any_compute(tiny_config, tmp_path):
+    """A checkpoint directory without Orbax's metadata (a copy cut short) was Orbax's "Metadata file (named
+    _METADATA) does not exist" alone, not naming train.init_from, after the state was initialised."""
+    source = tmp_path / "source"
+    (source / "checkpoints" / "5" / "state").mkdir(parents=True)
+    (source / "checkpoints" / "5" / "state" / "array").write_text("not an array")
+    proc = run_cli("train", tiny_config({"train": {"init_from": str(source)}}), check=False)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and last.startswith(f"jaxlm train: error: train.init_from={source}: checkpoint 5 "
+                                                    "cannot be read ("), proc.stderr[-3000:]
+    assert last.endswith("); name a run directory or checkpoint whose save completed")
+    assert {p.name for p in (tmp_path / "run").rglob("*") if p.is_file()} <= {"train.lock"}  # no metrics, config
 
 
 def test_bench_refuses_to_profile_a_compile_only_run(tiny_config, tmp_path):

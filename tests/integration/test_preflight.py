@@ -149,3 +149,17 @@ def test_a_process_late_at_a_barrier_is_named():
     assert code == 2, output
     assert ("error: processes 1 did not reach \"the test's barrier\" within distributed.barrier_timeout_s=3 s: "
             "they are stuck or dead; see their logs") in output
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["mesh.rules=fsdp_tp", "mesh.data=2", "mesh.tensor=4"],
+     "parameter params/encoder/embeddings/word/embedding has 2002 along 'vocab', which the mesh rules split 4 ways"),
+    (["model.vocab_multiple=1000000000"], "the train state (parameters and optimiser state) needs "),
+])
+def test_the_train_states_checks_are_made(overrides, expected, config, capsys):
+    """Preflight passed a parameter the mesh rules split unevenly and a state no device could hold, which `jaxlm
+    train` then refused (or failed to allocate)."""
+    assert main(["preflight", str(config), *overrides]) == 2
+    assert capsys.readouterr().err.startswith(f"jaxlm preflight: error: {expected}")
+    assert main(["preflight", str(config)]) == 0
+    assert "  train state: " in capsys.readouterr().out

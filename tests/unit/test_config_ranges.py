@@ -35,6 +35,8 @@ def test_every_preset_is_valid(preset):
     *((name, value, f"model.{name}={value} must lie in [0, 1)") for name in DROPOUTS for value in (1.0, -0.1)),
     ("dtype", "float17", "model.dtype='float17'; choose one of ('float32', 'bfloat16', 'float16')"),  # a traceback
     ("param_dtype", "int8", "model.param_dtype='int8'; choose one of"),
+    *((name, value, f"model.{name}={value} must be above 0") for name in ("layer_norm_eps", "rope_theta")
+      for value in (0, -1)),  # NaN losses at step 1
 ])
 def test_a_model_size_or_dropout_out_of_range_is_named(field, value, expected):
     # num_heads=0 once reached `hidden_size % num_heads` first: a ZeroDivisionError's traceback
@@ -58,6 +60,18 @@ def test_model_config_validates_its_overrides(overrides, expected):
     assert str(refused.value) == expected
 
 
+@pytest.mark.parametrize(("buckets", "distance"), [(0, 128), (2, 128), (32, 16), (32, 0)])
+def test_relative_positions_without_room_for_their_buckets_are_named(buckets, distance):
+    """0 buckets was a traceback from inside the network; a max distance of 0 or half the buckets, "math domain
+    error" alone."""
+    with pytest.raises(ValueError) as refused:
+        model_config("t5-small", relative_buckets=buckets, relative_max_distance=distance)
+    assert str(refused.value) == (f"model.relative_buckets={buckets} and model.relative_max_distance={distance}: T5's "
+                                  "relative positions need 4 buckets or more and a max distance above half the "
+                                  "buckets (T5: 32 and 128)")
+    model_config("t5-small", relative_buckets=4, relative_max_distance=3)
+
+
 # each share's interval, written out rather than rebuilt as the check builds it, and its refused edges
 INTERVALS = {"mask_prob": ("(0, 1]", [0]), "short_seq_prob": ("[0, 1]", []), "span_p": ("(0, 1]", [0]),
              "noise_density": ("(0, 1)", [0, 1]), "mask_ratio": ("[0, 1]", []), "valid_fraction": ("(0, 1)", [0, 1])}
@@ -68,7 +82,8 @@ SHARE_CASES = [(name, value, f"data.{name}={value:g} must lie in {INTERVALS[name
 @pytest.mark.parametrize(("key", "value", "expected"), [
     ("optim.grad_accum", 0, "optim.grad_accum=0 must be positive"),  # once a ZeroDivisionError
     *((f"optim.{name}", -1, f"optim.{name}=-1 must be 0 or more")
-      for name in ("peak_lr", "end_lr", "warmup_steps", "weight_decay", "eps", "clip_norm")),
+      for name in ("peak_lr", "end_lr", "warmup_steps", "weight_decay", "clip_norm")),
+    *(("optim.eps", value, f"optim.eps={value} must be above 0: Adam divides") for value in (0, -1)),  # NaN at step 1
     *((f"optim.{name}", value, f"optim.{name}={value:g} must lie in [0, 1)") for name in ("b1", "b2")
       for value in (1.0, -0.1)),
     ("train.keep_checkpoints", 0, "train.keep_checkpoints must be positive, got 0"),
