@@ -126,6 +126,18 @@ def check_decoder_length(data, needed: int, what: str) -> None:
                          f"tokens; raise it, or set 0 for exactly that length")
 
 
+def check_sentinels(data, sentinels: int) -> None:
+    """ValueError where T5's span corruption of a stored row (a DataConfig's) makes more noise spans than the
+    tokenizer's `sentinels` ids, one per span."""
+    raw = t5_lengths(data)[0]
+    noise, spans = t5_noise_counts(raw, data.noise_density, data.mean_span_length)
+    spans = min(spans, raw - noise)  # spans beyond the kept tokens' count merge with their neighbours
+    if spans > sentinels:
+        raise ValueError(f"T5's span corruption makes {spans} noise spans in a row of {raw} tokens, one sentinel id "
+                         f"each, but the tokenizer has {sentinels}; set data.sentinels={spans} or more (T5 has "
+                         "100), or raise data.mean_span_length")
+
+
 def _replace_spans(tokens: np.ndarray, mask: np.ndarray, sentinel_ids: Sequence[int]) -> np.ndarray:
     """T5's `noise_span_to_unique_sentinel` for [rows, length] tokens and masks with the same number of masked
     tokens and spans in every row: each masked span becomes its sentinel; [rows, kept tokens + spans]."""
@@ -197,8 +209,9 @@ def sample_infill_spans(length: int, rng: np.random.Generator, *, mask_ratio: fl
     drawn: list[int] = []
     total = 0
     while total < budget:
-        drawn.extend(rng.poisson(poisson_lambda, size=max(1, budget // max(1, int(poisson_lambda)))).tolist())
-        total = sum(drawn)
+        more = rng.poisson(poisson_lambda, size=max(1, budget // max(1, int(poisson_lambda)))).tolist()
+        drawn.extend(more)
+        total += sum(more)
     covered = np.cumsum(drawn)
     count = int(np.searchsorted(covered, budget)) + 1 if budget else 0
     drawn_arr = np.array(drawn[:count], np.int64)

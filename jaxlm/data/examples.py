@@ -6,8 +6,8 @@ from typing import Callable
 
 import numpy as np
 
-from jaxlm.data.denoising import (bart_target_length, check_decoder_length, infill, permute_sentences, seq2seq_batch,
-                                  t5_corrupt_rows, t5_input_target_lengths, t5_lengths, t5_noise_counts)
+from jaxlm.data.denoising import (bart_target_length, check_decoder_length, check_sentinels, infill, permute_sentences,
+                                  seq2seq_batch, t5_corrupt_rows, t5_input_target_lengths, t5_lengths)
 from jaxlm.data.layouts import Row
 from jaxlm.data.masking import TokenMasker
 from jaxlm.data.packing import causal_batch, sentence_order_pair
@@ -110,7 +110,10 @@ def sentence_mlm_transform(manifest: dict, table: np.ndarray, data: DataConfig) 
 def span_transform(manifest: dict, table: np.ndarray, data: DataConfig) -> Transform:
     """SpanBERT: geometric spans of whole words masked, with their boundary positions."""
     mlm = _mlm_settings(manifest, data)
-    pad_id = mlm.pop("pad_id")
+    pad_id, seq = mlm.pop("pad_id"), mlm["max_seq_length"]
+    if data.max_span > seq:
+        raise ValueError(f"data.max_span={data.max_span} exceeds data.max_seq_length={seq}: a span of more words than "
+                         f"a row has tokens never fits; give at most {seq} (SpanBERT: 10)")
 
     def transform(rows, rngs):
         tokens, lengths = padded_tokens(rows, mlm["max_seq_length"] + 1)
@@ -140,13 +143,7 @@ def t5_transform(manifest: dict, table: np.ndarray, data: DataConfig) -> Transfo
     check_decoder_length(data, exact, "T5's span-corruption targets")
 
     sentinels = np.asarray(special["sentinels"], np.int64)
-    raw = t5_lengths(data)[0]
-    noise, spans = t5_noise_counts(raw, data.noise_density, data.mean_span_length)
-    spans = min(spans, raw - noise)  # spans beyond the kept tokens' count merge with their neighbours
-    if spans > len(sentinels):
-        raise ValueError(f"T5's span corruption makes {spans} noise spans in a row of {raw} tokens, one sentinel id "
-                         f"each, but the tokenizer has {len(sentinels)}; set data.sentinels={spans} or more (T5 has "
-                         "100), or raise data.mean_span_length")
+    check_sentinels(data, len(sentinels))
 
     def transform(rows, rngs):
         inputs, targets = t5_corrupt_rows([row.tokens for row in rows], rngs, sentinel_ids=sentinels,

@@ -6,7 +6,7 @@ from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from jaxlm.data.denoising import t5_lengths
+from jaxlm.data.denoising import check_sentinels, t5_lengths
 from jaxlm.data.packing import causal_rows, sentence_rows, stream_chunks
 from jaxlm.data.pairs import create_instances
 from jaxlm.data.settings import DataConfig
@@ -65,14 +65,17 @@ def decode_row(record: bytes, dtype: str = "<i4") -> Row:
     return Row(values[3:3 + n], int(values[1]), int(values[0]), values[3 + n:])
 
 
-def check_roles(roles: Sequence[str], special: dict, family: str) -> None:
-    """ValueError naming each of `roles` (see tokenizers/roles.py) the tokenizer has no token for."""
+def check_roles(roles: Sequence[str], special: dict, family: str, data: DataConfig) -> None:
+    """ValueError naming each of `roles` (see tokenizers/roles.py) the tokenizer has no token for, or too few
+    sentinels for the noise spans of `data`'s rows."""
     missing = [r for r in roles if r != "sentinels" and special.get(r) is None]
     if missing:
         raise ValueError(f"model.family={family} needs a tokenizer with {', '.join(missing)} token(s), and the "
                          f"configured one (data.vocab) has none; choose a tokenizer that has them")
     if "sentinels" in roles and not special.get("sentinels"):
         raise ValueError("T5 span corruption needs sentinel ids: use a SentencePiece data.vocab with data.sentinels > 0")
+    if "sentinels" in roles:
+        check_sentinels(data, len(special["sentinels"]))
 
 
 def build_rows(layout: str, documents: Sequence[Document], rng: np.random.Generator, settings: DataConfig,

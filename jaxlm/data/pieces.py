@@ -8,8 +8,8 @@ import os
 import pathlib
 from typing import Callable, Iterator, NamedTuple
 
-from jaxlm.corpora.text import (BOM, line_documents, not_utf8, raw_lines, split_sentences, text_lines,
-                                warn_on_stderr)
+from jaxlm.corpora.text import (BOM, check_characters, line_documents, not_utf8, raw_lines, split_sentences,
+                                text_lines, warn_on_stderr)
 from jaxlm.data import tfds_source
 
 PIECE_EXAMPLES = 20000
@@ -105,13 +105,25 @@ def jsonl_piece_documents(path: pathlib.Path, piece: Piece, text_field: str = "t
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{number} is not valid JSON ({err.msg}); JSONL needs one object per line") from None
+        except (json.JSONDecodeError, RecursionError) as err:
+            why = err.msg if isinstance(err, json.JSONDecodeError) else "nested too deeply"
+            raise ValueError(f"{path}:{number} is not valid JSON ({why}); JSONL needs one object per line") from None
         if not isinstance(record, dict) or text_field not in record:
             keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
             raise ValueError(f"{path}:{number} has no {text_field!r} field (it has: {keys}); "
                              "set data.text_field to the field holding the text")
-        sentences = text_to_sentences(str(record[text_field]))
+        text = record[text_field]
+        if not isinstance(text, str):
+            raise ValueError(f"{path}:{number}: field {text_field!r} holds {json.dumps(text)[:40]}, not text; give it "
+                             "a JSON string, or set data.text_field to the field holding the text")
+        try:
+            check_characters(text, f"{path}:{number}: field {text_field!r}")
+        except ValueError as err:
+            if undecodable == "fail":
+                raise ValueError(f"{err}, or set data.undecodable=skip to leave such lines out") from None
+            warn(f"warning: {err}; line left out (data.undecodable=skip)")
+            continue
+        sentences = text_to_sentences(text)
         if sentences:
             yield sentences
 

@@ -98,7 +98,8 @@ def _check_arguments(data: DataConfig, input_files: list, output_dir: Path, over
     `overwrite` does not delete either), or the inputs themselves."""
     check_data(data)
     if output_dir.exists() and not output_dir.is_dir():
-        raise FileExistsError(f"output_dir {output_dir} exists and is not a directory")
+        raise FileExistsError(f"output_dir {output_dir} is a file, not a directory; choose another output_dir "
+                              "(data.prepared_dir)")
     inside = [str(p) for p in input_files if not is_tfds(p) and Path(p).resolve().is_relative_to(output_dir.resolve())]
     if inside:
         raise FileExistsError(f"output_dir {output_dir} holds the input {inside[0]}, which preparing would delete; "
@@ -294,7 +295,7 @@ def prepare(input_files: Sequence[str | os.PathLike], output_dir: str | os.PathL
         from jaxlm.data.beam import check_beam_args, tokenize_on_beam
         check_beam_args(runner, beam_args)
     special = special_ids(tokenizer)
-    check_roles(registered.roles, special, family)
+    check_roles(registered.roles, special, family, data)
     _check_documents(input_files, data)
     seed = data.seed
     sources = [source_info(p, tfds_dir(data.tfds_data_dir)) for p in input_files]  # as they are before reading

@@ -23,10 +23,11 @@ MINIMUMS = {
     "max_span": (1, "SpanBERT's longest span, in words"),
     "mean_span_length": (1, "T5's mean noise span, in tokens"),
     "seed": (0, "the seed of the split, the shuffles and the masks"),
+    "poisson_lambda": (0.01, "BART's mean span length (below it nearly every span drawn is empty, and a row draws "
+                             "about mask_ratio x max_seq_length / poisson_lambda of them)"),
 }
 # settings that must be above zero: what they measure
-ABOVE_ZERO = {"poisson_lambda": "BART's mean span length (0 draws only empty spans)",
-              "piece_mb": "the megabytes of text tokenized as one unit"}
+ABOVE_ZERO = {"piece_mb": "the megabytes of text tokenized as one unit"}
 
 
 @dataclasses.dataclass(frozen=True)

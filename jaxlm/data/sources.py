@@ -37,6 +37,12 @@ def resolve_corpus(names: tuple[str, ...], fetch: bool = True) -> list[pathlib.P
         if path.stat().st_size == 0:
             raise ConfigError(f"corpus file {path} is empty; fix data.corpus")
         paths.append(path)
+    first: dict = {}
+    for k, path in enumerate(paths):
+        j = first.setdefault(path if isinstance(path, str) else path.resolve(), k)
+        if j != k:
+            raise ConfigError(f"data.corpus lists {names[j]!r} and {names[k]!r}, one source twice: its documents "
+                              "would be in the held-out split and in the train split; list it once")
     return paths
 
 

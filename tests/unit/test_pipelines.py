@@ -785,6 +785,32 @@ def test_tokenizer_without_the_roles_is_refused(tmp_path, corpus):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_t5_with_fewer_sentinels_than_its_noise_spans_is_refused_before_preparing(tmp_path, corpus):
+    """`jaxlm prepare configs/t5-tiny.yaml data.sentinels=3 model.vocab_size=1003` once prepared the whole corpus,
+    and only the run on it was refused; the fix (more sentinels) changes the tokenizer, so all of it was lost."""
+    from jaxlm.data.tokenizers.load import load_tokenizer
+
+    data = dataclasses.replace(load_config("t5").data, sentinels=3)
+    out = tmp_path / "t5"
+    with pytest.raises(ValueError, match=r"makes 7 noise spans in a row of 141 tokens.* the tokenizer has 3; set "
+                                         r"data\.sentinels=7 or more"):
+        prepare([corpus], out, load_tokenizer(data.vocab, sentinels=3), family="t5", data=data, progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_spanbert_max_span_beyond_the_row_is_refused(build):
+    """`jaxlm data show configs/spanbert-tiny.yaml data.max_span=2147483647` built a span-length table of 2**31
+    entries and was killed for its memory; no span of more words than a row's tokens can be placed."""
+    prepared = build("spanbert")
+    seq = prepared.config.data.max_seq_length
+    with pytest.raises(ValueError, match=rf"data\.max_span=2147483647 exceeds data\.max_seq_length={seq}: .* give "
+                                         rf"at most {seq}"):
+        PretrainingData(prepared.path, "train", seed=SEED, family="spanbert", max_seq_length=seq,
+                        tokenizer_fingerprint=prepared.tokenizer.fingerprint(),
+                        vocab_size=prepared.tokenizer.vocab_size,
+                        data=dataclasses.replace(prepared.config.data, max_span=2**31 - 1))
+
+
 # ------------------------------------------------------------------------------------- sources
 
 def test_jsonl_source(tmp_path, austen_chapters):
@@ -807,6 +833,28 @@ def test_jsonl_source(tmp_path, austen_chapters):
     with pytest.raises(ValueError, match=r"bad\.jsonl:3 has no 'body' field.*data\.text_field"):
         prepare([bad], tmp_path / "bad-out", tokenizer, progress=False, **settings)
     assert not (tmp_path / "bad-out").exists()
+
+
+@pytest.mark.parametrize(("line", "said"), [
+    ('{"text": null}', "field 'text' holds null, not text; give it a JSON string"),
+    ('{"text": 5}', "field 'text' holds 5, not text"),
+    ('{"text": ["a", "b"]}', r'field .text. holds \["a", "b"\], not text'),
+    ('{"text": "half \\ud800 a pair"}', "half a surrogate pair .* or set data.undecodable=skip"),
+    ('{"text": ' + "[" * 100000 + "]" * 100000 + "}", r"is not valid JSON \(nested too deeply\)"),
+])
+def test_a_jsonl_line_whose_text_is_not_text_is_named(tmp_path, austen_chapters, line, said):
+    """A null, number or list was prepared as the text 'None', '5' or "['a', 'b']"; half a surrogate pair and
+    nesting deeper than Python's recursion were a TypeError's and a RecursionError's traceback."""
+    good = [json.dumps({"text": " ".join(chapter)}) for chapter in austen_chapters[:6]]
+    path = tmp_path / "odd.jsonl"
+    path.write_text("\n".join([*good[:4], line, *good[4:]]) + "\n", encoding="utf-8")
+    config = load_config("roberta")
+    with pytest.raises(ValueError, match=rf"odd\.jsonl:5:? .*{said}"):
+        prepare([path], tmp_path / "out", model_tokenizer(config), family="roberta", data=config.data, progress=False)
+    if "surrogate" in said:
+        manifest = prepare([path], tmp_path / "out", model_tokenizer(config), family="roberta", data=config.data,
+                           undecodable="skip", progress=False)
+        assert manifest["sources"][0]["documents"] == 6
 
 
 def test_tfds_source_gives_the_rows_of_the_text_file(tmp_path):

@@ -15,6 +15,7 @@ from array_record.python.array_record_data_source import ArrayRecordDataSource
 from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 
 import jaxlm.data.prepare as prep
+from jaxlm.config import ConfigError
 from jaxlm.data import pieces, tokenized
 from jaxlm.corpora.models import bert_vocab_path
 from jaxlm.corpora.registry import fetch_demo_corpus
@@ -22,6 +23,7 @@ from jaxlm.data.pipeline import PretrainingData
 from jaxlm.data.layouts import Row, decode_row, encode_row, record_dtype
 from jaxlm.data.prepare import partial_dir, prepare
 from jaxlm.data.records import ShardedRecords, write_shards
+from jaxlm.data.sources import resolve_corpus
 from jaxlm.corpora.text import text_documents as read_documents
 from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer
 
@@ -121,6 +123,29 @@ def test_empty_corpus_names_the_files(tmp_path, tokenizer):
     one.write_text("A single document.\nWith two sentences.\n")
     with pytest.raises(ValueError, match="at least 2"):
         prepare([one], tmp_path / "out", tokenizer, progress=False)
+
+
+def test_a_corpus_source_listed_twice_is_refused(tmp_path):
+    """`data.corpus=[c.txt, ../a/c.txt]` prepared each document twice, and a document's copies fell on both sides
+    of the held-out split."""
+    text = tmp_path / "c.txt"
+    text.write_text("One.\n\nTwo.\n")
+    again = tmp_path / ".." / tmp_path.name / "c.txt"
+    with pytest.raises(ConfigError, match=rf"data\.corpus lists '{text}' and '{again}', one source twice: .* list it "
+                                          "once"):
+        resolve_corpus((str(text), str(again)))
+    with pytest.raises(ConfigError, match="lists 'demo:austen' and 'demo:austen', one source twice"):
+        resolve_corpus(("demo:austen", "demo:wikipedia", "demo:austen"), fetch=False)
+    assert resolve_corpus((str(text),)) == [text]
+
+
+def test_an_output_dir_that_is_a_file_names_the_setting_and_is_kept(tmp_path, tokenizer, austen):
+    blocked = tmp_path / "prepared"
+    blocked.write_text("keep me")
+    with pytest.raises(FileExistsError, match=r"prepared is a file, not a directory; choose another output_dir "
+                                              r"\(data\.prepared_dir\)"):
+        prepare(austen, blocked, tokenizer, progress=False)
+    assert blocked.read_text() == "keep me"
 
 
 def test_existing_output_is_kept_unless_overwrite(tmp_path, tokenizer):

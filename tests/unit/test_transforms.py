@@ -9,7 +9,7 @@ from jaxlm.data import denoising, packing, pairs, spans
 from jaxlm.corpora.models import bert_vocab_path
 from jaxlm.corpora.registry import fetch_austen
 from jaxlm.data.layouts import Row
-from jaxlm.data.settings import DataConfig
+from jaxlm.data.settings import DataConfig, check_data
 from jaxlm.data.tokenizers.wordpiece import WordPieceTokenizer
 
 SEQ, PRED = 512, 80
@@ -391,6 +391,16 @@ def test_bart_inserted_masks_never_make_the_inputs_longer_than_the_row(poisson_l
         assert spans.lengths.sum() == 38 and (spans.lengths == 0).sum() <= (spans.lengths[spans.lengths > 0] - 1).sum()
         inputs = denoising.infill(tokens, rng(0, i), mask_id=3, poisson_lambda=poisson_lambda)
         assert len(inputs) == len(tokens) - 38 + len(spans.lengths) <= len(tokens)
+
+
+def test_a_poisson_lambda_that_draws_nearly_only_empty_spans_is_refused():
+    """BART draws span lengths until they cover the masked tokens: poisson_lambda=1e-9 drew empty spans for ever
+    (`jaxlm data show configs/bart-tiny.yaml data.poisson_lambda=1e-9` hung, its memory growing)."""
+    with pytest.raises(ValueError, match=r"data\.poisson_lambda=1e-09 must be 0\.01 or more: BART's mean span length"):
+        check_data(DataConfig(poisson_lambda=1e-9))
+    check_data(DataConfig(poisson_lambda=0.01))
+    spans = denoising.sample_infill_spans(128, rng(0, 0), mask_ratio=1.0, poisson_lambda=0.01)
+    assert spans.lengths.sum() == 128
 
 
 def test_bart_sentence_permutation(documents):
