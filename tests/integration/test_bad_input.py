@@ -481,3 +481,20 @@ def test_a_compile_cache_that_is_a_file_and_beam_args_that_do_not_split_are_name
     assert prepare.returncode == 2 and prepare.stderr.strip().splitlines()[-1] == (
         """jaxlm prepare: error: --beam-args '"unterminated': No closing quotation; quote it as a shell would""")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+@pytest.mark.parametrize("runner, workers, said", [
+    ("direct", 100000, "--workers 100000 asks for more Beam worker processes than the {cores} cores this process may "
+                       "use: give at most {cores}"),  # started them all, and never finished
+    ("dataflow", 4, "--workers sets the direct runner's processes, and --runner dataflow would ignore it: give that "
+                    "runner's own worker options in --beam-args (Dataflow: --beam-args=--num_workers=4)"),
+])
+def test_prepare_refuses_beam_workers_its_runner_cannot_use(runner, workers, said, tmp_path, capsys):
+    from jaxlm.cli import main  # in this process: refused before Beam is imported
+    from jaxlm.data.pipeline import usable_cores
+
+    out = tmp_path / "data"
+    assert main(["prepare", str(ROOT / "configs" / "bert-tiny.yaml"), f"data.prepared_dir={out}", "--runner", runner,
+                 "--workers", str(workers)]) == 2
+    assert capsys.readouterr().err == f"jaxlm prepare: error: {said.format(cores=usable_cores())}\n"
+    assert not out.exists()
