@@ -96,3 +96,5 @@ def check_data(data: DataConfig) -> None:
     if data.undecodable not in UNDECODABLE:
         raise ValueError(f"data.undecodable={data.undecodable!r}; choose fail (stop at a line that is not UTF-8, "
                          "naming it) or skip (leave such lines out)")
+    if not data.prepared_dir.strip():  # it was the working directory
+        raise ValueError("data.prepared_dir is empty; name the directory of the prepared rows (e.g. data/prepared)")

@@ -91,6 +91,7 @@ SHARE_CASES = [(name, value, f"data.{name}={value:g} must lie in {INTERVALS[name
     ("train.time_limit_minutes", -1, "train.time_limit_minutes=-1 must be 0 (no limit) or more"),
     ("train.run_dir", None, "train.run_dir is empty"),  # `train.run_dir=` once trained into a directory 'None'
     ("data.corpus", None, "data.corpus is empty"),
+    *(("data.prepared_dir", value, "data.prepared_dir is empty; name the directory") for value in ("", None)),
     ("bench.steps", 0, "bench.steps=0 must be positive"),  # once a ZeroDivisionError
     ("bench.warmup", -1, "bench.warmup=-1 must be 0 or more"),  # once an UnboundLocalError
     ("bench.peak_flops_per_device", -1, "bench.peak_flops_per_device=-1 must be 0 or more"),
