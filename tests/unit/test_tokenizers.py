@@ -392,6 +392,9 @@ def test_resolver_errors(tmp_path):
         load_tokenizer(tmp_path)
     with pytest.raises(FileNotFoundError, match="not found"):
         load_tokenizer(tmp_path / "vocab.txt")
+    for empty in ("", " "):  # the working directory, read as a tokenizer directory
+        with pytest.raises(ValueError, match="^the tokenizer is empty; a tokenizer is a packaged name"):
+            load_tokenizer(empty)
 
 
 def test_a_checkpoint_given_as_a_tokenizer_is_told_where_its_tokenizer_lies(tmp_path, capsys):

@@ -33,6 +33,8 @@ def tokenizer_path(spec) -> Path:
 def load_tokenizer(spec, lowercase: bool = True, sentinels: int = 0):
     """The tokenizer `spec` names (see SPEC_FORMS). `lowercase` applies to WordPiece (a directory's
     tokenizer_config.json overrides it), `sentinels` (T5's extra ids) to SentencePiece."""
+    if not str(spec).strip():  # it was the working directory
+        raise ValueError(f"the tokenizer is empty; a tokenizer is {SPEC_FORMS}")
     path = tokenizer_path(spec)
     if path.is_dir():
         return _from_directory(path, lowercase, sentinels)
