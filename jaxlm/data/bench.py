@@ -2,6 +2,7 @@
 in this thread, and through the loader with 0, 1, 2, ... grain worker processes."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -19,8 +20,10 @@ def bench_data(config: RunConfig, batches: int = 20, batch_size: int = 256, work
     uses (`iterate`, N grain processes, 0 a background thread), wall time in the steady state: after the
     first batch and WARM_UP_S more seconds of batches (the workers start one after the other, and the batches
     they built meanwhile would count as free). `cores_used`: the CPU time of this process and its workers
-    over that wall time. A train split smaller than `batch_size` is timed in batches of the whole split."""
-    _, train, _ = open_data(config)
+    over that wall time. A train split smaller than `batch_size` is timed in batches of the whole split; the
+    run's train.global_batch and held-out split are neither read nor checked."""
+    _, train, _ = open_data(dataclasses.replace(config, train=dataclasses.replace(config.train, global_batch=1,
+                                                                                  eval_batches=0)))
     batch_size = min(batch_size, len(train))
     if workers is None:
         train.local_batch(0, batch_size)  # opens the shards, warms the caches

@@ -61,10 +61,13 @@ def test_bench_prints_throughput_and_profile(tiny_config, tmp_path):
 
 
 def test_bench_data_times_a_split_smaller_than_its_batch_whole(tiny_config):
-    """It refused, asking for a smaller batch that no option could set."""
+    """It refused, asking for a smaller batch that no option could set; a train.global_batch larger than either
+    split (which it does not use) was refused as train refuses it."""
     config = config_lib.load(tiny_config())
     row = bench_data(config, batches=1, batch_size=10 ** 6)
     assert row["batch"] == len(open_data(config)[1]) < 10 ** 6 and row["examples_per_s"] > 0
+    huge = config_lib.load(tiny_config({"train": {"global_batch": 10 ** 6}}))
+    assert bench_data(huge, batches=1, batch_size=8)["batch"] == 8
 
 
 def test_bench_data_prints_examples_per_second(tiny_config, tmp_path):
