@@ -28,7 +28,7 @@ from jaxlm.convert.names import flatten
 from jaxlm.corpora.models import PACKAGED_MODELS
 from jaxlm.corpora.text import check_writable, file_in_the_way
 from jaxlm.data.bench import bench_data, format_data_table, median_rows
-from jaxlm.data.pipeline import check_workers, open_data, usable_cores
+from jaxlm.data.pipeline import check_workers, open_data
 from jaxlm.data.prepare import Terminated, already_prepared, prepare, preparation_settings
 from jaxlm.data.sources import model_tokenizer, resolve_corpus
 from jaxlm.data.tokenized import TokenizationFailed
@@ -79,9 +79,7 @@ def cmd_prepare(args) -> None:
     except ValueError as err:  # shlex's "No closing quotation"
         raise ConfigError(f"--beam-args {args.beam_args!r}: {err}; quote it as a shell would") from None
     if args.runner and args.runner.lower() in ("direct", "directrunner"):
-        if args.workers > usable_cores():
-            raise ConfigError(f"--workers {args.workers} asks for more Beam worker processes than the "
-                              f"{usable_cores()} cores this process may use: give at most {usable_cores()}")
+        check_workers(args.workers, "--workers ", "Beam worker processes", zero="")
         # Beam takes seconds to import: only a Beam preparation loads it
         from jaxlm.data.beam import direct_workers
         beam_args += direct_workers(args.workers)

@@ -136,13 +136,14 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def check_workers(workers: int, setting: str) -> None:
-    """Refuse more loader processes than cores: each builds batches flat out, and each opens the split.
-    `setting` names it as typed: "data.workers=" or "--workers "."""
+def check_workers(workers: int, setting: str, processes: str = "loader processes",
+                  zero: str = " (0: one background thread)") -> None:
+    """Refuse more worker processes than cores: each works flat out (a loader's also opens the split).
+    `setting` names it as typed: "data.workers=" or "--workers "; `zero` says what 0 means, if anything."""
     cores = usable_cores()
     if workers > cores:
-        raise ConfigError(f"{setting}{workers} asks for more loader processes than the {cores} cores this process "
-                          f"may use: give at most {cores} (0: one background thread)")
+        raise ConfigError(f"{setting}{workers} asks for more {processes} than the {cores} cores this process "
+                          f"may use: give at most {cores}{zero}")
 
 
 def _in_worker_processes(stream: grain.IterDataset, workers: int, prefetch: int,

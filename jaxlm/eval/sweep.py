@@ -8,7 +8,7 @@ import json
 import pathlib
 import shutil
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import numpy as np
@@ -40,7 +40,7 @@ class Plan:
     batch_size: int = 32
     encoder_input: str = ""
     inputs: dict[str, str] = dataclasses.field(default_factory=dict)  # task name -> `task_inputs`
-    items: dict[str, dict] = dataclasses.field(default_factory=dict)  # source path -> task name -> `task_items`
+    items: dict[str, dict] = dataclasses.field(default_factory=dict)  # source path -> task name -> TaskItems
 
 
 def finetune_run():
@@ -56,7 +56,8 @@ def finetune_config(task: Task, source: Source, step: int, run_dir: pathlib.Path
 
 
 def check_task(source: Source, task: Task, first_step: int | None, encoder_input: str = ""):
-    """Raise ValueError unless `source` can run `task` (before any compute); a ppl or choice task's items."""
+    """Raise ValueError unless `source` can run `task` (before any compute); a ppl or choice task's TaskItems (None
+    for the others)."""
     if task.kind == "finetune":
         if first_step is not None:  # reads and checks the data and the head against the checkpoint
             finetune_run().plan(*finetune_config(task, source, first_step, pathlib.Path("unused")))
@@ -89,13 +90,21 @@ def check_task(source: Source, task: Task, first_step: int | None, encoder_input
     return task_items(source, task, tokenizer, encoder_input)
 
 
-def task_items(source: Source, task: Task, tokenizer, encoder_input: str) -> list[list[Item]]:
-    """Per line (ppl) or per example (choice), its items; ValueError where there is nothing the model can score or
-    more than it can read at once."""
+class TaskItems(NamedTuple):
+    """What a ppl or choice task scores: per line (ppl) or per example (choice), its items; a choice task's
+    examples."""
+    groups: list[list[Item]]
+    choices: tasks_lib.ChoiceTask | None = None
+
+
+def task_items(source: Source, task: Task, tokenizer, encoder_input: str) -> TaskItems:
+    """A ppl or choice task's TaskItems; ValueError where there is nothing the model can score or more than it can
+    read at once."""
     model = source.config.model
     kind, limit = kind_of(model), position_limit(model)
     if task.kind == "ppl":
         context = tokenizer.encode(encoder_input, add_special_tokens=True) if kind == "seq2seq" else ()
+        choices = None
         groups = [tasks_lib.line_items(tokenizer, line, kind, limit, context)
                   for line in tasks_lib.read_lines(task.path)]
         if not any(item.continuation for group in groups for item in group):  # its perplexity would be 1
@@ -113,7 +122,7 @@ def task_items(source: Source, task: Task, tokenizer, encoder_input: str) -> lis
         check_fits([item for group in groups for item in group], model, kind)
     except ValueError as err:
         raise ValueError(f"{task.name}: {err}") from None
-    return groups
+    return TaskItems(groups, choices)
 
 
 def label_apart(sources: list[Source]) -> None:
@@ -198,9 +207,9 @@ def plan(paths: list[str], task_specs: list[str], select: str = "all", out: str 
             raise ValueError(f"--select {select}{what} {source.path}'s committed steps "
                              f"({', '.join(map(str, committed))})")
         for task in task_list:
-            groups = check_task(source, task, chosen[0] if chosen else None, encoder_input)
-            if groups is not None:
-                items.setdefault(str(source.path), {})[task.name] = groups
+            scored = check_task(source, task, chosen[0] if chosen else None, encoder_input)
+            if scored is not None:
+                items.setdefault(str(source.path), {})[task.name] = scored
     inputs = {task.name: task_inputs(task, list(overrides), encoder_input) for task in task_list}
     check_reuse(out_path, sources, inputs)
     return Plan(sources, task_list, selection, out_path, batch_size, encoder_input, inputs, items)
@@ -218,8 +227,7 @@ class SourceEvaluator:
         config = source.config
         self.source = source
         self.setup = self.compiled = self.valid = self.scorer = self.baselines = None
-        self.items: dict[str, list[list[Item]]] = {}
-        self.choices: dict[str, tasks_lib.ChoiceTask] = {}
+        self.items: dict[str, TaskItems] = {}
         if any(t.kind == "heldout" for t in task_list):
             self.setup = build(config)
             self.compiled = compile_eval(self.setup)
@@ -234,10 +242,7 @@ class SourceEvaluator:
             self.scorer = Scorer(config.model, self.mesh, self.rules, batch_size, special_ids(tokenizer)["mask"])
             for task in scoring:
                 given = (items or {}).get(task.name)
-                self.items[task.name] = given if given is not None else task_items(source, task, tokenizer,
-                                                                                   encoder_input)
-                if task.kind == "choice":
-                    self.choices[task.name] = tasks_lib.load_choice_task(task.path)
+                self.items[task.name] = given or task_items(source, task, tokenizer, encoder_input)
 
     def restore(self, step: int):
         return checkpoint.restore_params(self.source.directory, self.target, step)
@@ -245,7 +250,7 @@ class SourceEvaluator:
     def rows(self, task: Task) -> int:
         if task.kind in ("heldout", "finetune"):
             return 0
-        return self.scorer.row_count([i for group in self.items[task.name] for i in group])
+        return self.scorer.row_count([i for group in self.items[task.name].groups for i in group])
 
     def evaluate(self, task: Task, params, progress: Callable[[int], None], step: int = 0,
                  out: pathlib.Path | None = None) -> tuple[dict, int, dict, list]:
@@ -258,13 +263,13 @@ class SourceEvaluator:
             if self.baselines is None:
                 self.baselines = heldout_baselines(self.valid, final)
             return final, int(final.pop("examples", 0)), self.baselines, []
-        groups = self.items[task.name]
+        groups, choices = self.items[task.name]
         scores = self.scorer(params, [i for group in groups for i in group], progress)
         per_group = tasks_lib.grouped(scores, groups)
         if task.kind == "ppl":
             metrics = tasks_lib.perplexity_metrics(self.scorer.kind, scores, len(groups))
             return metrics, len(groups), {}, tasks_lib.perplexity_records(groups, per_group)
-        metrics, records = tasks_lib.choice_results(self.choices[task.name], groups, per_group)
+        metrics, records = tasks_lib.choice_results(choices, groups, per_group)
         chance = metrics["random_baseline"]
         return metrics, len(groups), {"accuracy": chance, "accuracy_norm": chance}, records
 

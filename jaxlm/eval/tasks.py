@@ -216,7 +216,6 @@ def load_choice_task(path: pathlib.Path) -> ChoiceTask:
     return ChoiceTask(name.replace(" ", "_"), examples, settings)
 
 
-
 def correct_choice(example: dict) -> str:
     scores = example["target_scores"]
     return next(k for k, v in scores.items() if v == max(scores.values()))

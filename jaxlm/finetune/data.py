@@ -83,7 +83,7 @@ def _jsonl(path: pathlib.Path, where: str):
 def _table(path: pathlib.Path, delimiter: str, where: str):
     reader = csv.DictReader(io.StringIO(_text(path, where), newline=""), delimiter=delimiter)
     header = reader.fieldnames or []
-    twice = next((name for index, name in enumerate(header) if name in header[:index]), None)
+    twice = first_repeated(header)
     if twice is not None:  # DictReader keeps the last column of a name: the others' values were dropped, silently
         raise ValueError(f"{where}{path}:1: the header names {twice!r} twice; give each column a name of its own")
     for raw in reader:
@@ -193,8 +193,17 @@ def _typed(role: str, value, where: str, field: str):
     return value
 
 
-
 # ---------------------------------------------------------------- checks
+
+def first_repeated(names):
+    """The first of `names` that came before; None where each is named once."""
+    seen = set()
+    for name in names:
+        if name in seen:
+            return name
+        seen.add(name)
+    return None
+
 
 def label_list(train: list[dict], given=(), field: str = "label") -> tuple[str, ...]:
     """The given labels, else those of the training records (sorted; tags: every tag of every record); two or
@@ -202,7 +211,7 @@ def label_list(train: list[dict], given=(), field: str = "label") -> tuple[str, 
     what = "tag" if field == "tags" else field
     if given:
         labels = tuple(str(label) for label in given)
-        twice = next((label for index, label in enumerate(labels) if label in labels[:index]), None)
+        twice = first_repeated(labels)
         if twice is not None:  # a head of one class more, which no record could ever be
             raise ValueError(f"finetune.labels names {twice!r} twice; name each {what} once")
         if len(labels) < 2:
@@ -213,12 +222,14 @@ def label_list(train: list[dict], given=(), field: str = "label") -> tuple[str, 
     if unlabelled is not None:
         raise ValueError(f"finetune.train: record {unlabelled + 1} has no {field} (fields: "
                          f"{', '.join(train[unlabelled])}); name it with finetune.fields.{field}")
+    values = set()
     for index, record in enumerate(train):
         for value in record[field] if field == "tags" else [record[field]]:
             if (isinstance(value, float) and not math.isfinite(value)) or not str(value).strip():
                 raise ValueError(f"finetune.train: record {index + 1} has {what} {value!r}, which names no class; "
                                  f"give every record its {what}")
-    labels = tuple(sorted({str(v) for r in train for v in (r[field] if field == "tags" else [r[field]])}))
+            values.add(str(value))
+    labels = tuple(sorted(values))
     if len(labels) < 2:  # its loss is 0 from the first step: nothing to learn
         raise ValueError(f"finetune.train: every {'word' if field == 'tags' else 'record'} has the {what} "
                          f"{labels[0]!r}; a classifier needs examples of two or more")
