@@ -205,12 +205,19 @@ def first_repeated(names):
     return None
 
 
+def label_name(value) -> str:
+    """The class a label value names: 1, 1.0 and "1" name one class (JSON writes whole numbers either way)."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
 def label_list(train: list[dict], given=(), field: str = "label") -> tuple[str, ...]:
     """The given labels, else those of the training records (sorted; tags: every tag of every record); two or
     more, each named once."""
     what = "tag" if field == "tags" else field
     if given:
-        labels = tuple(str(label) for label in given)
+        labels = tuple(label_name(label) for label in given)
         twice = first_repeated(labels)
         if twice is not None:  # a head of one class more, which no record could ever be
             raise ValueError(f"finetune.labels names {twice!r} twice; name each {what} once")
@@ -228,7 +235,7 @@ def label_list(train: list[dict], given=(), field: str = "label") -> tuple[str, 
             if (isinstance(value, float) and not math.isfinite(value)) or not str(value).strip():
                 raise ValueError(f"finetune.train: record {index + 1} has {what} {value!r}, which names no class; "
                                  f"give every record its {what}")
-            values.add(str(value))
+            values.add(label_name(value))
     labels = tuple(sorted(values))
     if len(labels) < 2:  # its loss is 0 from the first step: nothing to learn
         raise ValueError(f"finetune.train: every {'word' if field == 'tags' else 'record'} has the {what} "
@@ -237,19 +244,19 @@ def label_list(train: list[dict], given=(), field: str = "label") -> tuple[str, 
 
 
 def check_labels(records: list[dict], labels: tuple[str, ...], where: str, field: str = "label") -> None:
-    """Every label (or tag) is one of `labels`; the record is string-compared, so 1 and "1" agree."""
+    """Every label (or tag) is one of `labels`, and becomes its `label_name`."""
     known = set(labels)
     for index, record in enumerate(records):
         values = record[field] if field == "tags" else [record[field]]
         for value in values:
-            if str(value) not in known:
+            if label_name(value) not in known:
                 raise ValueError(f"{where}: record {index + 1} has {field[:-1] if field == 'tags' else 'label'} "
                                  f"{value!r}, which the training data (or finetune.labels) does not have; known: "
                                  f"{', '.join(sorted(known))}")
         if field != "tags":
-            record[field] = str(record[field])
+            record[field] = label_name(record[field])
         else:
-            record[field] = [str(t) for t in record[field]]
+            record[field] = [label_name(t) for t in record[field]]
 
 
 def check_scores(records: list[dict], where: str) -> None:

@@ -3,6 +3,7 @@ Hugging Face's `longest_first`, padding; and the rows of a batch (weight-0 paddi
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -31,6 +32,14 @@ def stack(rows: list[dict], owner: list[int], meta: list) -> Rows:
 def is_weight(name: str) -> bool:
     """Fields that say how much a row counts: a padding row has them all zero."""
     return name.endswith(("_weight", "_weights"))
+
+
+def fitted_batch(asked: int, rows: int, shards: int) -> int:
+    """`asked` rows a batch, or where that is more than `rows`, the fewest in whole shards that hold them all:
+    the rest would be weight-0 padding, which costs compute and memory and changes no result."""
+    if asked <= rows:
+        return asked
+    return min(asked, math.ceil(rows / shards) * shards)
 
 
 def batch_rows(rows: Rows, indices: np.ndarray, size: int) -> dict[str, np.ndarray]:

@@ -12,6 +12,7 @@ from jaxlm.config import ConfigError
 from jaxlm.corpora.text import check_output_file
 from jaxlm.eval.sources import open_source, source_tokenizer
 from jaxlm.finetune import data as task_data
+from jaxlm.finetune.features import fitted_batch
 from jaxlm.finetune.run import Runner, check_settings, write_jsonl
 from jaxlm.finetune.tasks import TASKS, Context
 from jaxlm.train import checkpoint
@@ -50,7 +51,7 @@ def predict(checkpoint_path, input_spec: str, output, batch_size: int = 32, over
     ctx = Context(config.model, settings, settings.labels, source_tokenizer(source))
     rows = task.rows(ctx, records, labelled=False)
     shards = jax.device_count()
-    batch_size = min(batch_size, len(rows))  # --batch-size 10**8 padded a batch that size: killed for memory
+    batch_size = fitted_batch(batch_size, len(rows), shards)  # --batch-size 10**8 was killed for memory
     config = dataclasses.replace(config, train=dataclasses.replace(
         config.train, global_batch=math.ceil(batch_size / shards) * shards))
     setup = build(config, objective=task.objective(ctx))

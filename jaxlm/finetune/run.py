@@ -23,7 +23,7 @@ from jaxlm.corpora.text import check_writable
 from jaxlm.data.sources import resolve_vocab
 from jaxlm.eval.sources import Source, eval_config, open_source, source_tokenizer
 from jaxlm.finetune import data as task_data
-from jaxlm.finetune.features import Rows, batch_rows
+from jaxlm.finetune.features import Rows, batch_rows, fitted_batch
 from jaxlm.finetune.optim import check_ulmfit, layer_groups, slanted_triangular, ulmfit
 from jaxlm.finetune.tasks import LOWER_IS_BETTER, TASKS, Context, Task
 from jaxlm.models.task_heads import POOLINGS
@@ -173,7 +173,7 @@ def plan(config: RunConfig, source: Source) -> Plan:
     ctx = Context(config.model, settings, labels, tokenizer)
     check_train_layers(settings.train_layers, task.objective(ctx))
     rows = {split: task.rows(ctx, split_records, labelled=True) for split, split_records in records.items()}
-    batch = config.train.global_batch
+    batch = fitted_batch(config.train.global_batch, len(rows["train"]), jax.device_count())
     steps_per_epoch = math.ceil(len(rows["train"]) / batch)
     total = max(1, math.ceil(settings.epochs * steps_per_epoch))
     if total >= config_lib.INT_LIMIT:  # the step reaches the jitted schedule as an int32: an OverflowError's traceback
@@ -181,7 +181,8 @@ def plan(config: RunConfig, source: Source) -> Plan:
                           f"more than a run counts ({config_lib.INT_LIMIT - 1:,}); give fewer epochs")
     config = dataclasses.replace(
         config, finetune=settings,
-        train=dataclasses.replace(config.train, steps=total, checkpoint_every=total, eval_every=total),
+        train=dataclasses.replace(config.train, global_batch=batch, steps=total, checkpoint_every=total,
+                                  eval_every=total),
         optim=dataclasses.replace(config.optim, warmup_steps=int(settings.warmup_ratio * total)))
     eval_every = max(1, steps_per_epoch // settings.evals_per_epoch)
     return Plan(config, task, dataclasses.replace(ctx, settings=config.finetune), source, records, rows,

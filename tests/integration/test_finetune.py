@@ -324,6 +324,18 @@ def test_settings_the_model_or_task_cannot_take_fail_in_the_plan(override, expec
         run.plan(config, source)
 
 
+def test_a_batch_larger_than_the_training_rows_holds_them_all_and_no_more(minilm_converted):
+    """train.global_batch=100000 on 140 training rows stepped batches of 100000 rows, all but 140 of them padding
+    (weight 0: the same steps at 700x the compute and memory)."""
+    from jaxlm.finetune import run
+    config, source = run.load(ROOT / "configs" / "finetune" / "polarity-minilm.yaml", ["train.global_batch=100000"],
+                              init_from=str(minilm_converted))
+    the_plan = run.plan(config, source)
+    rows, shards = len(the_plan.rows["train"]), jax.device_count()
+    assert the_plan.config.train.global_batch == -(-rows // shards) * shards < 100000
+    assert the_plan.steps_per_epoch == 1
+
+
 def choice_records(split: str, count: int, seed: int) -> list[dict]:
     """Multiple choice from real SQuAD questions: the question's answer among three answers of other
     questions, in a seeded order."""

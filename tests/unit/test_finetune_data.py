@@ -147,6 +147,17 @@ def test_labels_that_leave_nothing_to_learn_are_named(train, given, expected):
         label_list([{"tags": ["O", "O"]}], field="tags")
 
 
+def test_a_whole_number_label_names_one_class_however_json_wrote_it():
+    """1 and 1.0 (as JSON writers mix them) were two classes: a head of three, one class empty."""
+    from jaxlm.finetune.data import check_labels
+    train = [{"label": 1}, {"label": 0}, {"label": 1.0}, {"label": "0"}]
+    labels = label_list(train)
+    assert labels == ("0", "1") and label_list(train, given=[0.0, 1.0]) == labels
+    check_labels(train, labels, "finetune.train")
+    assert [r["label"] for r in train] == ["1", "0", "1", "0"]
+    assert label_list([{"label": 0.5}, {"label": 1.0}]) == ("0.5", "1")
+
+
 def test_a_score_that_is_not_finite_is_named():
     """1e400 (inf) or NaN trained a regression whose loss was NaN from the first step."""
     from jaxlm.finetune.data import check_scores
