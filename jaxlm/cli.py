@@ -21,7 +21,7 @@ import numpy as np
 from absl import logging
 
 from jaxlm import config as config_lib
-from jaxlm import generate
+from jaxlm import generate, interrupts
 from jaxlm.config import ConfigError
 from jaxlm.convert import registry, store
 from jaxlm.convert.names import flatten
@@ -29,7 +29,7 @@ from jaxlm.corpora.models import PACKAGED_MODELS
 from jaxlm.corpora.text import check_writable, file_in_the_way
 from jaxlm.data.bench import bench_data, format_data_table, median_rows
 from jaxlm.data.pipeline import check_workers, open_data
-from jaxlm.data.prepare import Terminated, already_prepared, prepare, preparation_settings
+from jaxlm.data.prepare import already_prepared, prepare, preparation_settings
 from jaxlm.data.sources import model_tokenizer, resolve_corpus
 from jaxlm.data.tokenized import TokenizationFailed
 from jaxlm.data.tokenizers import tokenize_cli, trainer_cli
@@ -40,10 +40,10 @@ from jaxlm.sentence_embedding import embed_file
 from jaxlm.train import aot, checkpoint, compile_cache, hlo_cost
 from jaxlm.train.bench import bench, compile_only, format_table
 from jaxlm.train.profile import PROFILED_STEPS, format_profile
-from jaxlm.train.state import check_state_memory, state_bytes
+from jaxlm.train.state import state_bytes
 from jaxlm.train.faults import TrainingStopped
 from jaxlm.train.preflight import preflight
-from jaxlm.train.loop import build, report, train
+from jaxlm.train.loop import build_within_memory, report, train
 from jaxlm.train.storage import missing_dirs, remove_if_empty
 
 
@@ -106,8 +106,7 @@ def cmd_preflight(args) -> None:
     made = missing_dirs(config.train.run_dir)  # before any process makes them: preflight starts at a barrier
     try:
         lines, _ = preflight(config)
-        setup = build(config)
-        check_state_memory(setup.abstract)
+        setup = build_within_memory(config)
     finally:
         if jax.process_index() == 0:  # a mistyped run_dir leaves nothing behind
             remove_if_empty(made)
@@ -538,7 +537,8 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint.quiet_failed_writes()
     try:
         compile_cache.check_users_cache()
-        args.handler(args)
+        with interrupts.sigterm_raises():
+            args.handler(args)
     except BrokenPipeError:  # the reader of our output closed it (`jaxlm tokenize ... | head`): stop as a filter does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
         return 128 + signal.SIGPIPE
@@ -554,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt as stop:
         again = " (the same command continues where this one stopped)" if args.command == "prepare" else ""
-        terminated = isinstance(stop, Terminated)
+        terminated = isinstance(stop, interrupts.Terminated)
         print(f"jaxlm {getattr(args, 'label', args.command)}: {'stopped by SIGTERM' if terminated else 'interrupted'}"
               f"{again}", file=sys.stderr)
         status = 128 + signal.SIGTERM if terminated else 130

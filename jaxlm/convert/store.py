@@ -8,9 +8,7 @@ import os
 import pathlib
 import re
 import shutil
-import signal
 import tempfile
-import threading
 from typing import Mapping
 
 import jax
@@ -19,7 +17,7 @@ import orbax.checkpoint as ocp
 import safetensors.numpy
 
 from jaxlm import config as config_lib
-from jaxlm import families
+from jaxlm import families, interrupts
 from jaxlm.convert import registry
 from jaxlm.corpora.text import check_writable, utf8_text
 from jaxlm.data.sources import resolve_vocab
@@ -80,29 +78,6 @@ def check_output(out, overwrite: bool, source=None, kept_out_of=None) -> pathlib
 
 
 @contextlib.contextmanager
-def _noting_interrupts(raising: bool):
-    """Yields a list that Ctrl-C inside the block is appended to; it raises KeyboardInterrupt there only where
-    `raising`. (Python's own handler leaves no trace when its KeyboardInterrupt lands in JAX's garbage-collection
-    hook, which ignores it.)"""
-    received = []
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) in (
-            signal.SIG_IGN, None):  # a signal ignored stays ignored (a job started in the background)
-        yield received
-        return
-
-    def note(*_):
-        received.append(signal.SIGINT)
-        if raising:
-            raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGINT, note)
-    try:
-        yield received
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-@contextlib.contextmanager
 def staged(out, overwrite: bool = False):
     """Yields a fresh sibling directory of `out`; it becomes `out` only when the block succeeds uninterrupted
     (Ctrl-C while the earlier `out` is swapped for it waits until the swap is done)."""
@@ -110,16 +85,15 @@ def staged(out, overwrite: bool = False):
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = pathlib.Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
     try:
-        with _noting_interrupts(raising=True) as received:
+        with interrupts.held(raising=True) as received:
             yield staging
-            if received:  # raised inside JAX's garbage-collection hook, and ignored there
-                raise KeyboardInterrupt
+            interrupts.raise_for(received)  # raised inside JAX's garbage-collection hook, and ignored there
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     staging.chmod(0o755)
     old = None
-    with _noting_interrupts(raising=False):
+    with interrupts.held():
         if out.exists():
             old = pathlib.Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
             os.replace(out, old / out.name)
@@ -225,12 +199,11 @@ def save_converted(out_dir, config: TransformerConfig, params: Mapping, tokenize
     with staged(out_dir, overwrite) as staging:
         mngr = checkpoint.manager(staging, keep=1, async_save=False)
         record = {"model": dataclasses.asdict(config), "source": str(source)}
-        with _noting_interrupts(raising=False) as received:  # cut short, Orbax's threads write on into staging
+        with interrupts.held() as received:  # cut short, Orbax's threads write on into staging
             checkpoint.save(mngr, 0, {"params": dict(params)}, {"step": 0}, record)
             mngr.wait_until_finished()
             mngr.close()
-        if received:
-            raise KeyboardInterrupt
+        interrupts.raise_for(received)
         copy_tokenizer(tokenizer_dir, staging / TOKENIZER_DIR)
         for name, text in (tokenizer_files or {}).items():
             (staging / TOKENIZER_DIR).mkdir(exist_ok=True)

@@ -10,15 +10,13 @@ import itertools
 import json
 import os
 import shutil
-import signal
-import threading
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxlm import families, file_lock
+from jaxlm import families, file_lock, interrupts
 from jaxlm.data.layouts import build_rows, check_roles, record_dtype
 from jaxlm.data.pieces import Piece, is_tfds, piece_documents, plan_pieces, source_documents, source_info
 from jaxlm.data.records import PREPARE_AGAIN, write_shards
@@ -46,38 +44,6 @@ def split_documents(n: int, valid_fraction: float, seed: int) -> tuple[np.ndarra
     order = np.random.default_rng([seed, 0]).permutation(n)
     n_valid = min(n - 1, max(1, round(n * valid_fraction))) if valid_fraction > 0 else 0
     return np.sort(order[n_valid:]), np.sort(order[:n_valid])
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM during a preparation, which stops as Ctrl-C stops it (Beam's workers too); its exit status is
-    128 + SIGTERM."""
-
-
-@contextlib.contextmanager
-def deferred_interrupts():
-    """Ctrl-C (and SIGTERM) inside the block raises KeyboardInterrupt (Terminated) at the next call of the yielded
-    check, not wherever Python happens to be: raised inside JAX's garbage-collection hook it would be ignored, and
-    SIGTERM's default action ended the process at once, leaving Beam's worker processes running."""
-    # a signal ignored stays ignored (a job started in the background inherits SIGINT ignored)
-    taken = [number for number in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(number) is not signal.SIG_IGN]
-    if threading.current_thread() is not threading.main_thread() or not taken:
-        yield lambda: None
-        return
-    received = []
-    previous = {number: signal.signal(number, lambda number, _: received.append(number)) for number in taken}
-
-    def check():
-        if signal.SIGTERM in received:
-            raise Terminated
-        if received:
-            raise KeyboardInterrupt
-
-    try:
-        yield check
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
-    check()
 
 
 class _Shuffled(Sequence):
@@ -306,7 +272,7 @@ def prepare(input_files: Sequence[str | os.PathLike], output_dir: str | os.PathL
                                               "piece_mb": data.piece_mb}, progress)
         pieces = [piece for s, source in enumerate(input_files)
                   for piece in plan_pieces(s, source, tfds_dir(data.tfds_data_dir), piece_mb=data.piece_mb)]
-        with deferred_interrupts() as check:
+        with interrupts.deferred() as check:
             if runner:
                 tokenize_on_beam(pieces, input_files, tokenizer, work, data, runner, beam_args, check)
             else:

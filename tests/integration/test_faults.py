@@ -226,17 +226,17 @@ def test_a_second_ctrl_c_aborts_and_the_watchdog_ends_a_hung_step(prepared_dir, 
     assert "in sleep_if_asked" in (run_dir / "hang-process0.txt").read_text()
 
 
-# `jaxlm ARGS` with a Ctrl-C of its own 0.5 s into XLA's compile of the train step (2.6 s for bert-tiny on a CPU),
-# saying whether the command saw the interrupt raised inside the compile
+# `jaxlm SIGNAL ARGS` with a signal of its own (SIGINT: Ctrl-C) 0.5 s into XLA's compile of the train step (2.6 s
+# for bert-tiny on a CPU), saying whether the command saw the interrupt raised inside the compile
 INTERRUPTED_IN_COMPILATION = """\
 import os, signal, sys, threading
 from jax._src import compiler
 from jaxlm import cli
 signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal: a test worker's children may ignore it
-compile_, seen = compiler.backend_compile_and_load, cli.interrupted_in_compilation
+compile_, seen, number = compiler.backend_compile_and_load, cli.interrupted_in_compilation, int(sys.argv.pop(1))
 def interrupted(backend, module, *args, **kwargs):
     if "train_step" in str(module.operation.attributes["sym_name"]):
-        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        threading.Timer(0.5, os.kill, (os.getpid(), number)).start()
     return compile_(backend, module, *args, **kwargs)
 def reported(stop):
     print("inside the compile:", seen(stop), file=sys.stderr, flush=True)
@@ -246,16 +246,19 @@ sys.exit(cli.main())
 """
 
 
-def test_ctrl_c_during_compilation_ends_the_command_with_130_not_a_segfault():
-    """Python's teardown after an interrupt inside XLA's compiler crashed (SIGSEGV, 4 times in 4 before the fix)."""
+@pytest.mark.parametrize("number, status, said", [(signal.SIGINT, 130, "interrupted"),
+                                                  (signal.SIGTERM, 143, "stopped by SIGTERM")])
+def test_a_stop_during_compilation_ends_the_command_saying_so_not_a_segfault(number, status, said):
+    """Python's teardown after an interrupt inside XLA's compiler crashed (SIGSEGV, 4 times in 4 before the fix);
+    SIGTERM there ended the command with 143 and not a word."""
     env = {name: value for name, value in os.environ.items() if name != "JAX_COMPILATION_CACHE_DIR"}  # compile
     env |= {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags(1), "PYTHONFAULTHANDLER": "1",
             "JAX_ENABLE_COMPILATION_CACHE": "false"}
     for _ in range(2):
-        proc = subprocess.run([sys.executable, "-c", INTERRUPTED_IN_COMPILATION, "bench", "configs/bert-tiny.yaml"],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 130, proc.stderr[-3000:]
-        assert proc.stderr.strip().splitlines()[-2:] == ["jaxlm bench: interrupted", "inside the compile: True"]
+        proc = subprocess.run([sys.executable, "-c", INTERRUPTED_IN_COMPILATION, str(int(number)), "bench",
+                               "configs/bert-tiny.yaml"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == status, proc.stderr[-3000:]
+        assert proc.stderr.strip().splitlines()[-2:] == [f"jaxlm bench: {said}", "inside the compile: True"]
 
 
 def test_sigkill_during_a_step_a_save_and_an_evaluation_then_a_truncated_checkpoint(straight, prepared_dir,
