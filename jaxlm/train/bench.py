@@ -11,8 +11,8 @@ from jaxlm.config import RunConfig
 from jaxlm.parallel import distributed
 from jaxlm.train import flops, hlo_cost
 from jaxlm.train.profile import PROFILED_STEPS, profile_steps
-from jaxlm.train.loop import build, compile_steps, global_batch, memory_summary
-from jaxlm.train.state import check_state_memory, count_params, create_state
+from jaxlm.train.loop import build_within_memory, compile_steps, global_batch, memory_summary
+from jaxlm.train.state import count_params, create_state
 from jaxlm.train.step import dropout_key
 
 
@@ -20,8 +20,7 @@ def _compiled(config: RunConfig):
     """(setup, initialised state, compiled train step, {"started": t0, "setup": t1, "compile": t2})."""
     distributed.initialize(config.distributed)
     phases = {"started": time.perf_counter()}
-    setup = build(config)
-    check_state_memory(setup.abstract)
+    setup = build_within_memory(config)
     state = create_state(setup.objective.init, setup.optimizer, setup.shardings, setup.mesh, setup.rules,
                          jax.random.key(0))
     jax.block_until_ready(state)

@@ -75,6 +75,22 @@ def build(config: RunConfig, devices=None, objective: Objective | None = None,
     return Setup(config, mesh, rules, objective, optimizer, lr, shardings, abstract, batch_shardings)
 
 
+DEEP = 64  # layers beyond which a loop-layout state is first sized in scan layout
+
+
+def build_within_memory(config: RunConfig) -> Setup:
+    """`build(config)`, once its train state is known to fit a device (`check_state_memory`). A loop-layout model
+    deeper than DEEP layers is sized first in scan layout, whose state is the same bytes from one traced layer:
+    its own build traces every layer, about 0.1 s apiece (a mistyped num_layers=100000 took hours to be refused)."""
+    model = config.model
+    if not model.scan_layers and max(model.num_layers, model.decoder_layers) > DEEP:
+        twin = dataclasses.replace(config, model=dataclasses.replace(model, scan_layers=True))
+        check_state_memory(build(twin).abstract)
+    setup = build(config)
+    check_state_memory(setup.abstract)
+    return setup
+
+
 def batch_structs(setup: Setup) -> dict:
     return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=setup.batch_shardings[k])
             for k, v in setup.objective.batch_shapes(setup.config.train.global_batch).items()}
@@ -187,8 +203,7 @@ def train(config: RunConfig) -> dict:
     command writing the same run directory is refused (`run_lock`)."""
     multiprocess = distributed.initialize(config.distributed)
     _, (_, train_data, valid) = preflight(config)
-    setup = build(config)
-    check_state_memory(setup.abstract)
+    setup = build_within_memory(config)
     with run_lock.writing(config.train.run_dir):
         return _train(config, setup, train_data, valid, multiprocess)
 

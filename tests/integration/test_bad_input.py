@@ -59,6 +59,8 @@ CASES = {
     "a train state no device can hold": ({}, ["model.vocab_multiple=1000000000"],  # an allocation's traceback
                                          ["the train state (parameters and optimiser state) needs ",
                                           "GiB per device, more than the ", "check the model's sizes (model.*)"]),
+    "a depth no device can hold": ({}, ["model.num_layers=100000"],  # refused after hours of tracing each layer
+                                   ["the train state (parameters and optimiser state) needs ", "GiB per device"]),
     "flash kernel with a head size Triton cannot tile": (
         {}, ["model.attention_kernel=flash", "model.head_size=24"],
         ["model.attention_kernel='flash' needs a head_dim that is a power of two from 16, not 24"]),
