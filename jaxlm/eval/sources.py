@@ -86,6 +86,17 @@ class Source:
             mngr.close()
         return [s for s in steps if self.own_step is None or s == self.own_step]
 
+    def commit_stamp(self, step: int) -> int | None:
+        """When Orbax committed `step` (ns since the epoch), which tells a checkpoint from one written at the same
+        path and step later (a run trained anew); None where the checkpoint is gone or does not say."""
+        mngr = checkpoint.read_only_manager(self.directory)
+        try:
+            return getattr(mngr.metadata(step), "commit_timestamp_nsecs", None)
+        except FileNotFoundError:
+            return None
+        finally:
+            mngr.close()
+
     def stored_params(self, step: int) -> dict:
         """The parameter tree's metadata at `step` (shapes only; no array is read)."""
         mngr = checkpoint.read_only_manager(self.directory)

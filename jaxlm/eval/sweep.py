@@ -312,6 +312,7 @@ def evaluate_step(evaluator: SourceEvaluator, plan_: Plan, step: int, finished: 
                                f"{str(err).splitlines()[0][:200]})")
         print(f"jaxlm eval: skipped {progress.errors[-1]}", flush=True)
         return
+    committed = source.commit_stamp(step)
     for task in todo:
         rows = evaluator.rows(task)
         bar = tqdm(total=rows or None, desc=f"{source.label}@{step} {task.name}", unit="row", leave=False,
@@ -323,7 +324,7 @@ def evaluate_step(evaluator: SourceEvaluator, plan_: Plan, step: int, finished: 
         speed = progress.throughput.setdefault(task.name, [0, 0.0])
         speed[0], speed[1] = speed[0] + (len(items) if items else examples), speed[1] + elapsed
         new = [{"run": source.label, "source": str(source.path), "step": step, "task": task.name, "metric": name,
-                "value": value, "examples": examples, "inputs": plan_.inputs.get(task.name)}
+                "value": value, "examples": examples, "inputs": plan_.inputs.get(task.name), "committed": committed}
                | ({"baseline": baselines[name]} if name in baselines else {}) for name, value in metrics.items()]
         if writer:
             if items:
@@ -346,10 +347,27 @@ def agreed(values: list[int]) -> list[int]:
     return [int(v) for v in multihost_utils.broadcast_one_to_all(mine)]
 
 
+def still_current(records: list[dict], sources: list[Source]) -> list[dict]:
+    """`records` less those of a checkpoint written again since they were taken (a run trained anew at the same
+    path): its commit time is another. They stood in for the new checkpoint's results."""
+    by_path, stamps, kept = {str(s.path): s for s in sources}, {}, []
+    for record in records:
+        source, key = by_path.get(record["source"]), (record["source"], record["step"])
+        if source is not None and "committed" in record:
+            if key not in stamps:
+                stamps[key] = source.commit_stamp(record["step"])
+            if stamps[key] not in (None, record["committed"]):  # a checkpoint since deleted keeps its results
+                continue
+        kept.append(record)
+    return kept
+
+
 def agreed_done(plan_: Plan) -> set[tuple[str, int, str]]:
-    """The (source, step, task) triples `--out` already holds, as process 0 reads them."""
+    """The (source, step, task) triples `--out` already holds of the checkpoints as they are, as process 0 reads
+    them."""
     keys, names = [str(s.path) for s in plan_.sources], [t.name for t in plan_.tasks]
-    local = [(keys.index(k), step, names.index(t)) for k, step, t in results.done(results.read_records(plan_.out))
+    local = [(keys.index(k), step, names.index(t))
+             for k, step, t in results.done(still_current(results.read_records(plan_.out), plan_.sources))
              if k in keys and t in names] if jax.process_index() == 0 else []
     flat = agreed([v for triple in local for v in triple])
     return {(keys[a], b, names[c]) for a, b, c in zip(flat[::3], flat[1::3], flat[2::3])}
@@ -376,7 +394,8 @@ def _evaluate(plan_: Plan, watch: bool, idle_timeout: float, poll: float, writer
     """`run`'s loop: each selected step not yet in --out, until done (or idle, with `watch`)."""
     finished = agreed_done(plan_)
     keys = {str(s.path) for s in plan_.sources}
-    progress = Progress([r for r in results.read_records(plan_.out) if r["source"] in keys] if writer else [], [], {})
+    progress = Progress([r for r in still_current(results.read_records(plan_.out), plan_.sources)
+                         if r["source"] in keys] if writer else [], [], {})
     evaluators: dict[str, SourceEvaluator] = {}
     seen: dict[str, set[int]] = {key: set() for key in keys}
     last_new = time.time()

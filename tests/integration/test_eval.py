@@ -318,6 +318,26 @@ def test_runs_in_folders_of_the_same_name_keep_their_own_rows(trained, tmp_path)
     assert sorted(row.split(",")[0] for row in rows) == ["run@a/runs", "run@b/runs"]
 
 
+def test_a_checkpoint_written_again_at_its_step_is_evaluated_again(trained, tmp_path):
+    """A run trained anew at the same path got the first run's results back from --out, silently: records were
+    matched on the path and step alone."""
+    from jaxlm.eval import sweep
+    run, out = tmp_path / "run", tmp_path / "eval"
+    shutil.copytree(trained[0] / "checkpoints" / "20", run / "checkpoints" / "20")
+
+    def losses():
+        sweep.run(sweep.plan([str(run)], ["heldout"], "latest", str(out)))
+        return [r["value"] for r in records_of(out) if r["metric"] == "loss"]
+
+    first = losses()
+    shutil.rmtree(run / "checkpoints" / "20")  # other weights at step 20, committed at another time
+    shutil.copytree(trained[0] / "checkpoints" / "15", run / "checkpoints" / "20")
+    again = losses()
+    assert len(first) == 1 and len(again) == 2 and again[1] != first[0]
+    assert losses() == again  # the new checkpoint's results are reused
+    assert (out / "results.csv").read_text().splitlines()[1].split(",")[2] == repr(again[1])
+
+
 def test_out_is_reused_only_for_the_same_inputs(trained, tmp_path):
     """Results are reused where the task's file, the overrides and the encoder input are those they were made
     with: a file of the same name elsewhere, or another override, once got the first results back, silently."""
