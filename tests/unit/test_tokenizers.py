@@ -196,6 +196,12 @@ def test_sentinels_follow_t5(spm_dir, tmp_path):
     kept = [i for i in closed if i not in {*sentinels, t5.eos_token_id}]
     assert converted.decode(kept) == tok.decode(kept) == t5.decode(closed, skip_special_tokens=True) == "the cat sat"
     assert sentinel_ids(RustTokenizer(to_tokenizers(model))) == []
+    # a span-filling prompt: its sentinels were spelled out as pieces and <unk>, the exported tokenizer's read as ids
+    for text in ("The cat sat on the <extra_id_0> mat", "<extra_id_0>x<extra_id_1> y <extra_id_2>", " <extra_id_5>  a"):
+        ids = tok.encode(text)
+        assert ids == t5.encode(text, add_special_tokens=False) == converted.encode(text) == tok.encode_batch([text])[0]
+        assert tok.sentinel_id(0 if "_0" in text else 5) in ids and tok.encode_with_offsets(text)[0] == ids
+    assert tok.encode("a <extra_id_100>") == converted.encode("a <extra_id_100>")  # beyond its sentinels: text
     with pytest.raises(ValueError, match="out of range"):
         tok.sentinel_id(100)
     assert tok.fingerprint() != SentencePieceTokenizer(model).fingerprint()

@@ -4,7 +4,7 @@ A .model holds no template: `add_special_tokens=True` adds `frame`, the ids a mo
 (`jaxlm.data.layouts.framed` sets it), none by default. With `sentinels=N`, N ids follow the model's own:
 `<extra_id_i>` is `model_size + N - 1 - i`, so `<extra_id_0>` is the last id, as in T5 (seqio's
 `SentencePieceVocabulary(extra_ids=100)`, the slow `T5Tokenizer`'s `vocab_size - 1 - i`, and t5-base's
-tokenizer.json: 32099 = `<extra_id_0>`).
+tokenizer.json: 32099 = `<extra_id_0>`); `<extra_id_i>` in a text is read as that id, as transformers reads it.
 """
 from __future__ import annotations
 
@@ -51,12 +51,35 @@ class SentencePieceTokenizer:
             raise ValueError(f"sentinel {i} out of range: this tokenizer has {self.sentinels} sentinels")
         return self.vocab_size - 1 - i
 
+    def _sentinels_in(self, text: str) -> list[re.Match]:
+        """The `<extra_id_i>` of `text` this tokenizer has: each is read as its sentinel id, as transformers'
+        T5 tokenizers read them (a prompt for T5's span filling names them)."""
+        if not self.sentinels or "<extra_id_" not in text:
+            return []
+        return [m for m in SENTINEL.finditer(text) if int(m.group(1)) < self.sentinels]
+
+    def _spans(self, text: str):
+        """(start, end, sentinel id or None) of `text`'s parts: sentinels, and the text around them."""
+        start = 0
+        for m in self._sentinels_in(text):
+            yield start, m.start(), None
+            yield m.start(), m.end(), self.sentinel_id(int(m.group(1)))
+            start = m.end()
+        yield start, len(text), None
+
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        ids = self.sp.encode(text)
+        if self._sentinels_in(text):
+            ids = [i for s, e, sentinel in self._spans(text)
+                   for i in (self.sp.encode(text[s:e]) if sentinel is None else [sentinel])]
+        else:
+            ids = self.sp.encode(text)
         return self._framed(ids) if add_special_tokens else ids
 
     def encode_batch(self, texts, add_special_tokens: bool = False) -> list[list[int]]:
-        batch = self.sp.encode(list(texts))
+        texts = list(texts)
+        if any(self._sentinels_in(text) for text in texts):
+            return [self.encode(text, add_special_tokens) for text in texts]
+        batch = self.sp.encode(texts)
         return [self._framed(ids) for ids in batch] if add_special_tokens else batch
 
     def _framed(self, ids: list[int]) -> list[int]:
@@ -66,9 +89,18 @@ class SentencePieceTokenizer:
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Ids and each piece's character span in `text` (sentencepiece reports UTF-8 byte spans of
         the original text; a piece with no surface, such as a leading "▁", has an empty span)."""
-        chars = char_index_of_byte(text)
-        pieces = self.sp.encode_as_proto(text).pieces
-        return [p.id for p in pieces], [(chars[p.begin], chars[p.end]) for p in pieces]
+        ids, offsets = [], []
+        for start, end, sentinel in self._spans(text):
+            if sentinel is not None:
+                ids.append(sentinel)
+                offsets.append((start, end))
+                continue
+            part = text[start:end]
+            chars = char_index_of_byte(part)
+            pieces = self.sp.encode_as_proto(part).pieces
+            ids += [p.id for p in pieces]
+            offsets += [(start + chars[p.begin], start + chars[p.end]) for p in pieces]
+        return ids, offsets
 
     def decode(self, ids) -> str:
         """Text of `ids`; sentinels are written as `<extra_id_i>`, with the space that a following
