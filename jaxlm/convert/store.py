@@ -49,9 +49,16 @@ class CheckpointTokenizer:
     lowercase: bool = True
     sentinels: int = 0
     layout: str = ""  # the model family's rows, which a bare SentencePiece model frames texts as ("": no frame)
+    model_vocab: int = 0  # the model's vocabulary (0: unchecked), which a run's tokenizer equals and no other exceeds
+    exact: bool = False
 
     def load(self):
         tokenizer = load_tokenizer(self.location, lowercase=self.lowercase, sentinels=self.sentinels)
+        size = tokenizer.vocab_size
+        if self.model_vocab and (size != self.model_vocab if self.exact else size > self.model_vocab):
+            raise ValueError(f"the tokenizer at {self.location} has {size} tokens but the checkpoint's model "
+                             f"{self.model_vocab}: tokenizer and checkpoint do not match (a run's data.vocab is read "
+                             "where the command runs, a relative one from the directory it ran in)")
         return framed(tokenizer, self.layout) if self.layout else tokenizer
 
 
@@ -296,13 +303,14 @@ def _stored_config(stored: dict, directory: pathlib.Path) -> tuple[TransformerCo
     if "train" in stored:
         run = config_lib.from_dict(stored)
         return run.model, CheckpointTokenizer(resolve_vocab(run.data), run.data.lowercase, run.data.sentinels,
-                                              families.get(run.model.family).layout)
+                                              families.get(run.model.family).layout, run.model.vocab_size, exact=True)
     config = model_config(**config_lib.typed_values(TransformerConfig(), stored["model"], "model"))
     config.validate()
     tokenizer = directory / TOKENIZER_DIR
     if not tokenizer.is_dir():
         return config, None
-    return config, CheckpointTokenizer(tokenizer, layout=families.get(config.family).layout)
+    return config, CheckpointTokenizer(tokenizer, layout=families.get(config.family).layout,
+                                       model_vocab=config.vocab_size)
 
 
 def _restore_params(mngr, step: int, tree) -> dict:

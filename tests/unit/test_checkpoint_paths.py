@@ -143,6 +143,22 @@ def test_a_runs_tokenizer_reads_text_as_its_training_did(tmp_path):
     assert tokenizer.load().encode(text, add_special_tokens=True) == [*ids, theirs.eos_token_id]  # generate's prompts
 
 
+def test_a_tokenizer_that_is_not_the_models_is_refused(tmp_path, monkeypatch):
+    """A run's relative data.vocab, read where `generate` ran, found another model's vocabulary: BERT's
+    30,522 tokens for a GPT-2 run generated "[unused257]" three times, and `to-hf` exported it."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copyfile(bert_vocab_path(), tmp_path / "vocab.txt")
+    run = run_with_tokenizer(tmp_path / "gpt", {"vocab": "vocab.txt"}, {"preset": "gpt2-small"})
+    _, tokenizer = store.checkpoint_config(run)
+    with pytest.raises(ValueError, match=r"^the tokenizer at vocab.txt has 30522 tokens but the checkpoint's model "
+                                         r"50257: tokenizer and checkpoint do not match"):
+        tokenizer.load()
+    larger = dataclasses.replace(tokenizer, model_vocab=30000, exact=False)  # a converted checkpoint's
+    with pytest.raises(ValueError, match="has 30522 tokens but the checkpoint's model 30000"):
+        larger.load()
+    assert dataclasses.replace(larger, model_vocab=30528).load().vocab_size == 30522  # a padded vocabulary
+
+
 def test_a_checkpoint_whose_config_records_no_model_is_refused_by_every_reader(tmp_path):
     """`convert to-hf`, `generate` and `embed` (the store) and `eval` and `predict` (the sources) read the same
     config item and refuse one without a model config in a line that names the checkpoint."""
