@@ -167,6 +167,10 @@ class TransformerConfig:
             raise ValueError(f"model.relative_buckets={self.relative_buckets} and model.relative_max_distance="
                              f"{self.relative_max_distance}: T5's relative positions need 4 buckets or more and a "
                              "max distance above half the buckets (T5: 32 and 128)")
+        for name, lowest in (("pad_token_id", 0), ("decoder_start_token_id", 0), ("eos_token_id", -1)):
+            if not lowest <= getattr(self, name) < self.vocab_size:  # an id beyond the table: NaN, not an error
+                raise ValueError(f"model.{name}={getattr(self, name)} must lie in [{lowest}, model.vocab_size="
+                                 f"{self.vocab_size}), an id of the vocabulary" + (" (-1: none)" if lowest else ""))
         if self.position_offset < 0 or self.position_offset >= self.max_position_embeddings:
             raise ValueError(f"model.position_offset={self.position_offset} must lie in "
                              f"[0, model.max_position_embeddings={self.max_position_embeddings})")
