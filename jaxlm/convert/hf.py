@@ -143,6 +143,15 @@ def build_config(fields: dict, overrides: dict) -> TransformerConfig:
     return result
 
 
+def eos_id(config: Mapping, default=None):
+    """config.json's end-of-sequence id (the first, where it lists several; `default` where it names none), or -1
+    where it has none; its type is `build_config`'s to check."""
+    eos = config.get("eos_token_id", default)
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0] if eos else None
+    return -1 if eos is None else eos
+
+
 def read_config(model_dir) -> dict:
     path = pathlib.Path(model_dir) / "config.json"
     if not path.is_file():

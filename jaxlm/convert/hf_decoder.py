@@ -11,7 +11,8 @@ from typing import Mapping
 
 import numpy as np
 
-from jaxlm.convert.hf import build_config, check_family, check_representable, param_shapes, read_config, read_tensors
+from jaxlm.convert.hf import (build_config, check_family, check_representable, eos_id, param_shapes, read_config,
+                              read_tensors)
 from jaxlm.convert.names import Entry, attention, dense, norm, params_from_hf, params_to_hf, prefixed
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.decoder import CausalLM
@@ -78,13 +79,6 @@ def llama_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
         position_embedding="rope", rope_theta=_rope_theta(config), norm="rmsnorm", activation="swiglu",
         use_bias=False, tie_embeddings=config.get("tie_word_embeddings", False), eos_token_id=eos_id(config))
     return build_config(fields, overrides)
-
-
-def eos_id(config: Mapping) -> int:
-    """config.json's end-of-sequence id (the first, when it lists several), or -1 when it has none."""
-    eos = config.get("eos_token_id")
-    eos = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
-    return -1 if eos is None or eos == [] else int(eos)
 
 
 def _token_ids(config: TransformerConfig) -> dict:

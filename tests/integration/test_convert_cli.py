@@ -489,6 +489,23 @@ def test_a_whole_float_size_in_config_json_becomes_an_integer():
     assert type(converted.hidden_size) is int and type(converted.intermediate_size) is int
 
 
+@pytest.mark.parametrize("model_type, default", [("t5", 1), ("bart", 2), ("gpt2", -1), ("llama", -1)])
+def test_an_eos_token_id_list_gives_its_first_and_an_empty_one_none(model_type, default):
+    """T5's and BART's readers took eos_token_id=[] as an IndexError's traceback; the decoders' said none."""
+    small = {"t5": {"d_model": 64, "d_kv": 16, "d_ff": 128, "num_heads": 4, "vocab_size": 100},
+             "bart": {"d_model": 64, "encoder_attention_heads": 4, "decoder_attention_heads": 4, "vocab_size": 100},
+             "gpt2": {"n_embd": 64, "n_head": 4, "vocab_size": 100},
+             "llama": {"hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100}}[model_type]
+
+    def eos(value):
+        config = {"model_type": model_type, **small, **({} if value is None else {"eos_token_id": value})}
+        return registry.family_for_hf(config).converter("config_from_hf")(config).eos_token_id
+
+    assert (eos([7, 9]), eos([]), eos(None)) == (7, -1, default)
+    with pytest.raises(ValueError, match=r"^model.eos_token_id must be a number, got 'x'"):
+        eos("x")
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowing, as Python says it
 def test_ctrl_c_that_jax_garbage_collection_hook_swallows_still_keeps_the_earlier_output(tmp_path):
     """Python's KeyboardInterrupt, raised where JAX's gc callback runs, is printed as "Exception ignored" and lost:
