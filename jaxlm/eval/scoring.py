@@ -15,6 +15,7 @@ from jax.sharding import Mesh
 
 from jaxlm import families
 from jaxlm.data.settings import DataConfig
+from jaxlm.errors import first_line
 from jaxlm.models.config import TransformerConfig, check_ids
 from jaxlm.models.heads import gather_positions
 from jaxlm.parallel.mesh import batch_shards, logical_sharding, mesh_and_rules, replicated, tree_shardings
@@ -313,7 +314,15 @@ class Scorer:
         for start in range(0, len(order), size):
             chosen = order[start:start + size]
             batch = pad_rows([rows[r] for r in chosen], size, self.pad, self.limit)
-            scores = host_value(self.score_fn(params, global_arrays(batch, self.mesh, self.rules)))
+            try:
+                scores = host_value(self.score_fn(params, global_arrays(batch, self.mesh, self.rules)))
+            except jax.errors.JaxRuntimeError as err:
+                if "RESOURCE_EXHAUSTED" not in str(err):
+                    raise
+                length = max(array.shape[-1] for array in batch.values())
+                raise ValueError(f"{len(chosen)} row(s) of up to {length} tokens need more memory than "
+                                 f"the device has ({first_line(err)}); give a smaller --batch-size, or shorter lines "
+                                 "and texts") from None
             for slot, r in enumerate(chosen):
                 per_row[r] = scores[slot][batch["weights"][slot] > 0]
             if progress is not None:

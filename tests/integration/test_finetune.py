@@ -280,6 +280,19 @@ def tiny_t5(tmp_path_factory):
     return directory / "ckpt"
 
 
+def test_a_text_too_long_for_the_devices_memory_is_one_line(tmp_path, tiny_t5, capsys):
+    """T5 numbers no positions, so nothing windows a long line: an 80 KB line's perplexity asked for 146 GB, and
+    the evaluator ended in XLA's RESOURCE_EXHAUSTED traceback."""
+    from jaxlm.corpora.registry import fetch_austen
+    line = tmp_path / "long.txt"
+    line.write_text(" ".join(fetch_austen().read_text().split())[:80_000] + "\n")
+    capsys.readouterr()
+    assert main(["eval", str(tiny_t5), "--tasks", f"ppl:{line}", "--out", str(tmp_path / "eval")]) == 2
+    err = capsys.readouterr().err
+    assert "jaxlm eval: error: 1 row(s) of up to " in err and " tokens need more memory than the device has " \
+        "(RESOURCE_EXHAUSTED: " in err and err.endswith("give a smaller --batch-size, or shorter lines and texts\n")
+
+
 def test_text_to_text_squad_beats_the_empty_answer(tmp_path, tiny_t5):
     """A T5 fine-tuned on 32 SQuAD questions cast as T5 casts them, its generated answers scored on the
     same questions: what this shows is that the loop learns and its generations are decoded and scored
