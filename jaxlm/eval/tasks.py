@@ -3,11 +3,14 @@ jaxlm.corpora.choice_tasks), the items a text file or a BIG-bench JSON task turn
 and the metrics of their scores."""
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import math
 import pathlib
 import re
+import shutil
+import tempfile
 from typing import Sequence
 
 import numpy as np
@@ -39,6 +42,17 @@ class Task:
         return re.sub(r"[^A-Za-z0-9_.@-]+", "-", self.name)
 
 
+def readable_again(path: pathlib.Path) -> pathlib.Path:
+    """`path`, or where it is a pipe (/dev/stdin, a shell's <(...)), which gives its bytes once, a copy of them
+    that lasts the process: a sweep reads a task's file more than once (it was found empty the second time)."""
+    if not path.exists() or path.is_file() or path.is_dir():
+        return path
+    copy = pathlib.Path(tempfile.mkdtemp(prefix="jaxlm-task-")) / path.name
+    copy.write_bytes(path.read_bytes())
+    atexit.register(shutil.rmtree, copy.parent, True)
+    return copy
+
+
 def parse_task(spec: str) -> Task:
     """A Task from `heldout`, `ppl:FILE`, `choice:FILE.json[@K]` (or a named task), `finetune:CONFIG`, its file checked
     (ValueError; a fine-tune config is checked against each source when the sweep is planned)."""
@@ -47,7 +61,7 @@ def parse_task(spec: str) -> Task:
         return Task("heldout")
     kind, _, rest = spec.partition(":")
     if kind == "ppl" and rest:
-        path = pathlib.Path(rest)
+        path = readable_again(pathlib.Path(rest))
         read_lines(path)
         return Task("ppl", path, name=f"ppl:{path.stem}")
     if kind == "choice" and rest:
@@ -58,6 +72,7 @@ def parse_task(spec: str) -> Task:
                 raise ValueError(f"{spec}: the shots after @ must be a number, e.g. choice:{match.group(1)}@3")
             file, shots = match.group(1), int(match.group(2))
         path = choice_task(file) if file in CHOICE_TASKS and not pathlib.Path(file).exists() else pathlib.Path(file)
+        path = readable_again(path)
         task = load_choice_task(path)
         if shots and len(task.examples) < shots + 1:
             raise ValueError(f"{path}: {shots}-shot needs at least {shots + 1} examples, it has {len(task.examples)}")

@@ -196,3 +196,23 @@ def test_a_row_whose_choices_repeat_or_miss_the_answer_is_left_out():
     assert bigbench_example(row) == {"input": "2 + 2 =", "target_scores": {"4": 1, "5": 0}}
     assert bigbench_example({**row, "choices": {"text": ["4", "4"], "label": ["A", "B"]}}) is None
     assert bigbench_example({**row, "answerKey": "C"}) is None
+
+
+@pytest.mark.parametrize("kind", ["ppl", "choice"])
+def test_a_task_read_from_a_pipe_keeps_its_text(kind, tmp_path):
+    """`ppl:/dev/stdin` (or a shell's <(...)) was read once to check it and found empty when its items were read."""
+    import os
+
+    from jaxlm.eval.tasks import parse_task, read_lines
+    text = "The cat sat.\nEmma was rich.\n" if kind == "ppl" else json.dumps(
+        {"name": "piped", "examples": [{"input": "2+2=", "target_scores": {"4": 1, "5": 0}}]})
+    readable, writable = os.pipe()
+    os.write(writable, text.encode())
+    os.close(writable)
+    try:
+        task = parse_task(f"{kind}:/dev/fd/{readable}")
+    finally:
+        os.close(readable)
+    assert task.path.read_text() == text
+    if kind == "ppl":
+        assert read_lines(task.path) == read_lines(task.path) == ["The cat sat.", "Emma was rich."]
