@@ -127,13 +127,17 @@ def open_source(path: str | pathlib.Path, overrides: list[str], wait: float = 0.
     """A Source for a run directory, its checkpoints/ or checkpoints/<step>, or a converted checkpoint;
     NoCheckpointYet when it holds no committed checkpoint (after waiting up to `wait` seconds for one
     to appear: a watched run may not have written its first)."""
-    deadline = time.time() + wait
+    deadline, said = time.time() + wait, False
     while True:
         try:
             return _open_source(pathlib.Path(path), overrides)
-        except NoCheckpointYet:
+        except NoCheckpointYet as err:
             if time.time() >= deadline or not pathlib.Path(path).absolute().parent.is_dir():
                 raise
+            if not said:  # a mistyped path waited in silence, 30 minutes by default
+                print(f"jaxlm eval: {str(err).split(';')[0]}; waiting up to {wait:g} s for its first checkpoint",
+                      flush=True)
+                said = True
             time.sleep(poll)
 
 

@@ -318,6 +318,17 @@ def test_runs_in_folders_of_the_same_name_keep_their_own_rows(trained, tmp_path)
     assert sorted(row.split(",")[0] for row in rows) == ["run@a/runs", "run@b/runs"]
 
 
+def test_a_watch_for_a_run_without_checkpoints_says_it_waits(tmp_path, capsys):
+    """A mistyped run directory under --watch waited --idle-timeout (30 minutes by default) without a word."""
+    from jaxlm.eval import sweep
+    from jaxlm.eval.sources import NoCheckpointYet
+    with pytest.raises(NoCheckpointYet, match="no such directory"):
+        sweep.plan([str(tmp_path / "rnu")], ["heldout"], out=str(tmp_path / "eval"), watch=True, idle_timeout=0.3,
+                   poll=0.1)
+    assert capsys.readouterr().out == (f"jaxlm eval: {tmp_path / 'rnu'}: no such directory; waiting up to 0.3 s for "
+                                       "its first checkpoint\n")
+
+
 def test_a_checkpoint_written_again_at_its_step_is_evaluated_again(trained, tmp_path):
     """A run trained anew at the same path got the first run's results back from --out, silently: records were
     matched on the path and step alone."""
