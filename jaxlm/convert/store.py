@@ -101,6 +101,11 @@ def staged(out, overwrite: bool = False):
     staging.chmod(0o755)
     old = None
     with interrupts.held():
+        try:  # again: something else may have written `out` meanwhile, which only --overwrite replaces
+            check_output(out, overwrite)
+        except FileExistsError as err:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise FileExistsError(f"{err} (it was written while this command ran)") from None
         if out.exists():
             old = pathlib.Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
             os.replace(out, old / out.name)

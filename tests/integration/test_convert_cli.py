@@ -489,6 +489,23 @@ def test_a_whole_float_size_in_config_json_becomes_an_integer():
     assert type(converted.hidden_size) is int and type(converted.intermediate_size) is int
 
 
+def test_an_output_written_by_another_while_converting_is_kept(tmp_path):
+    """A file put in the output directory during a conversion (or another conversion's output) was deleted when
+    the staged output took its place, without --overwrite."""
+    out = tmp_path / "out"
+    with pytest.raises(FileExistsError, match=r"out exists and is not empty; pass --overwrite to replace it, or "
+                                              r"choose another output directory \(it was written while this command "
+                                              r"ran\)$"):
+        with store.staged(out) as staging:
+            (staging / "weights").write_text("ours")
+            out.mkdir()
+            (out / "notes.txt").write_text("theirs")
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and (out / "notes.txt").read_text() == "theirs"
+    with store.staged(out, overwrite=True) as staging:
+        (staging / "weights").write_text("ours")
+    assert [p.name for p in out.iterdir()] == ["weights"]
+
+
 @pytest.mark.parametrize("model_type, default", [("t5", 1), ("bart", 2), ("gpt2", -1), ("llama", -1)])
 def test_an_eos_token_id_list_gives_its_first_and_an_empty_one_none(model_type, default):
     """T5's and BART's readers took eos_token_id=[] as an IndexError's traceback; the decoders' said none."""
