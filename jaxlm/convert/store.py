@@ -95,8 +95,11 @@ def staged(out, overwrite: bool = False):
         with interrupts.held(raising=True) as received:
             yield staging
             interrupts.raise_for(received)  # raised inside JAX's garbage-collection hook, and ignored there
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(err, Exception) and "No space left on device" in str(err):  # Orbax's, safetensors' own words
+            raise OSError(f"no space left on the device to write {out}; free space or choose another output "
+                          "directory") from None
         raise
     staging.chmod(0o755)
     old = None

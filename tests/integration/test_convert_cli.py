@@ -506,6 +506,19 @@ def test_an_output_written_by_another_while_converting_is_kept(tmp_path):
     assert [p.name for p in out.iterdir()] == ["weights"]
 
 
+def test_a_full_disk_is_one_line_and_leaves_no_partial_output(tmp_path):
+    """safetensors' "No space left on device" came out as its traceback (to-hf; Orbax's, from-hf, as three lines):
+    here the kernel's own, from /dev/full."""
+    out = tmp_path / "out"
+    with pytest.raises(OSError, match=r"^no space left on the device to write .*out; free space or choose another "
+                                      r"output directory$"):
+        with store.staged(out) as staging:
+            (staging / "weights").symlink_to("/dev/full")
+            with open(staging / "weights", "wb") as stream:
+                stream.write(bytes(1 << 16))
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("model_type, default", [("t5", 1), ("bart", 2), ("gpt2", -1), ("llama", -1)])
 def test_an_eos_token_id_list_gives_its_first_and_an_empty_one_none(model_type, default):
     """T5's and BART's readers took eos_token_id=[] as an IndexError's traceback; the decoders' said none."""
