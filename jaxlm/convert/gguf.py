@@ -63,6 +63,17 @@ def metadata(reader, key: str, default=_REQUIRED):
     return field.contents()
 
 
+DAMAGED = "the file is damaged; download or convert it again"
+
+
+def number(reader, key: str, default=_REQUIRED):
+    """A numeric metadata key's value; a ValueError naming the key where the file holds anything else there."""
+    value = metadata(reader, key, default)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise ValueError(f"GGUF {key}={str(value)[:60]!r} is not a number: {DAMAGED}")
+    return value
+
+
 def check_architecture(reader) -> None:
     arch = metadata(reader, "general.architecture")
     if arch != ARCHITECTURE:
@@ -77,13 +88,12 @@ def hf_llama_config(reader) -> dict:
     check_architecture(reader)
 
     def key(name, default=_REQUIRED):
-        return metadata(reader, f"{ARCHITECTURE}.{name}", default)
+        return number(reader, f"{ARCHITECTURE}.{name}", default)
 
     def count(name, default=_REQUIRED):
         value = int(key(name, default))
         if value < 1:
-            raise ValueError(f"GGUF {ARCHITECTURE}.{name}={value} must be at least 1: the file is damaged; download "
-                             "or convert it again")
+            raise ValueError(f"GGUF {ARCHITECTURE}.{name}={value} must be at least 1: {DAMAGED}")
         return value
 
     if key("expert_count", 0):
@@ -105,9 +115,9 @@ def hf_llama_config(reader) -> dict:
         rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
         vocab_size=len(tokens) if tokens is not None else int(key("vocab_size")),
         tie_word_embeddings="output.weight" not in {t.name for t in reader.tensors},
-        bos_token_id=metadata(reader, "tokenizer.ggml.bos_token_id", None),
-        eos_token_id=metadata(reader, "tokenizer.ggml.eos_token_id", None))
-    scaling = key("rope.scaling.type", "none")
+        bos_token_id=number(reader, "tokenizer.ggml.bos_token_id", None),
+        eos_token_id=number(reader, "tokenizer.ggml.eos_token_id", None))
+    scaling = metadata(reader, f"{ARCHITECTURE}.rope.scaling.type", "none")
     if scaling != "none":
         config["rope_scaling"] = {"rope_type": scaling}
     return config
@@ -238,7 +248,7 @@ def tokenizer_info(reader) -> dict:
     """What the file says about its tokenizer, beyond the vocabulary itself."""
     keys = ("model", "pre", "bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id",
             "add_bos_token", "add_eos_token")
-    info = {key: metadata(reader, f"tokenizer.ggml.{key}", None) for key in keys}
+    info = {key: (number if key.endswith("_id") else metadata)(reader, f"tokenizer.ggml.{key}", None) for key in keys}
     info["chat_template"] = metadata(reader, "tokenizer.chat_template", None)
     return info
 
@@ -298,15 +308,24 @@ def gguf_tokenizer(path_or_reader):
     if info["model"] != "gpt2":
         raise ValueError(f"GGUF tokenizer.ggml.model={info['model']!r} is not supported: jaxlm builds only "
                          "byte-level BPE ('gpt2') tokenizers from GGUF files")
-    tokens = byte_level_tokens(metadata(reader, "tokenizer.ggml.tokens"))
+    tokens = metadata(reader, "tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or not all(isinstance(token, str) for token in tokens):
+        raise ValueError(f"GGUF tokenizer.ggml.tokens is not a list of strings: {DAMAGED}")
+    tokens = byte_level_tokens(tokens)
     outside = next((key for key in ("bos_token_id", "eos_token_id") if info[key] is not None
                     and not 0 <= info[key] < len(tokens)), None)
     if outside:
         raise ValueError(f"GGUF tokenizer.ggml.{outside}={info[outside]} is outside the file's {len(tokens):,} tokens: "
-                         "the file is damaged; download or convert it again")
+                         f"{DAMAGED}")
     kinds = metadata(reader, "tokenizer.ggml.token_type", [1] * len(tokens))
-    merges = [tuple(m.split(" ", 1)) for m in metadata(reader, "tokenizer.ggml.merges")]
-    tokenizer = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
+    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else () for m in metadata(reader, "tokenizer.ggml.merges")]
+    odd = next((i for i, merge in enumerate(merges) if len(merge) != 2), None)
+    if odd is not None:
+        raise ValueError(f"GGUF tokenizer.ggml.merges[{odd}] is not two tokens joined by a space: {DAMAGED}")
+    try:
+        tokenizer = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
+    except Exception as err:  # noqa: BLE001 - tokenizers raises a bare Exception for a merge of unknown tokens
+        raise ValueError(f"GGUF tokenizer.ggml.merges: {first_line(err)}: {DAMAGED}") from None
     tokenizer.pre_tokenizer = _pre_tokenizer(info["pre"])
     tokenizer.decoder = decoders.ByteLevel()
     # llama.cpp token types: 3 = control (special), 4 = user-defined (matched whole, not special).

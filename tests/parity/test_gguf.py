@@ -225,3 +225,39 @@ def test_a_non_bpe_tokenizer_is_rejected(tmp_path):
     path = write_gguf(tmp_path / "spm.gguf", tokenizer__ggml__model="llama")
     with pytest.raises(ValueError, match="tokenizer.ggml.model='llama' is not supported"):
         ours.gguf_tokenizer(path)
+
+
+def damaged_gguf(path, **fields):
+    """A tiny llama GGUF file of a two-token byte-level vocabulary, `fields` (key with __ for . -> value, written
+    with the type its Python value has) added or in place of its own."""
+    writer = gguf.GGUFWriter(path, "llama")
+    own = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b", "ab"], "tokenizer.ggml.merges": ["a b"],
+           "llama.block_count": 1, "llama.embedding_length": 8, "llama.attention.head_count": 2,
+           "llama.feed_forward_length": 16, "llama.context_length": 32, "llama.attention.layer_norm_rms_epsilon": 1e-5}
+    for key, value in (own | {key.replace("__", "."): value for key, value in fields.items()}).items():
+        if isinstance(value, list):
+            writer.add_array(key, value)
+        elif isinstance(value, str):
+            writer.add_string(key, value)
+        elif isinstance(value, float):
+            writer.add_float32(key, value)
+        else:
+            writer.add_uint32(key, value)
+    finish(writer)
+    return path
+
+
+@pytest.mark.parametrize("fields, expected", [
+    ({"llama__block_count": [2, 3]}, r"GGUF llama.block_count='\[2, 3\]' is not a number"),  # a TypeError's traceback
+    ({"llama__block_count": "one"}, r"GGUF llama.block_count='one' is not a number"),  # said no key
+    ({"tokenizer__ggml__bos_token_id": "x"}, r"GGUF tokenizer.ggml.bos_token_id='x' is not a number"),
+    ({"tokenizer__ggml__merges": ["a zz"]}, r"GGUF tokenizer.ggml.merges: .*zz.*: the file is damaged"),
+    ({"tokenizer__ggml__merges": ["ab"]}, r"GGUF tokenizer.ggml.merges\[0\] is not two tokens joined by a space"),
+    ({"tokenizer__ggml__tokens": [1, 2]}, r"GGUF tokenizer.ggml.tokens is not a list of strings"),
+])
+def test_damaged_metadata_is_named_by_its_key(tmp_path, fields, expected):
+    path = damaged_gguf(tmp_path / "damaged.gguf", **fields)
+    reader = ours.open_gguf(path)
+    with pytest.raises(ValueError, match=expected + ".*download or convert it again"):
+        ours.gguf_tokenizer(reader)
+        ours.hf_llama_config(reader)
