@@ -245,7 +245,7 @@ class SourceEvaluator:
                 self.items[task.name] = given or task_items(source, task, tokenizer, encoder_input)
 
     def restore(self, step: int):
-        return checkpoint.restore_params(self.source.directory, self.target, step)
+        return checkpoint.restore_params(self.source.directory, self.target, step, setting="")
 
     def rows(self, task: Task) -> int:
         if task.kind in ("heldout", "finetune"):

@@ -56,7 +56,7 @@ def predict(checkpoint_path, input_spec: str, output, batch_size: int = 32, over
         config.train, global_batch=math.ceil(batch_size / shards) * shards))
     setup = build(config, objective=task.objective(ctx))
     step = source.own_step if source.own_step is not None else source.committed_steps()[-1]
-    params = checkpoint.restore_params(source.path, setup.abstract.params, step)
+    params = checkpoint.restore_params(source.path, setup.abstract.params, step, setting="")
     predictions = task.predictions(ctx, Runner(setup, task), params, rows, records)
     echoed = [role for role in (*task.input_roles, *task.optional_roles) if role not in TARGET_ROLES]
     lines = [{role: record[role] for role in echoed if role in record} | prediction

@@ -418,7 +418,8 @@ def _finetune(the_plan: Plan, source: Source) -> dict:
             summary["dev_baseline"] = task.baseline(the_plan.ctx, the_plan.records["train"], the_plan.records["dev"])
         if "test" in the_plan.rows:
             if best_step != step:
-                params = checkpoint.restore_params(run_dir / "checkpoints", setup.abstract.params, best_step)
+                params = checkpoint.restore_params(run_dir / "checkpoints", setup.abstract.params, best_step,
+                                                   setting="")
             else:
                 params = state.params
             summary["test"], predictions = evaluate(the_plan, runner, params, "test")

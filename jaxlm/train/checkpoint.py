@@ -235,18 +235,20 @@ def stored_tree(mngr: ocp.CheckpointManager, step: int):
 
 
 def restore_params(path: epath.PathLike, abstract_params, step: int | None = None, setting: str = "train.init_from"):
-    """Only the parameters of another checkpoint (the one `setting` names), onto this run's shardings."""
+    """Only the parameters of another checkpoint, onto this run's shardings; errors name it as `setting`=path (an
+    empty `setting`: the path alone, as a command given it says it)."""
+    named = f"{setting}={path}" if setting else str(path)
     if not run_path(path).is_dir():
-        raise FileNotFoundError(f"{setting}={path}: no checkpoint found there")
+        raise FileNotFoundError(f"{named}: no checkpoint found there")
     with open_checkpoint(path, step) as (mngr, step):
         if step is None:
-            raise FileNotFoundError(f"{setting}={path}: no checkpoint found there")
+            raise FileNotFoundError(f"{named}: no checkpoint found there")
         try:
             stored = stored_tree(mngr, step)
         except (OSError, ValueError) as err:  # Orbax's FileNotFoundError for a missing _METADATA, JSON's errors
-            raise ValueError(f"{setting}={path}: checkpoint {step} cannot be read ({first_line(err)}); name a run "
+            raise ValueError(f"{named}: checkpoint {step} cannot be read ({first_line(err)}); name a run "
                              "directory or checkpoint whose save completed") from None
-        check_fits(stored.get("params", {}), abstract_params, f"{setting}={path}")
+        check_fits(stored.get("params", {}), abstract_params, named)
         target = {"params": abstract_params}
         restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
             item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
