@@ -27,7 +27,7 @@ from jaxlm.convert import registry, store
 from jaxlm.convert.names import flatten
 from jaxlm.corpora.models import PACKAGED_MODELS
 from jaxlm.corpora.text import check_writable, file_in_the_way
-from jaxlm.data.bench import bench_data, format_data_table, median_rows
+from jaxlm.data.bench import bench_data, bench_split, format_data_table, median_rows
 from jaxlm.data.pipeline import check_workers, open_data
 from jaxlm.data.prepare import already_prepared, prepare, preparation_settings
 from jaxlm.data.sources import model_tokenizer, resolve_corpus
@@ -206,9 +206,10 @@ def cmd_bench_data(args) -> None:
     if args.batches < 1:
         raise ConfigError(f"--batches {args.batches}: give 1 or more batches to time")
     configs = {path: _loaded(args, path, overrides) for path in paths}
+    splits = {path: bench_split(configs[path]) for path in paths}  # every config's data, before any is timed
     stems = [pathlib.Path(path).stem for path in paths]
     names = dict(zip(paths, stems if len(set(stems)) == len(stems) else paths))  # rows are grouped by name
-    runs = [{"config": names[path]} | bench_data(configs[path], args.batches, workers=count)
+    runs = [{"config": names[path]} | bench_data(configs[path], args.batches, workers=count, train=splits[path])
             for _ in range(args.repeat) for path in paths for count in workers]
     rows = median_rows(runs)
     print(format_data_table(rows))

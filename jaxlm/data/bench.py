@@ -14,16 +14,24 @@ from jaxlm.data.pipeline import open_data
 WARM_UP_S = 2.0  # loader batches taken untimed after the first: every worker running, the buffers drained
 
 
-def bench_data(config: RunConfig, batches: int = 20, batch_size: int = 256, workers: int | None = None) -> dict:
+def bench_split(config: RunConfig):
+    """The train split `bench_data` times, opened and checked (ConfigError where the run's data is not there)."""
+    _, train, _ = open_data(dataclasses.replace(config, train=dataclasses.replace(config.train, global_batch=1,
+                                                                                  eval_batches=0)))
+    return train
+
+
+def bench_data(config: RunConfig, batches: int = 20, batch_size: int = 256, workers: int | None = None,
+               train=None) -> dict:
     """Times `batches` local batches (read, decode, transform, stack). workers=None: built in this thread,
     one core's rate (CPU time), as each input worker runs; workers=N: taken from the loader the trainer
     uses (`iterate`, N grain processes, 0 a background thread), wall time in the steady state: after the
     first batch and WARM_UP_S more seconds of batches (the workers start one after the other, and the batches
     they built meanwhile would count as free). `cores_used`: the CPU time of this process and its workers
     over that wall time. A train split smaller than `batch_size` is timed in batches of the whole split; the
-    run's train.global_batch and held-out split are neither read nor checked."""
-    _, train, _ = open_data(dataclasses.replace(config, train=dataclasses.replace(config.train, global_batch=1,
-                                                                                  eval_batches=0)))
+    run's train.global_batch and held-out split are neither read nor checked. `train`: its `bench_split`, if
+    already opened."""
+    train = bench_split(config) if train is None else train
     batch_size = min(batch_size, len(train))
     if workers is None:
         train.local_batch(0, batch_size)  # opens the shards, warms the caches

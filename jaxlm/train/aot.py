@@ -69,11 +69,14 @@ def _off_vm_host_named():
             os.environ.pop(name, None)
 
 
+MAX_SLICES = 1024
+
+
 def topology_devices(topology: str = DEFAULT_TOPOLOGY, *, chips_per_host_bounds=None, num_slices: int = 1) -> list:
     """Compile-only devices for a TPU topology name such as "v5e:2x2", "v5p:2x2x1", "v6e:4x4", or a GPU one
     such as "h100", "h100:8" (one host's GPUs), "h100:2x8" (hosts x GPUs)."""
-    if not 1 <= num_slices < 2 ** 31:
-        raise TopologyError(f"--num-slices {num_slices}: give 1 or more slices (fewer than 2^31)")
+    if not 1 <= num_slices <= MAX_SLICES:  # libtpu made 400,000 devices for 100,000 (24 s); 2^31-1 aborted it
+        raise TopologyError(f"--num-slices {num_slices}: give 1 to {MAX_SLICES} slices (a multislice job's TPU slices)")
     if gpu_targets.is_gpu(topology):
         if chips_per_host_bounds is not None or num_slices != 1:
             raise TopologyError(f"--chips-per-host and --num-slices are TPU settings; for GPUs name hosts and GPUs "

@@ -299,9 +299,11 @@ def test_bench_refuses_the_options_of_its_other_mode(options, expected, capsys):
     (["eval", "run", "--watch", "--idle-timeout", "nan"], "jaxlm eval: error: --idle-timeout nan: give the seconds"),
     (["data", "show", "c.yaml", "--n", "-2"], "jaxlm data show: error: --n -2: give the number of examples"),
     (["compile", "configs/bert-tiny.yaml", "--num-slices", "0"],
-     "jaxlm compile: error: --num-slices 0: give 1 or more slices"),
+     "jaxlm compile: error: --num-slices 0: give 1 to 1024 slices"),
     (["compile", "configs/bert-tiny.yaml", "--num-slices", str(10 ** 20)],  # was named an unknown TPU topology
-     f"jaxlm compile: error: --num-slices {10 ** 20}: give 1 or more slices (fewer than 2^31)"),
+     f"jaxlm compile: error: --num-slices {10 ** 20}: give 1 to 1024 slices (a multislice job's TPU slices)"),
+    (["compile", "configs/bert-tiny.yaml", "--num-slices", "100000"],  # 400,000 devices made, then another error
+     "jaxlm compile: error: --num-slices 100000: give 1 to 1024 slices"),
 ])
 def test_an_option_out_of_range_is_named_before_anything_is_read(argv, expected, capsys, monkeypatch):
     """bench data --batches 0 was a ZeroDivisionError's traceback; a negative --poll or --idle-timeout,
@@ -500,3 +502,13 @@ def test_prepare_refuses_beam_workers_its_runner_cannot_use(runner, workers, sai
                  "--workers", str(workers)]) == 2
     assert capsys.readouterr().err == f"jaxlm prepare: error: {said.format(cores=usable_cores())}\n"
     assert not out.exists()
+
+
+def test_bench_data_opens_every_configs_data_before_timing_any(tiny_config, tmp_path, capsys, monkeypatch):
+    """The first config was timed (16 s) before the second's missing data was found, and its row thrown away."""
+    from jaxlm import cli
+    timed = []
+    monkeypatch.setattr(cli, "bench_data", lambda *args, **kwargs: timed.append(args) or {})
+    good, missing = tiny_config(), tiny_config({"data": {"prepared_dir": str(tmp_path / "none")}}, "missing.yaml")
+    assert cli.main(["bench", "data", str(good), str(missing)]) == 2
+    assert "no prepared dataset at" in capsys.readouterr().err and timed == []
