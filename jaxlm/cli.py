@@ -524,6 +524,9 @@ def _chosen_command(top: argparse.ArgumentParser, args: argparse.Namespace) -> a
         chosen = subcommands.choices[name]
 
 
+PRINTING = ("tokenize", "data", "generate")  # the commands whose product is what they print
+
+
 def main(argv: list[str] | None = None) -> int:
     top = parser()
     args, unknown = top.parse_known_args(argv)
@@ -535,6 +538,10 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [token for token in unknown if token not in late]
     if unknown:
         _chosen_command(top, args).error(f"unrecognized arguments: {' '.join(unknown)}")
+    if sys.stdout is None and args.command in PRINTING:  # started with stdout closed (>&-): its output went nowhere
+        print(f"jaxlm {args.command}: error: standard output is closed; give the command somewhere to print (a file "
+              "or a pipe)", file=sys.stderr or sys.__stderr__)
+        return 2
     checkpoint.quiet_failed_writes()
     try:
         compile_cache.check_users_cache()

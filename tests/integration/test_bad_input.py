@@ -512,3 +512,15 @@ def test_bench_data_opens_every_configs_data_before_timing_any(tiny_config, tmp_
     good, missing = tiny_config(), tiny_config({"data": {"prepared_dir": str(tmp_path / "none")}}, "missing.yaml")
     assert cli.main(["bench", "data", str(good), str(missing)]) == 2
     assert "no prepared dataset at" in capsys.readouterr().err and timed == []
+
+
+def test_a_command_whose_output_is_what_it_prints_refuses_a_closed_stdout(tmp_path):
+    """`jaxlm tokenize ... >&-` printed nothing and exited 0."""
+    import shlex
+    from conftest import ROOT
+    text = tmp_path / "a.txt"
+    text.write_text("Emma Woodhouse, handsome, clever, and rich.\n")
+    command = shlex.join([sys.executable, "-m", "jaxlm.cli", "tokenize", "--tokenizer", "gpt2", "--input", str(text)])
+    proc = subprocess.run(["bash", "-c", f"{command} >&-"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr == ("jaxlm tokenize: error: standard output is closed; give the "
+                                                    "command somewhere to print (a file or a pipe)\n"), proc.stderr
