@@ -144,13 +144,17 @@ def utf8_text(path: pathlib.Path) -> str:
 
 def utf8_lines(path: pathlib.Path) -> Iterator[str]:
     """A UTF-8 text file's lines (`text_lines`), read as they are needed, without a byte-order mark; a ValueError
-    names the first line that is not UTF-8."""
+    names the first line that is not UTF-8, or holds a NUL byte (UTF-16 without its byte-order mark decodes as
+    UTF-8 with a NUL beside each ASCII letter, and a binary file as anything)."""
     with open(path, "rb") as f:
         for number, raw in enumerate(raw_lines(f), 1):
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as err:
                 raise ValueError(f"{not_utf8(path, number, err.start, err.reason)}; save the file as UTF-8") from None
+            if "\0" in text:
+                raise ValueError(f"{path}:{number}: a NUL byte at column {text.index(chr(0)) + 1}: a UTF-16 or binary "
+                                 "file, not UTF-8 text; save the file as UTF-8")
             yield from text_lines(text.removeprefix(BOM) if number == 1 else text)
 
 

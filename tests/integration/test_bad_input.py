@@ -524,3 +524,19 @@ def test_a_command_whose_output_is_what_it_prints_refuses_a_closed_stdout(tmp_pa
     proc = subprocess.run(["bash", "-c", f"{command} >&-"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stderr == ("jaxlm tokenize: error: standard output is closed; give the "
                                                     "command somewhere to print (a file or a pipe)\n"), proc.stderr
+
+
+def test_tokenize_prints_nothing_of_a_file_with_a_bad_line_and_utf16_is_named(tmp_path, capsys):
+    """A line that is not UTF-8 after 5,000 good ones was found after those were printed; UTF-16 without its
+    byte-order mark passed as UTF-8, each NUL byte a token, and a stray NUL made one line more than the file has."""
+    from jaxlm.cli import main
+    late = tmp_path / "late.txt"
+    late.write_bytes(b"Emma was rich.\n" * 5000 + b"caf\xe9\n")
+    wide = tmp_path / "wide.txt"
+    wide.write_bytes("Hello world.\nThe cat.\n".encode("utf-16-le"))
+    capsys.readouterr()
+    for path, said in ((late, "late.txt:5001: not UTF-8"), (wide, "wide.txt:1: a NUL byte at column 2: a UTF-16 or "
+                                                                  "binary file, not UTF-8 text; save the file as UTF-8")):
+        assert main(["tokenize", "--tokenizer", "gpt2", "--input", str(path)]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and said in err and err.count("\n") == 1, err

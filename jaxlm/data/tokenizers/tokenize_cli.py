@@ -25,7 +25,13 @@ def run(args) -> None:
     if args.cased and getattr(tokenizer, "lowercase", True):
         raise ValueError(f"--cased changes only a WordPiece vocab.txt; {args.tokenizer} keeps or folds case as it was "
                          "made (or as its tokenizer_config.json says): remove --cased")
-    for line in utf8_lines(source):
+    lines = utf8_lines(source)
+    if source.is_file():  # read whole before anything is printed: a bad line 5,000 lines in left them half written
+        for _ in utf8_lines(source):
+            pass
+    else:  # a pipe gives its lines once
+        lines = list(lines)
+    for line in lines:
         print(format_line(tokenizer, line, args.pieces, args.offsets))
 
 
