@@ -12,7 +12,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxlm import families
 from jaxlm.convert import store
-from jaxlm.corpora.text import check_file, check_output_file, utf8_lines
+from jaxlm.corpora.text import check_file, check_output_file, check_plain_text, utf8_lines
 from jaxlm.models.config import TransformerConfig
 from jaxlm.parallel.xla_options import project_xla_options
 
@@ -30,6 +30,7 @@ def read_sentences(path) -> list[str]:
     """One sentence per line; a blank line is an error (each output row must match an input line)."""
     path = pathlib.Path(path)
     check_file(path, "input file", "give a text file, one sentence per line")
+    check_plain_text(path, "input file")
     lines = list(utf8_lines(path))
     blank = [str(i + 1) for i, line in enumerate(lines) if not line.strip()]
     if blank:
@@ -126,6 +127,9 @@ def embed_file(ckpt, input_path, output=None, *, pooling: str = "mean", normaliz
                batch_size: int = 64, max_length: int | None = None, overwrite: bool = False):
     """Embeds each line of `input_path` with checkpoint `ckpt` into a float32 .npy at `output` (default: the
     input path with .npy); every input is checked before the parameters are read. Returns (vectors, output)."""
+    if not output and pathlib.Path(input_path).exists() and not pathlib.Path(input_path).is_file():
+        raise ValueError(f"--input {input_path} is not a file, so no .npy can lie beside it (/dev/stdin.npy was "
+                         "written in /dev); give --output FILE.npy")
     sentences = read_sentences(input_path)
     output = pathlib.Path(output) if output else pathlib.Path(input_path).with_suffix(".npy")
     if output.suffix != ".npy":

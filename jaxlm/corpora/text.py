@@ -78,6 +78,14 @@ def check_file(path: pathlib.Path, what: str, fix: str) -> None:
         raise FileNotFoundError(f"{what} {path} does not exist; {fix}")
 
 
+def check_plain_text(path: pathlib.Path, what: str) -> None:
+    """A ValueError for a JSON Lines file (by its .jsonl suffix) given where plain text is read line by line: its
+    JSON syntax would be read as text (a vocabulary learnt `{`, `"` and its keys; embeddings of whole records)."""
+    if pathlib.Path(path).suffix.lower() == ".jsonl":
+        raise ValueError(f"{what} {path} is JSON Lines, and this reads plain text, one sentence per line; give a .txt "
+                         "file of the records' text (jaxlm prepare reads JSON Lines, by data.text_field)")
+
+
 def file_in_the_way(path: pathlib.Path) -> pathlib.Path | None:
     """What is not a directory at `path` or at one of the directories above it, where a directory is needed; None
     when nothing is in the way."""

@@ -540,3 +540,31 @@ def test_tokenize_prints_nothing_of_a_file_with_a_bad_line_and_utf16_is_named(tm
         assert main(["tokenize", "--tokenizer", "gpt2", "--input", str(path)]) == 2
         out, err = capsys.readouterr()
         assert out == "" and said in err and err.count("\n") == 1, err
+
+
+def test_line_readers_refuse_json_lines_and_tokenizer_train_checks_before_it_reads(tmp_path, capsys):
+    """tokenizer train learnt a vocabulary of JSON syntax from a .jsonl file and embed embedded whole records;
+    --vocab-size 0 and a file that is not UTF-8 were found after the whole corpus was read; embed --input
+    /dev/stdin wrote /dev/stdin.npy."""
+    from jaxlm.cli import main
+    records = tmp_path / "corpus.jsonl"
+    records.write_text('{"text": "Emma Woodhouse, handsome, clever, and rich."}\n')
+    good, latin = tmp_path / "good.txt", tmp_path / "latin.txt"
+    good.write_text("Emma Woodhouse, handsome, clever, and rich.\n" * 1000)
+    latin.write_bytes(b"caf\xe9\n")
+    vocab = str(tmp_path / "vocab.txt")
+    capsys.readouterr()
+    for argv, said in (
+            (["tokenizer", "train", "--input", str(records), "--vocab-size", "100", "--output", vocab],
+             f"--input {records} is JSON Lines, and this reads plain text, one sentence per line"),
+            (["embed", "model", "--input", str(records)], f"input file {records} is JSON Lines"),
+            (["tokenizer", "train", "--input", str(good), "--vocab-size", "0", "--output", vocab],
+             "--vocab-size 0 is too small: its 5 special tokens alone need as many"),
+            (["tokenizer", "train", "--input", str(good), str(latin), "--vocab-size", "100", "--output", vocab],
+             "latin.txt:1: not UTF-8"),
+            (["embed", str(tmp_path), "--input", "/dev/stdin"], "--input /dev/stdin is not a file, so no .npy can lie "
+                                                                "beside it")):
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert said in err and err.count("\n") == 1 and "trained" not in out, err
+    assert not (tmp_path / "vocab.txt").exists()

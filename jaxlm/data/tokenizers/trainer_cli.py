@@ -6,9 +6,9 @@ import sys
 import time
 from pathlib import Path
 
-from jaxlm.corpora.text import check_file, check_output_file, utf8_lines
+from jaxlm.corpora.text import check_file, check_output_file, check_plain_text, utf8_lines
 from jaxlm.data.tokenizers.load import BPE_PAIR_OF, NAME_IN_A_DIRECTORY
-from jaxlm.data.tokenizers.trainer import train_wordpiece, write_vocab
+from jaxlm.data.tokenizers.trainer import SPECIAL_TOKENS, train_wordpiece, write_vocab
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -55,6 +55,12 @@ def run(args) -> list[str]:
     check_vocab_name(output)
     for path in inputs:
         check_file(path, "input file", "give UTF-8 text files, one sentence per line")
+        check_plain_text(path, "--input")
+    if args.vocab_size <= len(SPECIAL_TOKENS):  # found after the whole corpus was read
+        raise ValueError(f"--vocab-size {args.vocab_size} is too small: its {len(SPECIAL_TOKENS)} special tokens alone "
+                         "need as many, and the alphabet more; give thousands (BERT's is 30522)")
+    for _ in read_lines([path for path in inputs if path.is_file()]):  # a pipe gives its lines once
+        pass  # a file that is not UTF-8 is named before the minutes of training, not after them
     start = time.perf_counter()
     vocab = train_wordpiece(read_lines(inputs), args.vocab_size, lowercase=not args.cased,
                             min_frequency=args.min_frequency, limit_alphabet=args.limit_alphabet,
