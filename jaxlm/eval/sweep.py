@@ -125,12 +125,28 @@ def task_items(source: Source, task: Task, tokenizer, encoder_input: str) -> Tas
     return TaskItems(groups, choices)
 
 
-def label_apart(sources: list[Source]) -> None:
+def recorded_base(path: pathlib.Path) -> pathlib.Path:
+    """The run (or converted checkpoint) directory of a source path --out records: a run's checkpoints/<step> or
+    checkpoints/ stand for the run."""
+    if path.name == "checkpoints" or (path.name.isdecimal() and path.parent.name == "checkpoints"):
+        return path.parent if path.name == "checkpoints" else path.parent.parent
+    return path
+
+
+def label_apart(sources: list[Source], recorded: dict[str, str] | None = None) -> None:
     """Sources of different runs (or converted checkpoints) whose folders share a name, told apart by as many of
-    their parent folders as it takes (g1@a/runs, g1@b/runs); the checkpoints of one run keep one label."""
+    their parent folders as it takes (g1@a/runs, g1@b/runs), also from the sources --out holds results of
+    (`recorded`: source path -> its label), whose labels stay theirs: rows of two runs of one name evaluated by
+    two calls into one --out shared a label, and the later call's replaced the earlier's. The checkpoints of one
+    run keep one label."""
+    kept = {recorded_base(pathlib.Path(path)).absolute(): label for path, label in (recorded or {}).items()}
     bases = [(s.run_dir or s.directory).absolute() for s in sources]
+    pool = {*bases, *kept}
     for source, base in zip(sources, bases):
-        others = {b for b in bases if b.name == base.name and b != base}
+        if base in kept:
+            source.label = kept[base]
+            continue
+        others = {b for b in pool if b.name == base.name and b != base}
         depth = 0
         while others:
             depth += 1
@@ -182,12 +198,12 @@ def plan(paths: list[str], task_specs: list[str], select: str = "all", out: str 
     task_list = tasks_lib.parse_tasks(task_specs)
     wait = idle_timeout if watch else 0.0
     sources = [open_source(p, list(overrides), wait, poll) for p in paths]
-    label_apart(sources)
+    out_path = pathlib.Path(out)
+    label_apart(sources, {r["source"]: r["run"] for r in results.read_records(out_path)} if out_path.is_dir() else {})
     if encoder_input and not (any(t.kind == "ppl" for t in task_list)
                               and any(kind_of(s.config.model) == "seq2seq" for s in sources)):
         raise ValueError(f"--encoder-input {encoder_input!r} is read by ppl tasks of encoder-decoders (T5, BART) only, "
                          "and this evaluation would ignore it: remove it")
-    out_path = pathlib.Path(out)
     check_out(out_path, sources)
     if out_path.exists() and not out_path.is_dir():
         raise ValueError(f"--out {out} is a file; give a directory")

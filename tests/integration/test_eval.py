@@ -319,6 +319,13 @@ def test_runs_in_folders_of_the_same_name_keep_their_own_rows(trained, tmp_path)
     sweep.run(plan)
     rows = (out / "results.csv").read_text().splitlines()[1:]
     assert sorted(row.split(",")[0] for row in rows) == ["run@a/runs", "run@b/runs"]
+    apart = tmp_path / "apart"  # one call each into one --out: the second's rows replaced the first's
+    for copy in copies:
+        sweep.run(sweep.plan([str(copy)], ["heldout"], "latest", str(apart)))
+    rows = (apart / "results.csv").read_text().splitlines()[1:]
+    assert sorted(row.split(",")[0] for row in rows) == ["run", "run@b/runs"]
+    again = sweep.plan([str(copies[0] / "checkpoints" / "20"), str(copies[1])], ["heldout"], "latest", str(apart))
+    assert [s.label for s in again.sources] == ["run", "run@b/runs"]  # each keeps the label of its results
 
 
 def test_a_watch_for_a_run_without_checkpoints_says_it_waits(tmp_path, capsys):
