@@ -160,3 +160,21 @@ def test_tokenizer_train_refuses_an_output_the_loader_would_not_read_back(name, 
     error = f"--output {output} {why}; name it {tmp_path / fix}"
     assert capsys.readouterr().err == f"jaxlm tokenizer train: error: {error}\n"
     assert not output.exists()
+
+
+def test_a_cased_vocabulary_read_lower_cased_is_named(tmp_path, capsys):
+    """`tokenizer train --cased` then `tokenize` without --cased split "Emma" as e ##m ##m ##a without a word: the
+    vocabulary's capitalised tokens can never come out of lower-cased text."""
+    from jaxlm.corpora.registry import fetch_austen
+    corpus = write(tmp_path, "austen.txt", fetch_austen().read_bytes()[:400_000])
+    vocab = tmp_path / "cased" / "vocab.txt"
+    assert main(["tokenizer", "train", "--input", str(corpus), "--vocab-size", "2000", "--output", str(vocab),
+                 "--cased"]) == 0
+    line = write(tmp_path, "line.txt", b"Emma Woodhouse, handsome, clever, and rich.\n")
+    capsys.readouterr()
+    assert main(["tokenize", "--tokenizer", str(vocab), "--input", str(line), "--pieces"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"jaxlm tokenize: error: WordPiece vocab {vocab} is cased (") and err.endswith(
+        "but is read lower-cased, which never produces them: read it cased (data.lowercase=false; --cased)\n"), err
+    assert main(["tokenize", "--tokenizer", str(vocab), "--input", str(line), "--pieces", "--cased"]) == 0
+    assert capsys.readouterr().out.startswith("Emma ")

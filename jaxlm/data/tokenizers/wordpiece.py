@@ -32,6 +32,20 @@ def load_vocab(path: str | Path) -> dict[str, int]:
     return vocab
 
 
+CASED_SHARE, CASED_FEWEST = 0.01, 10  # tokens with capitals beyond which a vocabulary was made from cased text
+
+
+def check_uncased(vocab: dict[str, int], path: Path) -> None:
+    """A ValueError for a cased vocabulary read lower-cased: its tokens with capitals are never produced, and text
+    was split into lower-case pieces without a word (`Emma` became `e ##m ##m ##a`). Uncased vocabularies have
+    none but their [SPECIAL] tokens."""
+    cased = [token for token in vocab if token != token.lower() and not (token.startswith("[") and token.endswith("]"))]
+    if len(cased) > max(CASED_SHARE * len(vocab), CASED_FEWEST):
+        raise ValueError(f"WordPiece vocab {path} is cased ({len(cased):,} of its {len(vocab):,} tokens have capitals, "
+                         f"e.g. {', '.join(cased[:3])}) but is read lower-cased, which never produces them: read it "
+                         "cased (data.lowercase=false; --cased)")
+
+
 def bert_words(lowercase: bool = True, strip_accents: bool | None = None):
     """(normalizer, pre-tokenizer) of BERT's basic tokenization: `normalize_str` then
     `pre_tokenize_str` give the words WordPiece segments. `strip_accents` defaults to `lowercase`."""
@@ -55,6 +69,8 @@ class WordPieceTokenizer(RustTokenizer):
         if UNK not in self.vocab:
             raise ValueError(f"WordPiece vocab {self.vocab_path} has no {UNK} token, which every word it cannot "
                              "split becomes; add it")
+        if lowercase:
+            check_uncased(self.vocab, self.vocab_path)
         for attr, token in (("pad_id", PAD), ("unk_id", UNK), ("cls_id", CLS), ("sep_id", SEP), ("mask_id", MASK)):
             setattr(self, attr, self.vocab.get(token))
         backend = Tokenizer(WordPiece(self.vocab, unk_token=UNK, continuing_subword_prefix=CONTINUATION,
