@@ -180,7 +180,7 @@ def bad_cases(run_dir, tmp_path, minilm):
     lines.write_text("a line of text\n")
     (tmp_path / "empty").mkdir()
     no_tokens = tmp_path / "controls.txt"
-    no_tokens.write_text("\x00\x01\n\x02\n")  # lines WordPiece keeps no token of: their perplexity was 1.0
+    no_tokens.write_text("\x01\x03\n\x02\n")  # lines WordPiece keeps no token of: their perplexity was 1.0
     empty_choice = tmp_path / "empty_choice.json"  # scored 0, the highest log-likelihood, "" was always chosen
     empty_choice.write_text(json.dumps({"examples": [{"input": "Is it?", "target_scores": {"": 1, "no": 0}}]}))
     too_long = tmp_path / "long_choice.json"  # refused once the heldout step had compiled and --out was made
