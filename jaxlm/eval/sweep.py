@@ -378,12 +378,11 @@ def still_current(records: list[dict], sources: list[Source]) -> list[dict]:
     return kept
 
 
-def agreed_done(plan_: Plan) -> set[tuple[str, int, str]]:
-    """The (source, step, task) triples `--out` already holds of the checkpoints as they are, as process 0 reads
-    them."""
+def agreed_done(plan_: Plan, current: list[dict]) -> set[tuple[str, int, str]]:
+    """The (source, step, task) triples of `current` (the records --out holds of the checkpoints as they are, as
+    process 0 reads them), on every process."""
     keys, names = [str(s.path) for s in plan_.sources], [t.name for t in plan_.tasks]
-    local = [(keys.index(k), step, names.index(t))
-             for k, step, t in results.done(still_current(results.read_records(plan_.out), plan_.sources))
+    local = [(keys.index(k), step, names.index(t)) for k, step, t in results.done(current)
              if k in keys and t in names] if jax.process_index() == 0 else []
     flat = agreed([v for triple in local for v in triple])
     return {(keys[a], b, names[c]) for a, b, c in zip(flat[::3], flat[1::3], flat[2::3])}
@@ -408,10 +407,10 @@ def run(plan_: Plan, watch: bool = False, idle_timeout: float = 1800.0, poll: fl
 
 def _evaluate(plan_: Plan, watch: bool, idle_timeout: float, poll: float, writer: bool) -> Progress:
     """`run`'s loop: each selected step not yet in --out, until done (or idle, with `watch`)."""
-    finished = agreed_done(plan_)
+    current = still_current(results.read_records(plan_.out), plan_.sources) if writer else []
+    finished = agreed_done(plan_, current)
     keys = {str(s.path) for s in plan_.sources}
-    progress = Progress([r for r in still_current(results.read_records(plan_.out), plan_.sources)
-                         if r["source"] in keys] if writer else [], [], {})
+    progress = Progress([r for r in current if r["source"] in keys], [], {})
     evaluators: dict[str, SourceEvaluator] = {}
     seen: dict[str, set[int]] = {key: set() for key in keys}
     last_new = time.time()

@@ -68,11 +68,8 @@ class SentencePieceTokenizer:
         yield start, len(text), None
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        if self._sentinels_in(text):
-            ids = [i for s, e, sentinel in self._spans(text)
-                   for i in (self.sp.encode(text[s:e]) if sentinel is None else [sentinel])]
-        else:
-            ids = self.sp.encode(text)
+        ids = [i for s, e, sentinel in self._spans(text)
+               for i in (self.sp.encode(text[s:e]) if sentinel is None else [sentinel])]
         return self._framed(ids) if add_special_tokens else ids
 
     def encode_batch(self, texts, add_special_tokens: bool = False) -> list[list[int]]:
