@@ -295,19 +295,72 @@ def test_a_2_node_slurm_job_runs_one_task_per_node(slurm_env):
     assert summary == "jaxlm on 2 nodes, 2 tasks; coordinator gpu-01:61586; job 4242"  # JAX's port: see below
     # the job's --cpus-per-task passed on: srun does not take it from sbatch on every SLURM version (1 CPU a task)
     assert shlex.split(command) == ["srun", "--kill-on-bad-exit=1", "--label", "--cpus-per-task=16", "env",
-                                    "JAX_PLATFORMS=cuda", "bash", "-c", 'exec "$@"', "jaxlm",
-                                    str(ROOT / ".venv/bin/jaxlm"), "train", "configs/bert-large.yaml", RUN_DIR]
+                                    "JAX_PLATFORMS=cuda", "JAXLM_TASK_PER_GPU=0", "bash",
+                                    str(ROOT / "launch/slurm_task.sh"), str(ROOT / ".venv/bin/jaxlm"), "train",
+                                    "configs/bert-large.yaml", RUN_DIR]
 
     explicit = launch("bash", "launch/gpu_slurm.sbatch", "--dry-run", "configs/bert-large.yaml",
                       env=slurm_env | {"JAXLM_EXPLICIT_COORDINATOR": "1", "JAXLM_TASK_PER_GPU": "1"})
     words = shlex.split(explicit.stdout.splitlines()[1])
-    assert words[:10] == ["srun", "--kill-on-bad-exit=1", "--label", "--cpus-per-task=16", "--gpus-per-task=1", "env",
-                          "JAX_PLATFORMS=cuda", "JAXLM_COORDINATOR=gpu-01:24242", "JAXLM_NUM_PROCESSES=2", "bash"]
-    assert words[11] == 'export JAXLM_PROCESS_ID=${JAXLM_PROCESS_ID-$SLURM_PROCID}; exec "$@"'
+    assert words[:11] == ["srun", "--kill-on-bad-exit=1", "--label", "--cpus-per-task=16", "--gpus-per-task=1", "env",
+                          "JAX_PLATFORMS=cuda", "JAXLM_TASK_PER_GPU=1", "JAXLM_COORDINATOR=gpu-01:24242",
+                          "JAXLM_NUM_PROCESSES=2", "bash"]
 
     directives = [line for line in (ROOT / "launch/gpu_slurm.sbatch").read_text().splitlines() if line.startswith("#SBATCH")]
     assert "#SBATCH --signal=TERM@300" in directives and "#SBATCH --requeue" in directives
     assert "#SBATCH --output=%x-%j.log" in directives  # logs/%x-%j.log: SLURM wrote nothing where logs/ was missing
+
+
+TASK_ENV = ("JAX_LOCAL_DEVICE_IDS", "CUDA_VISIBLE_DEVICES", "SLURM_GPUS_ON_NODE", "JAXLM_COORDINATOR",
+            "JAXLM_PROCESS_ID", "JAXLM_TASK_PER_GPU")
+
+
+@pytest.mark.parametrize("env, devices", [
+    # JAX's own choice, [SLURM_LOCALID], was GPU 0 alone of a node's eight for the task holding the node
+    ({"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "SLURM_LOCALID": "0"}, "0,1,2,3,4,5,6,7"),
+    ({"CUDA_VISIBLE_DEVICES": "4,5", "SLURM_LOCALID": "0"}, "0,1"),  # CUDA numbers the visible ones from 0
+    ({"SLURM_GPUS_ON_NODE": "4", "SLURM_LOCALID": "0"}, "0,1,2,3"),
+    ({"JAXLM_TASK_PER_GPU": "1", "CUDA_VISIBLE_DEVICES": "3", "SLURM_LOCALID": "3"}, "0"),  # ordinal 3 was unseen
+    ({"JAXLM_TASK_PER_GPU": "1", "SLURM_LOCALID": "3"}, ""),  # every GPU visible: JAX's SLURM_LOCALID is right
+    ({"JAX_LOCAL_DEVICE_IDS": "1", "CUDA_VISIBLE_DEVICES": "0,1"}, "1"),
+])
+def test_a_slurm_task_drives_the_gpus_it_holds(env, devices):
+    clean = {k: v for k, v in os.environ.items() if k not in TASK_ENV}
+    proc = subprocess.run(["bash", "launch/slurm_task.sh", "bash", "-c", 'echo "$JAX_LOCAL_DEVICE_IDS"'], cwd=ROOT,
+                          env=clean | {"SLURM_PROCID": "5"} | env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout == f"{devices}\n", proc.stderr
+    bare = subprocess.run(["bash", "launch/slurm_task.sh", "true"], cwd=ROOT, env=clean | {"SLURM_PROCID": "5"},
+                          capture_output=True, text=True, timeout=60)
+    assert bare.returncode == 2 and bare.stderr == (
+        "slurm_task.sh: error: task 5: no GPUs were given to it (CUDA_VISIBLE_DEVICES and SLURM_GPUS_ON_NODE are "
+        "unset): ask for them with sbatch --gpus-per-node=N\n")
+    explicit = subprocess.run(["bash", "launch/slurm_task.sh", "bash", "-c", 'echo "$JAXLM_PROCESS_ID"'], cwd=ROOT,
+                              env=clean | {"SLURM_PROCID": "5", "SLURM_GPUS_ON_NODE": "8", "JAXLM_COORDINATOR": "h:1"},
+                              capture_output=True, text=True, timeout=60)
+    assert explicit.stdout == "5\n", explicit.stderr
+
+
+def test_a_large_slurm_job_names_its_first_host(slurm_env, tmp_path):
+    """`scontrol show hostnames | head -n 1` under pipefail: head's early exit ended scontrol with SIGPIPE, and the
+    script with status 141 and no word, on most tries of a 512-node list (here: more than a pipe holds, always)."""
+    (tmp_path / "bin" / "scontrol").write_text('#!/bin/sh\nseq -f gpu-%06g 1 100000\n')
+    proc = launch("bash", "launch/gpu_slurm.sbatch", "--dry-run", "configs/bert-large.yaml", env=slurm_env)
+    assert proc.returncode == 0 and "coordinator gpu-000001:61586;" in proc.stdout, proc.stderr
+
+
+def test_the_slurm_script_needs_the_checkout_and_its_install(slurm_env, tmp_path):
+    elsewhere = launch("bash", "launch/gpu_slurm.sbatch", "--dry-run", "configs/bert-large.yaml",
+                       env=slurm_env | {"SLURM_SUBMIT_DIR": str(tmp_path)})
+    assert elsewhere.returncode == 2 and elsewhere.stderr == (
+        f"gpu_slurm.sbatch: error: {tmp_path} has no launch/lib.sh: run sbatch from the checkout's root\n")
+    missing = launch("bash", "launch/gpu_slurm.sbatch", "configs/bert-large.yaml",
+                     env=slurm_env | {"JAXLM_BIN": str(tmp_path / "jaxlm")})
+    assert missing.returncode == 2 and missing.stderr.startswith(f"gpu_slurm.sbatch: error: {tmp_path}/jaxlm not found")
+    # the CPU-only install `make install` makes: every node once ended in JAX's traceback, after the queue
+    cpu_only = launch("bash", "launch/gpu_slurm.sbatch", "configs/bert-large.yaml", env=slurm_env)
+    assert cpu_only.returncode == 2 and cpu_only.stdout == "" and cpu_only.stderr == (
+        f"gpu_slurm.sbatch: error: {ROOT}/.venv/bin/jaxlm has no CUDA build of JAX: install it with "
+        f"{ROOT}/.venv/bin/pip install -e '.[gpu]'\n")
 
 
 def test_the_slurm_script_outside_an_allocation_says_how_to_submit_it(slurm_env, tmp_path):
