@@ -6,10 +6,12 @@
 # CONFIG is a path from the checkout's root, committed: the workers run the copy of HEAD that install gives them.
 #
 # ACTION
-#   install  copy this checkout (git archive of HEAD) to every worker and pip-install it with jax[tpu]
-#   train    start `jaxlm train CONFIG` on every worker at once (--worker=all), in the background
+#   install  copy this checkout (git archive of HEAD) to every worker and pip-install it with jax[tpu]; the files
+#            of the install before are replaced, what runs made beside them (runs/, data/) is kept
+#   train    start `jaxlm train CONFIG` on every worker at once (--worker=all), in the background, joined by
+#            jax.distributed from the TPU VM's metadata (distributed.enabled=true)
 #   wait     until no worker runs jaxlm any more
-#   logs     copy each worker's log to logs/NAME/worker-N.log
+#   logs     copy each worker's log to logs/NAME/worker-N.log (every one that can be; exits 1 if one cannot)
 #   stop     SIGTERM on every worker: each saves a checkpoint at the step they agree on and exits 0
 #   run      install, train, wait, logs: the whole job; run it again after a fault and it resumes
 #
@@ -17,6 +19,7 @@
 #   --tpu NAME         the TPU VM (required)         --zone ZONE      its zone (required)
 #   --project ID       the Google Cloud project      --queued         NAME is a queued resource's node:
 #                                                                      wait until the resource is ACTIVE
+#                                                                      (an error if it fails or is gone)
 #   --workers N        the worker count (default: asked from gcloud)
 #   --env KEY=VALUE    passed to jaxlm on every worker (repeat it)
 #   --dry-run          print every command instead of running it
@@ -100,30 +103,55 @@ worker_count() {
 
 wait_until_active() {
   [ "$queued" = 1 ] || return 0
-  local state=(gcloud compute tpus queued-resources describe "$tpu" "${where[@]}" --format='value(state.state)')
+  local state=(gcloud compute tpus queued-resources describe "$tpu" "${where[@]}" --format='value(state.state)') now
   if [ "$dry_run" = 1 ]; then
     echo "until [ \"\$($(quote "${state[@]}"))\" = ACTIVE ]; do sleep 30; done"
     return
   fi
-  until [ "$("${state[@]}")" = ACTIVE ]; do echo "waiting for queued resource $tpu to be ACTIVE" >&2; sleep 30; done
+  while true; do
+    now=$("${state[@]}") || fail "gcloud cannot describe queued resource $tpu (its message is above): check --tpu, \
+--zone and --project"
+    case $now in
+      ACTIVE) return ;;
+      FAILED|SUSPENDING|SUSPENDED|DELETING) fail "queued resource $tpu is $now, and will not become ACTIVE: \
+create it again" ;;
+    esac
+    echo "waiting for queued resource $tpu to be ACTIVE (it is ${now:-in no state yet})" >&2
+    sleep 30
+  done
 }
+
+# On each worker: refuse while a run trains, or a python3 older than jax's; then replace the files the install
+# before extracted (listed in .installed-files), keeping what runs wrote beside them (a relative run_dir, data).
+INSTALL=$(cat <<'SCRIPT'
+say() { echo "tpu_pod.sh: error: $(hostname): $*" >&2; exit 1; }
+! pgrep -f "[.]venv/bin/jaxlm train" > /dev/null || say "jaxlm train still runs: stop it first (stop, then wait)"
+python3 -c "import sys; sys.exit(sys.version_info < (3, 11))" || say "jaxlm needs Python 3.11+: $(python3 -V 2>&1)"
+mkdir -p DIR && cd DIR || exit 1
+[ ! -f .installed-files ] || xargs -d "\n" rm -f < .installed-files
+tar -xzf ../jaxlm.tar.gz && tar -tzf ../jaxlm.tar.gz | grep -v "/$" > .installed-files || exit 1
+python3 -m venv .venv && .venv/bin/pip install --quiet --upgrade pip && .venv/bin/pip install --quiet -e ".[tpu]"
+SCRIPT
+)
 
 install() {
   local archive=/tmp/jaxlm-$tpu.tar.gz
   run git -C "$here" archive --format=tar.gz -o "$archive" HEAD
   run "${gcloud_tpu[@]}" scp "$archive" "$tpu:jaxlm.tar.gz" "${where[@]}" --worker=all
-  on_workers all "rm -rf $remote_dir && mkdir -p $remote_dir && tar -xzf jaxlm.tar.gz -C $remote_dir && cd $remote_dir \
-&& python3 -m venv .venv && .venv/bin/pip install --quiet --upgrade pip && .venv/bin/pip install --quiet -e \".[tpu]\""
+  on_workers all "${INSTALL//DIR/$remote_dir}"
 }
 
 train() {
   local command="" arg
   for arg in "${envs[@]}"; do command+="$(quote "$arg") "; done
-  command+=".venv/bin/jaxlm train $(quote "$@")"
-  # One log per worker, named by its TPU worker id (from the VM's metadata).
+  # jaxlm's distributed.enabled=auto looks for cluster variables, which a TPU VM does not set: JAX reads its workers
+  # from the VM's metadata. Overrides after it win.
+  command+=".venv/bin/jaxlm train $(quote "$1") distributed.enabled=true $(quote "${@:2}")"
+  # One log per worker, named by its TPU worker id (from the VM's metadata). Only jaxlm goes to the background:
+  # a backgrounded list kept ssh's output open, so that `train` returned when training ended.
   on_workers all "cd $remote_dir && mkdir -p ~/$logs_dir && id=\$(curl -s -H Metadata-Flavor:Google \
 http://metadata.google.internal/computeMetadata/v1/instance/attributes/agent-worker-number) \
-&& nohup env $command > ~/$logs_dir/worker-\$id.log 2>&1 < /dev/null &"
+&& { nohup env ${command% } > ~/$logs_dir/worker-\$id.log 2>&1 < /dev/null & }"
 }
 
 # The patterns read [.]venv so that they do not match the shell that runs them.
@@ -133,12 +161,15 @@ wait_for_workers() {
 }
 
 collect_logs() {
-  local count i
+  local count i missing=()
   count=$(worker_count)
   run mkdir -p "logs/$tpu"
   for ((i = 0; i < count; i++)); do
-    run "${gcloud_tpu[@]}" scp "$tpu:$logs_dir/worker-$i.log" "logs/$tpu/worker-$i.log" "${where[@]}" --worker="$i"
+    run "${gcloud_tpu[@]}" scp "$tpu:$logs_dir/worker-$i.log" "logs/$tpu/worker-$i.log" "${where[@]}" --worker="$i" \
+      || missing+=("$i")
   done
+  [ ${#missing[@]} -eq 0 ] || { echo "tpu_pod.sh: error: no log copied from worker ${missing[*]} (gcloud's message is \
+above); the others are in logs/$tpu" >&2; exit 1; }
 }
 
 stop() {

@@ -23,28 +23,136 @@ def launch(*args, env=None) -> subprocess.CompletedProcess:
                           env=dict(os.environ, **(env or {})))
 
 
+def commands(printed: str) -> list[list[str]]:
+    """The commands of a dry run, a line each but where a quoted word holds newlines (the install's script)."""
+    out, pending = [], ""
+    for line in printed.splitlines():
+        pending += line
+        try:
+            out.append(shlex.split(pending))
+            pending = ""
+        except ValueError:  # inside a quoted word
+            pending += "\n"
+    return out
+
+
 def test_a_4_worker_pod_job_installs_trains_waits_and_collects_every_log():
     proc = launch("bash", "launch/tpu_pod.sh", "--dry-run", *POD, "--env", "WANDB_MODE=offline",
                   "run", "configs/bert-large.yaml", RUN_DIR)
     assert proc.returncode == 0, proc.stderr
-    lines = [shlex.split(line) for line in proc.stdout.splitlines()]
+    lines = commands(proc.stdout)
     ssh = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "pod-a", "--zone=us-east5-a", "--project=my-proj",
            "--worker=all"]
     scp = ["gcloud", "compute", "tpus", "tpu-vm", "scp"]
     assert lines[0] == ["git", "-C", str(ROOT), "archive", "--format=tar.gz", "-o", "/tmp/jaxlm-pod-a.tar.gz", "HEAD"]
     assert lines[1] == [*scp, "/tmp/jaxlm-pod-a.tar.gz", "pod-a:jaxlm.tar.gz", "--zone=us-east5-a",
                         "--project=my-proj", "--worker=all"]
-    assert lines[2] == [*ssh, "--command=rm -rf jaxlm && mkdir -p jaxlm && tar -xzf jaxlm.tar.gz -C jaxlm && cd jaxlm "
-                        "&& python3 -m venv .venv && .venv/bin/pip install --quiet --upgrade pip && "
-                        '.venv/bin/pip install --quiet -e ".[tpu]"']
+    assert lines[2][:-1] == ssh and lines[2][-1].startswith("--command=say() {")  # run in test_a_pod_install_...
     assert lines[3][:-1] == ssh
     remote = lines[3][-1].removeprefix("--command=")
-    assert "nohup env WANDB_MODE=offline .venv/bin/jaxlm train configs/bert-large.yaml " + RUN_DIR in remote
-    assert remote.endswith("> ~/jaxlm-logs/worker-$id.log 2>&1 < /dev/null &")
+    assert ("nohup env WANDB_MODE=offline .venv/bin/jaxlm train configs/bert-large.yaml distributed.enabled=true "
+            + RUN_DIR) in remote
+    assert remote.endswith("> ~/jaxlm-logs/worker-$id.log 2>&1 < /dev/null & }")
     assert lines[4] == [*ssh, '--command=while pgrep -f "[.]venv/bin/jaxlm train" > /dev/null; do sleep 30; done']
     assert lines[5] == ["mkdir", "-p", "logs/pod-a"]
     assert lines[6:] == [[*scp, f"pod-a:jaxlm-logs/worker-{i}.log", f"logs/pod-a/worker-{i}.log", "--zone=us-east5-a",
                           "--project=my-proj", f"--worker={i}"] for i in range(4)]
+
+
+def remote_command(*args) -> str:
+    """The shell command `tpu_pod.sh --dry-run ARGS` runs on the workers (its one ssh)."""
+    proc = launch("bash", "launch/tpu_pod.sh", "--dry-run", *POD, *args)
+    assert proc.returncode == 0, proc.stderr
+    (command,) = [word for word in shlex.split(proc.stdout) if word.startswith("--command=")]
+    return command.removeprefix("--command=")
+
+
+def fake_programs(directory, **scripts) -> dict:
+    """An environment whose PATH finds `scripts` (name: sh body) in `directory` first."""
+    directory.mkdir(exist_ok=True)
+    for name, body in scripts.items():
+        (directory / name).write_text(f"#!/bin/sh\n{body}\n")
+        (directory / name).chmod(0o755)
+    return dict(os.environ, PATH=f"{directory}:{os.environ['PATH']}")
+
+
+def test_pod_train_returns_once_every_worker_has_started(tmp_path):
+    """The whole `cd ... && nohup jaxlm ... &` list went to the background, keeping ssh's output open: `train`
+    returned only when training ended. Here the worker's command runs in a local shell, read through a pipe."""
+    (tmp_path / "jaxlm/.venv/bin").mkdir(parents=True)
+    (tmp_path / "jaxlm/.venv/bin/jaxlm").write_text("#!/bin/sh\nsleep 20\n")
+    (tmp_path / "jaxlm/.venv/bin/jaxlm").chmod(0o755)
+    env = fake_programs(tmp_path / "bin", curl="echo 0") | {"HOME": str(tmp_path)}
+    started = time.monotonic()
+    worker = subprocess.run(f"bash -c {shlex.quote(remote_command('train', 'configs/bert-tiny.yaml'))} | cat",
+                            shell=True, cwd=tmp_path, env=env, timeout=60)
+    try:
+        assert worker.returncode == 0 and time.monotonic() - started < 10
+    finally:
+        subprocess.run(["pkill", "-f", f"{tmp_path}/jaxlm/.venv/bin/jaxlm"], capture_output=True)
+        subprocess.run(["pkill", "-f", "^/bin/sh .venv/bin/jaxlm train"], capture_output=True)
+
+
+def test_a_pod_install_replaces_its_files_and_keeps_the_runs(tmp_path):
+    """A second `install` (run again after a fault) did `rm -rf jaxlm`: the default relative run_dir, runs/..., and
+    data/... inside it went with it. It also refuses while jaxlm trains there, and an old python3."""
+    import tarfile
+
+    def archive(files):
+        with tarfile.open(tmp_path / "jaxlm.tar.gz", "w:gz") as tar:
+            for name, text in files.items():
+                source = tmp_path / "source" / name
+                source.parent.mkdir(parents=True, exist_ok=True)
+                source.write_text(text)
+                tar.add(source, arcname=name)
+
+    pip = 'mkdir -p .venv/bin && printf "#!/bin/sh\\n" > .venv/bin/pip && chmod +x .venv/bin/pip'
+    python = f'if [ "$1" = -m ]; then {pip}; else exec {sys.executable} "$@"; fi'
+    env = fake_programs(tmp_path / "bin", python3=python, pgrep="exit 1")
+    install = remote_command("install")
+    archive({"jaxlm/cli.py": "one", "jaxlm/gone.py": "old"})
+    first = subprocess.run(["bash", "-c", install], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0, first.stderr
+    (tmp_path / "jaxlm/runs/bert-tiny").mkdir(parents=True)
+    (tmp_path / "jaxlm/runs/bert-tiny/checkpoint").write_text("kept")
+    archive({"jaxlm/cli.py": "two"})
+    again = subprocess.run(["bash", "-c", install], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "jaxlm/jaxlm/cli.py").read_text() == "two" and not (tmp_path / "jaxlm/jaxlm/gone.py").exists()
+    assert (tmp_path / "jaxlm/runs/bert-tiny/checkpoint").read_text() == "kept"
+
+    busy = subprocess.run(["bash", "-c", install], cwd=tmp_path, env=env | fake_programs(tmp_path / "bin", pgrep="exit 0"),
+                          capture_output=True, text=True, timeout=60)
+    assert busy.returncode == 1 and busy.stderr.endswith(": jaxlm train still runs: stop it first (stop, then wait)\n")
+    old = fake_programs(tmp_path / "bin", pgrep="exit 1", python3='[ "$1" = -V ] && echo Python 3.10.12; exit 1')
+    too_old = subprocess.run(["bash", "-c", install], cwd=tmp_path, env=old, capture_output=True, text=True, timeout=60)
+    assert too_old.returncode == 1 and too_old.stderr.endswith(": jaxlm needs Python 3.11+: Python 3.10.12\n")
+    assert (tmp_path / "jaxlm/runs/bert-tiny/checkpoint").read_text() == "kept"
+
+
+@pytest.mark.parametrize("states, message", [
+    ("", "gcloud cannot describe queued resource pod-a (its message is above): check --tpu, --zone and --project"),
+    ("FAILED", "queued resource pod-a is FAILED, and will not become ACTIVE: create it again"),
+])
+def test_a_queued_pod_that_will_never_be_active_is_an_error(tmp_path, states, message):
+    """`--queued` asked gcloud every 30 s, forever, about a mistyped name (NOT_FOUND) or a failed resource."""
+    describe = f'echo {states}' if states else 'echo "ERROR: NOT_FOUND" >&2; exit 1'
+    env = fake_programs(tmp_path, gcloud=describe)
+    proc = subprocess.run(["bash", "launch/tpu_pod.sh", "--queued", *POD, "stop"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.endswith(f"tpu_pod.sh: error: {message}\n")
+
+
+def test_pod_logs_copies_every_log_it_can(tmp_path):
+    """The first worker whose log could not be copied ended `logs`, and the workers after it were never asked."""
+    scp = 'case "$*" in *worker-1.log*) echo "scp: no such file" >&2; exit 1 ;; esac; echo "$*" >> "$LOG"'
+    env = fake_programs(tmp_path / "bin", gcloud=scp) | {"LOG": str(tmp_path / "copied")}
+    proc = subprocess.run(["bash", str(ROOT / "launch/tpu_pod.sh"), *POD, "logs"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and proc.stderr.endswith(
+        "tpu_pod.sh: error: no log copied from worker 1 (gcloud's message is above); the others are in logs/pod-a\n")
+    assert [line.split()[4] for line in (tmp_path / "copied").read_text().splitlines()] == [
+        "pod-a:jaxlm-logs/worker-0.log", "pod-a:jaxlm-logs/worker-2.log", "pod-a:jaxlm-logs/worker-3.log"]
 
 
 def test_a_queued_pod_waits_until_active_and_stop_sends_sigterm():
