@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Start N jaxlm processes on this machine, joined by jax.distributed through a local coordinator.
-#   launch/local_multiprocess.sh N CONFIG [section.key=value ...]
+#   launch/local_multiprocess.sh [--dry-run] N CONFIG [section.key=value ...]
 # Each process gets TOTAL_DEVICES / N simulated CPU devices (JAXLM_TOTAL_DEVICES, default 8) when
 # run on the CPU. JAXLM_COMMAND picks the subcommand (default: train); JAXLM_PORT the coordinator's port (default:
 # a random one from 20000). Exits non-zero if any fails.
 # SIGTERM or SIGINT to this script reaches every process as SIGTERM (each stops at one step and saves); it then
-# waits for them all.
+# waits for them all. A process that fails ends the others (SIGTERM, then SIGKILL after JAXLM_GRACE_S, default
+# 30): without it they cannot save, and waited for it until JAX's heartbeat timeout. --dry-run prints the commands.
 set -euo pipefail
+dry_run=0
+if [ "${1-}" = --dry-run ]; then dry_run=1; shift; fi
 if [ $# -lt 2 ]; then
-  echo "usage: $0 N CONFIG [section.key=value ...]" >&2
+  echo "usage: $0 [--dry-run] N CONFIG [section.key=value ...]" >&2
   exit 2
 fi
 count=$1; config=$2; shift 2
@@ -34,22 +37,39 @@ if [[ ${JAXLM_COMMAND:-train} != eval && ! -e $config ]]; then
   echo "local_multiprocess.sh: error: config $config does not exist" >&2
   exit 2
 fi
+grace=${JAXLM_GRACE_S:-30}
+[[ $grace =~ ^[0-9]+$ ]] || { echo "local_multiprocess.sh: error: JAXLM_GRACE_S=$grace: give whole seconds" >&2; exit 2; }
 jaxlm=${JAXLM_BIN:-$here/.venv/bin/jaxlm}
 pids=()
 for ((i = 0; i < count; i++)); do
-  JAXLM_COORDINATOR=127.0.0.1:$port JAXLM_NUM_PROCESSES=$count JAXLM_PROCESS_ID=$i \
-  JAXLM_LOCAL_DEVICE_COUNT=$((total / count)) JAX_PLATFORMS=${JAX_PLATFORMS:-cpu} \
-    "$jaxlm" "${JAXLM_COMMAND:-train}" "$config" "$@" &
+  command=(env JAXLM_COORDINATOR=127.0.0.1:$port JAXLM_NUM_PROCESSES=$count JAXLM_PROCESS_ID=$i
+           JAXLM_LOCAL_DEVICE_COUNT=$((total / count)) JAX_PLATFORMS=${JAX_PLATFORMS:-cpu}
+           "$jaxlm" "${JAXLM_COMMAND:-train}" "$config" "$@")
+  if [ "$dry_run" = 1 ]; then quote "${command[@]}"; continue; fi
+  "${command[@]}" &
   pids+=($!)
 done
+[ "$dry_run" = 0 ] || exit 0
 # as SIGTERM, not SIGINT: a terminal's Ctrl-C also reaches the processes themselves, and a second one aborts
 trap 'kill -TERM "${pids[@]}" 2>/dev/null || true' TERM INT
-status=0
-for pid in "${pids[@]}"; do
-  while true; do  # a trapped signal ends `wait` early: wait again while the process runs
-    if wait "$pid"; then code=0; else code=$?; fi
-    kill -0 "$pid" 2>/dev/null || break
+status=0 failed_at="" killed=0 running=("${!pids[@]}")
+while [ ${#running[@]} -gt 0 ]; do
+  still=()
+  for i in "${running[@]}"; do
+    if kill -0 "${pids[i]}" 2>/dev/null; then still+=("$i"); continue; fi
+    if wait "${pids[i]}"; then code=0; else code=$?; fi
+    if [[ $code -ne 0 && -z $failed_at ]]; then
+      status=$code failed_at=$SECONDS
+      echo "local_multiprocess.sh: process $i exited with status $code; stopping the others" >&2
+      kill -TERM "${pids[@]}" 2>/dev/null || true
+    fi
   done
-  if [ "$code" -ne 0 ]; then status=$code; fi
+  running=("${still[@]}")
+  if [[ -n $failed_at && $killed == 0 && ${#running[@]} -gt 0 && $((SECONDS - failed_at)) -ge $grace ]]; then
+    echo "local_multiprocess.sh: processes ${running[*]} still run ${grace} s after SIGTERM; killing them" >&2
+    for i in "${running[@]}"; do kill -KILL "${pids[i]}" 2>/dev/null || true; done
+    killed=1
+  fi
+  [ ${#running[@]} -eq 0 ] || sleep 0.2
 done
 exit $status

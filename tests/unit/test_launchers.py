@@ -299,6 +299,34 @@ def test_sigterm_to_the_local_launcher_reaches_every_process(tmp_path):
         subprocess.run(["kill", *started()], capture_output=True)  # where it failed: no process outlives the test
 
 
+def test_a_failed_local_process_ends_the_others(tmp_path):
+    """A process that died left the others waiting for it in a collective until JAX's heartbeat timeout (90 s, then
+    a C++ abort), and forever where none came. Process 1 fails; process 2 ignores SIGTERM and is killed."""
+    log, program = tmp_path / "signals.log", tmp_path / "jaxlm"
+    program.write_text('#!/usr/bin/env bash\ntrap \'echo "$JAXLM_PROCESS_ID TERM" >> "$LOG"; '
+                       '[ "$JAXLM_PROCESS_ID" = 2 ] || exit 0\' TERM\n'
+                       'if [ "$JAXLM_PROCESS_ID" = 1 ]; then sleep 0.5; exit 3; fi\n'
+                       'while true; do sleep 0.05; done\n')
+    program.chmod(0o755)
+    env = {"JAXLM_BIN": str(program), "LOG": str(log), "JAXLM_GRACE_S": "1", "JAXLM_TOTAL_DEVICES": "3"}
+    proc = launch("bash", "launch/local_multiprocess.sh", "3", "configs/bert-tiny.yaml", env=env)
+    assert proc.returncode == 3
+    assert "local_multiprocess.sh: process 1 exited with status 3; stopping the others" in proc.stderr
+    assert "local_multiprocess.sh: processes 2 still run 1 s after SIGTERM; killing them" in proc.stderr
+    assert sorted(log.read_text().split("\n")[:-1]) == ["0 TERM", "2 TERM"]
+
+
+def test_the_local_launcher_dry_run_prints_each_process(tmp_path):
+    """`--dry-run` was read as N (and a trailing one started N trainings, each refusing it)."""
+    proc = launch("bash", "launch/local_multiprocess.sh", "--dry-run", "2", "configs/bert-tiny.yaml", "a.b=c d",
+                  env={"JAXLM_PORT": "23456", "JAXLM_BIN": str(tmp_path / "absent")})
+    assert proc.returncode == 0, proc.stderr
+    assert [shlex.split(line) for line in proc.stdout.splitlines()] == [
+        ["env", "JAXLM_COORDINATOR=127.0.0.1:23456", "JAXLM_NUM_PROCESSES=2", f"JAXLM_PROCESS_ID={i}",
+         "JAXLM_LOCAL_DEVICE_COUNT=4", f"JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', 'cpu')}",
+         str(tmp_path / "absent"), "train", "configs/bert-tiny.yaml", "a.b=c d"] for i in range(2)]
+
+
 def test_the_gke_jobset_has_one_pod_per_host_on_the_slice():
     proc = launch(sys.executable, "launch/gke_jobset.py", "--name", "bert-large", "--image", "registry/jaxlm:1",
                   "--tpu", "v5p", "--topology", "2x2x4", "--config", "configs/bert-large.yaml", "--env", "A=b",
