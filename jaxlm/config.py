@@ -305,12 +305,6 @@ def from_dict(tree: dict) -> RunConfig:
                           "no preset")
     try:
         model = model_config(model_values.pop("preset", None), **model_values)
-        model.validate()
-        family = families.get(model.family)
-        if model.embedding_size and not family.factorised_embeddings:
-            raise ValueError(f"model.embedding_size={model.embedding_size} narrows the token embeddings of "
-                             f"{', '.join(families.names(factorised_embeddings=True))}; the {model.family} family's "
-                             "are hidden_size wide: leave it at 0")
     except (ValueError, TypeError) as err:
         raise ConfigError(str(err)) from None
     sections = {name: section(cls, tree.get(name) or {}, name) for name, cls in SECTION_TYPES.items()}

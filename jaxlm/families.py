@@ -78,6 +78,7 @@ class Family:
     choice_pooling: str = "pooler"
     pair_separators: int = 1  # separator tokens between the segments of a pair: RoBERTa's </s></s> is 2
     factorised_embeddings: bool = False  # token embeddings model.embedding_size wide, projected up (ALBERT)
+    positions: tuple[str, ...] = ("learned",)  # the model.position_embedding kinds its network reads
 
     def make_objective(self, config: TransformerConfig, data: DataConfig) -> Objective:
         return self.objective(config, data, self.network)
@@ -112,7 +113,7 @@ def _seq2seq(target_length: Callable[[DataConfig], int]) -> ObjectiveFactory:
 
 
 ENCODER = dict(embeds=True, scores="masked", heads=ENCODER_HEADS, backbone=BertEncoder)
-DECODER = dict(generates="causal", scores="causal", heads=DECODER_HEADS)
+DECODER = dict(generates="causal", scores="causal", heads=DECODER_HEADS, positions=("learned", "rope"))
 ENCODER_DECODER = dict(generates="seq2seq", scores="seq2seq", heads=ENCODER_DECODER_HEADS)
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
@@ -136,7 +137,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            "jaxlm.convert.hf_decoder", "AutoModelForCausalLM", **DECODER),
     Family("t5", T5ForConditionalGeneration, _seq2seq(lambda data: t5_lengths(data)[1]), "t5_chunks",
            examples.t5_transform, T5_ROLES, T5_SETTINGS, "jaxlm.convert.hf_t5", "AutoModelForSeq2SeqLM",
-           **ENCODER_DECODER),
+           **ENCODER_DECODER, positions=("relative",)),
     Family("bart", BartForConditionalGeneration, _seq2seq(bart_target_length), "bart_rows", examples.bart_transform,
            BART_ROLES, BART_SETTINGS, "jaxlm.convert.hf_bart", "AutoModelForSeq2SeqLM", **ENCODER_DECODER),
 )}

@@ -15,7 +15,7 @@ from jaxlm import families
 from jaxlm.corpora.text import check_file, utf8_lines
 from jaxlm.errors import first_line
 from jaxlm.convert.store import checkpoint_config, load_checkpoint
-from jaxlm.models.config import check_ids
+from jaxlm.models.config import check_ids, check_special_ids
 from jaxlm.parallel.mesh import batch_shards, mesh_and_rules
 
 # Hugging Face's "never choose this" offset in beam search, kept identical so that beam choices match.
@@ -387,7 +387,8 @@ def generate_causal(model, params, prompt_ids, prompt_mask=None, *, max_new_toke
     (`prompt_mask` true at real tokens); they are left-padded, prefilled in one call, then extended one
     token at a time inside one jitted loop that stops once every row has emitted `eos_id`.
     `num_beams > 1` is Hugging Face's beam search. With `mesh`, params are placed by their logical axis names
-    under `rules` (default: MeshConfig's preset) and the batch split over the data axes."""
+    under `rules` (default: MeshConfig's preset) and the batch split over the data axes. `eos_id` and `pad_id`
+    default to the config's (as transformers' generate: its eos_token_id ends a row)."""
     ids, mask = _as_batch(prompt_ids, prompt_mask, model.config.vocab_size)
     _check_counts(max_new_tokens, ids.shape[0], early_stopping)
     check_sampling(temperature, top_k, top_p, num_beams)
@@ -400,6 +401,8 @@ def generate_causal(model, params, prompt_ids, prompt_mask=None, *, max_new_toke
             f"model's {capacity} positions (model.max_position_embeddings={config.max_position_embeddings}); "
             "shorten the prompt or ask for fewer tokens")
     pad_id = config.pad_token_id if pad_id is None else pad_id
+    eos_id = config.eos_token_id if eos_id is None else eos_id
+    check_special_ids(config.vocab_size, eos_id=eos_id, pad_id=pad_id)
     ids, mask = left_pad(ids, mask, pad_id)
     s = Settings(max_new_tokens, float(temperature), top_k, float(top_p), num_beams, early_stopping)
     init = lambda: model.init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32))
@@ -427,6 +430,7 @@ def generate_seq2seq(model, params, input_ids, input_mask=None, *, max_new_token
     eos_id = config.eos_token_id if eos_id is None else eos_id
     start = config.decoder_start_token_id if decoder_start_id is None else decoder_start_id
     pad_id = config.pad_token_id if pad_id is None else pad_id
+    check_special_ids(config.vocab_size, eos_id=eos_id, decoder_start_id=start, pad_id=pad_id)
     s = Settings(max_new_tokens, float(temperature), top_k, float(top_p), num_beams, early_stopping)
     dummy = jnp.zeros((1, 1), jnp.int32)
     init = lambda: model.init(jax.random.key(0), dummy, dummy)

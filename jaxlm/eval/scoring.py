@@ -16,7 +16,7 @@ from jax.sharding import Mesh
 from jaxlm import families
 from jaxlm.data.settings import DataConfig
 from jaxlm.errors import first_line
-from jaxlm.models.config import TransformerConfig, check_ids
+from jaxlm.models.config import TransformerConfig, check_ids, check_special_ids
 from jaxlm.models.heads import gather_positions
 from jaxlm.parallel.mesh import batch_shards, logical_sharding, mesh_and_rules, replicated, tree_shardings
 from jaxlm.parallel.xla_options import project_xla_options
@@ -24,6 +24,9 @@ from jaxlm.sentence_embedding import position_limit as table_positions
 
 # Sequence lengths are padded up to one of these (capped at the model's positions): few shapes, few compiles.
 MIN_BUCKET = 16
+
+
+ITEM_FIELDS = ("context", "continuation", "suffix")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +39,10 @@ class Item:
     context: tuple[int, ...]
     continuation: tuple[int, ...]
     suffix: tuple[int, ...] = ()
+
+    def __post_init__(self):  # lists and numpy arrays of ids as tuples (an array's truth value is ambiguous)
+        for field in ITEM_FIELDS:
+            object.__setattr__(self, field, tuple(getattr(self, field)))
 
     def record(self) -> dict:
         out = {"context": list(self.context), "continuation": list(self.continuation)}
@@ -84,14 +91,12 @@ def check_fits(items: Sequence[Item], config: TransformerConfig, kind: str) -> N
                              f"{least_read(item, kind)} positions, more than the model's {limit}; shorten it")
 
 
-ITEM_FIELDS = ("context", "continuation", "suffix")
-
 
 def check_vocabulary(items: Sequence[Item], vocab_size: int, label: str = "item") -> None:
     """Raise ValueError naming the first id outside the model's vocabulary ("item 3, context token 0": `label`
     and the item's index; the model's gathers would clamp it)."""
-    every = np.fromiter((t for item in items for field in ITEM_FIELDS for t in getattr(item, field)), np.int64)
-    if every.size == 0 or (every.min() >= 0 and every.max() < vocab_size):
+    every = np.asarray([t for item in items for field in ITEM_FIELDS for t in getattr(item, field)])
+    if every.size == 0 or (np.issubdtype(every.dtype, np.integer) and every.min() >= 0 and every.max() < vocab_size):
         return
     for index, item in enumerate(items):
         for field in ITEM_FIELDS:
@@ -280,8 +285,10 @@ class Scorer:
     def __post_init__(self):
         self.kind = kind_of(self.config)
         if self.kind == "masked" and self.mask_id is None:
-            raise ValueError(f"pseudo-log-likelihood needs the tokenizer's mask token; this {self.config.family} "
-                             "tokenizer has none")
+            raise ValueError(f"pseudo-log-likelihood under a {self.config.family} encoder masks each continuation "
+                             "token: it needs mask_id, the tokenizer's mask token, and none was given (or the "
+                             "tokenizer has none)")
+        check_special_ids(self.config.vocab_size, mask_id=self.mask_id, pad_id=self.pad_id)
         self.shards = shards = batch_shards(self.mesh, self.rules)
         self.batch_size = max(shards, -(-self.batch_size // shards) * shards)
         self.limit = position_limit(self.config)

@@ -26,14 +26,34 @@ def check_vocab_multiple(multiple: int, name: str = "model.vocab_multiple") -> N
 
 
 def check_ids(ids, vocab_size: int, where: Callable[[tuple[int, ...]], str]) -> None:
-    """Raise ValueError for the first token id outside [0, vocab_size), saying `where(its index)`: on the host,
-    since the networks' gathers clamp such an id into range and give NaN or another token's numbers."""
-    ids = np.asarray(ids, np.int64)
+    """Raise ValueError for the first token id outside [0, vocab_size), or not a whole number, saying
+    `where(its index)`: on the host, since the networks' gathers clamp such an id into range and give NaN or
+    another token's numbers, and a fraction was cut to a whole id."""
+    ids = np.asarray(ids)
+    if ids.size and not np.issubdtype(ids.dtype, np.integer):
+        if not np.issubdtype(ids.dtype, np.floating):
+            raise ValueError(f"{where((0,) * ids.ndim)}: token ids must be integers, not {ids.dtype}")
+        fractions = np.argwhere(ids != np.round(ids))
+        if fractions.size:
+            at = tuple(int(i) for i in fractions[0])
+            raise ValueError(f"{where(at)}: token id {float(ids[at])!r} is not a whole number; give integer ids")
+    ids = ids.astype(np.int64)
     outside = np.argwhere((ids < 0) | (ids >= vocab_size))
     if outside.size:
         at = tuple(int(i) for i in outside[0])
         raise ValueError(f"{where(at)}: token id {int(ids[at])} is outside the model's vocabulary "
                          f"(model.vocab_size={vocab_size}: ids 0 to {vocab_size - 1})")
+
+
+def check_special_ids(vocab_size: int, **ids) -> None:
+    """Raise ValueError naming the first of `ids` (name=id; None, and -1 for an eos, mean none) that is not a
+    token id of the vocabulary: a pad, mask or start id beyond it gave NaN or another token's numbers."""
+    for name, value in ids.items():
+        if value is None or (name == "eos_id" and value == -1):
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < vocab_size:
+            raise ValueError(f"{name}={value!r} is not a token id of the model's vocabulary (model.vocab_size="
+                             f"{vocab_size}: ids 0 to {vocab_size - 1})")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -75,7 +75,31 @@ def model_config(preset: str | None = None, **overrides) -> TransformerConfig:
     # here, not at the top: jaxlm.families imports the model modules, which this package's __init__ imports
     from jaxlm.families import get as family
 
+    for key, value in overrides.items():
+        check_type(key, value, getattr(base, key))
     config = dataclasses.replace(base, **overrides)
-    family(config.family)
+    spec = family(config.family)
     config.validate()
+    if config.position_embedding not in spec.positions:  # another was ignored: no positions, or T5's bias alone
+        raise ValueError(f"model.position_embedding={config.position_embedding!r}: the {config.family} family's "
+                         f"network reads {' or '.join(map(repr, spec.positions))} positions only; choose "
+                         f"{'one of them' if len(spec.positions) > 1 else 'it'}")
+    if config.embedding_size and not spec.factorised_embeddings:
+        from jaxlm.families import names
+        raise ValueError(f"model.embedding_size={config.embedding_size} narrows the token embeddings of "
+                         f"{', '.join(names(factorised_embeddings=True))}; the {config.family} family's are "
+                         "hidden_size wide: leave it at 0")
     return config
+
+
+def check_type(key: str, value, default) -> None:
+    """A ValueError for a field given a value of another type than its default's (an int field takes no float
+    or bool, a float field an int, a text field only text): the networks failed deep inside, or took a
+    string "no" as true."""
+    kind = type(default)
+    fits = (isinstance(value, bool) if kind is bool else
+            isinstance(value, int) and not isinstance(value, bool) if kind is int else
+            isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else
+            isinstance(value, kind))
+    if not fits:
+        raise ValueError(f"model.{key}={value!r} must be {'an' if kind is int else 'a'} {kind.__name__}")

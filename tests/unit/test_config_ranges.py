@@ -56,6 +56,15 @@ def test_a_model_size_or_dropout_out_of_range_is_named(field, value, expected):
     ({"hidden_size": 30, "num_heads": 4}, "model.hidden_size=30 is not divisible by model.num_heads=4"),
     ({"family": "bret"}, "model.family='bret'; choose one of bert, roberta, distilbert, albert, spanbert, gpt2, "
                          "llama, t5, bart"),
+    # these built, then failed inside the network's init (a broadcast of 64 against 128; range() of a float), or
+    # trained with the string "no" as true
+    ({"embedding_size": 64}, "model.embedding_size=64 narrows the token embeddings of albert; the bert family's are "
+                             "hidden_size wide: leave it at 0"),
+    ({"num_layers": 2.5}, "model.num_layers=2.5 must be an int"),
+    ({"vocab_size": "1000"}, "model.vocab_size='1000' must be an int"),
+    ({"tie_embeddings": "no"}, "model.tie_embeddings='no' must be a bool"),
+    ({"position_embedding": "rope"}, "model.position_embedding='rope': the bert family's network reads 'learned' "
+                                     "positions only; choose it"),
 ])
 def test_model_config_validates_its_overrides(overrides, expected):
     """The library's `model_config` once returned these, and the network failed later inside Flax (num_heads=0 as
@@ -63,6 +72,15 @@ def test_model_config_validates_its_overrides(overrides, expected):
     with pytest.raises(ValueError) as refused:
         model_config("bert-tiny", **overrides)
     assert str(refused.value) == expected
+
+
+def test_a_family_reads_only_its_kinds_of_positions():
+    """A Llama given T5's relative positions ran with none at all, and a T5 given learned ones kept its bias."""
+    with pytest.raises(ValueError, match="the llama family's network reads 'learned' or 'rope' positions only"):
+        model_config("llama-tiny", position_embedding="relative")
+    with pytest.raises(ValueError, match="the t5 family's network reads 'relative' positions only"):
+        model_config("t5-small", position_embedding="learned")
+    assert model_config("llama-tiny", position_embedding="learned").position_embedding == "learned"
 
 
 @pytest.mark.parametrize(("buckets", "distance"), [(0, 128), (2, 128), (32, 16), (32, 0)])

@@ -28,8 +28,10 @@ def test_an_encoders_full_pretraining_tree_scores_and_one_without_its_head_is_re
     assert scores.shape == (2,) and np.all(np.isfinite(scores)) and np.all(scores < 0)
     with pytest.raises(ValueError, match="lack mlm"):
         loglikelihoods(config, {k: v for k, v in params.items() if k != "mlm"}, items, mask_id=103)
-    with pytest.raises(ValueError, match="mask token"):
+    with pytest.raises(ValueError, match="it needs mask_id, the tokenizer's mask token, and none was given"):
         loglikelihoods(config, params, items)
+    with pytest.raises(ValueError, match=r"mask_id=5000 is not a token id of the model's vocabulary"):  # was [nan]
+        loglikelihoods(config, params, items, mask_id=5000)
 
 
 def test_a_decoder_item_needs_context_and_room():
@@ -106,3 +108,13 @@ def test_a_batch_larger_than_the_rows_is_padded_to_the_rows_not_to_the_batch(mon
     huge = loglikelihoods(config, params, items, batch_size=10 ** 9)
     assert sizes == [max(4, jax.device_count())]  # 3 rows: 4, a power of two, or one a device
     np.testing.assert_allclose(huge, loglikelihoods(config, params, items, batch_size=1), rtol=1e-5)
+
+
+def test_items_of_arrays_score_as_tuples_and_float_ids_are_refused():
+    """Item(np.array(...), ...) ended in numpy's "truth value of an array is ambiguous"; Item((5.5,), (6.0,)) scored
+    ids 5 and 6."""
+    config, params = tiny_decoder()
+    arrays = loglikelihoods(config, params, [Item(np.array([1, 2]), np.array([3, 4]))])
+    assert arrays.tolist() == loglikelihoods(config, params, [Item((1, 2), (3, 4))]).tolist()
+    with pytest.raises(ValueError, match=r"^item 0, context token 0: token id 5.5 is not a whole number"):
+        loglikelihoods(config, params, [Item((5.5,), (6.0,))])

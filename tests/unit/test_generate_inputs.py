@@ -1,5 +1,6 @@
 """jaxlm.generate's host-side checks and defaults: token ids outside the vocabulary are refused before any
 compute, and a mesh given without rules runs under the default rules."""
+import dataclasses
 import re
 import subprocess
 import sys
@@ -97,3 +98,34 @@ def test_a_generation_the_memory_cannot_hold_is_one_line():
     assert proc.stdout.startswith("1 prompt(s) of up to 3 tokens, 100000000 new tokens and 1 beam(s) need more "
                                   "memory than the device has (RESOURCE_EXHAUSTED: "), proc.stderr[-2000:]
     assert proc.stdout.rstrip().endswith("; ask for fewer new tokens, prompts or beams")
+
+
+@pytest.mark.parametrize("given, expected", [
+    (dict(pad_id=5000), "pad_id=5000 is not a token id"),  # its row generated from the clamped last row: zeros
+    (dict(eos_id=100), "eos_id=100 is not a token id"),
+    (dict(pad_id=True), "pad_id=True is not a token id"),
+])
+def test_special_ids_outside_the_vocabulary_are_refused(given, expected):
+    model, params = tiny_decoder()
+    with pytest.raises(ValueError, match=re.escape(f"{expected} of the model's vocabulary (model.vocab_size=100")):
+        generate_causal(model, params, [[5, 6, 7]], max_new_tokens=2, **given)
+    t5 = T5ForConditionalGeneration(model_config("t5-small", head_size=16, **SIZES))
+    with pytest.raises(ValueError, match=re.escape("decoder_start_id=5000 is not a token id")):  # gave [[0, 0, ...]]
+        generate_seq2seq(t5, {}, [[5, 6, 7]], max_new_tokens=2, decoder_start_id=5000)
+
+
+def test_float_token_ids_are_refused():
+    """[[5.7, 6.2]] generated as [[5, 6]]."""
+    model, params = tiny_decoder()
+    with pytest.raises(ValueError, match=re.escape("prompt 0, token 0: token id 5.7 is not a whole number")):
+        generate_causal(model, params, np.array([[5.7, 6.2]]), max_new_tokens=2)
+
+
+def test_a_decoder_stops_at_its_configs_eos_as_transformers_does():
+    """generate_causal ignored config.eos_token_id (generate_seq2seq took it): transformers stops at it."""
+    model, params = tiny_decoder()
+    free = generate_causal(model, params, [[5, 6, 7]], max_new_tokens=6, eos_id=-1)
+    first = int(free.tokens[0, 0])
+    stopping = CausalLM(dataclasses.replace(model.config, eos_token_id=first))
+    stopped = generate_causal(stopping, params, [[5, 6, 7]], max_new_tokens=6)
+    assert free.lengths.tolist() == [6] and stopped.lengths.tolist() == [1] and stopped.tokens[0, 0] == first
