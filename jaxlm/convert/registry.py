@@ -40,19 +40,33 @@ def family_of(config: TransformerConfig) -> families.Family:
     return families.get(config.family)
 
 
+TASK_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering", "ForMultipleChoice")
+
+
+def config_from_hf(model_dir, **overrides) -> TransformerConfig:
+    """The config of a Hugging Face checkpoint directory (its config.json), checked; a fine-tuned one's too."""
+    hf_config = read_config(model_dir)
+    try:
+        return family_for_hf(hf_config).converter("config_from_hf")(hf_config, **overrides)
+    except TypeError as err:  # a size given as null (or a list) where the converter computes with it
+        raise ValueError(f"{pathlib.Path(model_dir) / 'config.json'}: a setting is not a number ({first_line(err)}); "
+                         "give sizes and rates as JSON numbers") from None
+
+
 def from_hf(model_dir, *, scan_layers: bool = False, vocab_multiple: int = 1,
             **overrides) -> tuple[TransformerConfig, dict]:
     """(config, parameter tree) of a Hugging Face checkpoint directory; the config is checked before
     any tensor is read. With `scan_layers` the tree has the stacked (scan) layer layout; with `vocab_multiple`
-    the token tables are padded (`padded_vocab`)."""
-    hf_config = read_config(model_dir)
-    family = family_for_hf(hf_config)
-    try:
-        config = family.converter("config_from_hf")(hf_config, **overrides)
-    except TypeError as err:  # a size given as null (or a list) where the converter computes with it
-        raise ValueError(f"{pathlib.Path(model_dir) / 'config.json'}: a setting is not a number ({first_line(err)}); "
-                         "give sizes and rates as JSON numbers") from None
+    the token tables are padded (`padded_vocab`). A fine-tuned checkpoint (a task head) is refused, naming
+    `jaxlm.convert.task_heads`, which reads it."""
+    config = config_from_hf(model_dir, **overrides)
+    fine_tuned = [name for name in read_config(model_dir).get("architectures") or [] if str(name).endswith(TASK_HEADS)]
+    if fine_tuned:  # its head's tensors were listed as unexpected, under names it does not have
+        raise ValueError(f"{model_dir} holds a fine-tuned {fine_tuned[0]}, whose task head from_hf has no place for; "
+                         "read it with jaxlm.convert.task_heads.task_params_from_hf(read_tensors(dir), "
+                         "config_from_hf(dir), head)")
     check_vocab_padding(config.vocab_size, vocab_multiple)
+    family = families.get(config.family)
     params = family.converter("params_from_hf")(read_tensors(model_dir), config)
     config, params = padded_vocab(config, params, vocab_multiple)
     return scan_layout(config, params) if scan_layers else (config, params)

@@ -221,3 +221,17 @@ def test_multiple_choice_loss_and_gradient():
              "input_mask": as_choices(mask.astype(np.int32)), "label": label, "example_weight": np.ones(2, np.float32)}
     theirs = {k: v.reshape(2, 2, -1) for k, v in torch_inputs(ids, segments, mask).items()}
     check_loss_and_gradient(model, objective, params, batch, theirs | {"labels": torch.tensor(label)}, "classifier")
+
+
+def test_from_hf_names_the_reader_of_a_fine_tuned_checkpoint(tmp_path):
+    """from_hf of a BertForSequenceClassification listed `bert.classifier.bias` as unexpected, a name the
+    checkpoint does not have; its config and `task_params_from_hf` read it, with transformers' logits."""
+    model, config, _, params = bert("BertForSequenceClassification")
+    model.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"holds a fine-tuned BertForSequenceClassification, whose task head from_hf "
+                                         r"has no place for; read it with jaxlm.convert.task_heads"):
+        registry.from_hf(tmp_path)
+    read = registry.config_from_hf(tmp_path, dtype="float32")
+    assert read == config
+    again = task_heads.task_params_from_hf(hf.read_tensors(tmp_path), read, "sequence_classification")
+    assert jax.tree.all(jax.tree.map(np.array_equal, again, params))
