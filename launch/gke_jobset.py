@@ -4,16 +4,20 @@
 
     python launch/gke_jobset.py --name bert-large --image IMAGE --tpu v5p --topology 4x4x4 \\
         --config configs/bert-large.yaml [--slices N] [--max-restarts N] [--env KEY=VALUE ...] \\
-        [-- section.key=value ...] [--apply]
+        [--mount BUCKET:PATH ...] [--service-account NAME] [-- section.key=value ...] [--apply]
 
 Without --apply it prints the manifest (the dry run); with it, pipes it to `kubectl apply -f -`.
-The image holds this checkout installed with `pip install -e .[tpu]` (launch/Dockerfile).
+The image holds this checkout installed with `pip install -e .[tpu]` (launch/Dockerfile), so the config and
+its overrides are checked here first, with this checkout's jaxlm. --mount puts a Cloud Storage bucket at PATH
+in every pod (GKE's Cloud Storage FUSE driver, read by a Kubernetes service account with access to it):
+the prepared data, which ArrayRecord reads as local files.
 """
 from __future__ import annotations
 
 import argparse
 import itertools
 import math
+import pathlib
 import re
 import subprocess
 import sys
@@ -32,6 +36,9 @@ NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 # a pod's name: JobSet's NAME-JOB-J-P (replicated job, job index, pod index) and five random characters, at most 63
 POD_NAME = "{name}-slice-{job}-{pod}-xxxxx"
 FLAGS = ("--apply", "-h", "--help")  # the options that take no value
+ROOT = pathlib.Path(__file__).resolve().parents[1]  # the checkout the image is built from
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+BUCKET = re.compile(r"[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9]")  # Cloud Storage's bucket names
 
 
 def chips(args) -> int:
@@ -74,10 +81,41 @@ def check(args) -> None:
         raise ValueError(f"--env takes KEY=VALUE with a KEY, got {bad[0]!r}")
     keys = [pair.split("=", 1)[0] for pair in args.env]
     for key in keys:
+        if not ENV_NAME.fullmatch(key):
+            raise ValueError(f"--env {key}: a variable's name is letters, digits and '_', not starting with a digit")
         if key in ENV:
             raise ValueError(f"--env {key}: the JobSet sets {key}={ENV[key]} itself; leave it out")
         if keys.count(key) > 1:
             raise ValueError(f"--env {key} is given {keys.count(key)} times; give it once")
+    for mount in args.mount:
+        bucket, _, path = mount.partition(":")
+        if not BUCKET.fullmatch(bucket) or not path.startswith("/") or path == "/":
+            raise ValueError(f"--mount {mount!r}: give BUCKET:PATH, a Cloud Storage bucket's name and an absolute "
+                             "directory in the pods, e.g. my-bucket:/mnt/data")
+    paths = [mount.partition(":")[2] for mount in args.mount]
+    if len(set(paths)) < len(paths):
+        raise ValueError("--mount puts two buckets at one path; give each its own")
+    if args.mount and not args.service_account:
+        raise ValueError("--mount needs --service-account NAME: the Kubernetes service account that may read the "
+                         "bucket (GKE's Cloud Storage FUSE driver mounts it as that account)")
+    check_config(args.config, args.overrides)
+
+
+def check_config(config: str, overrides: list[str]) -> None:
+    """The config (a path in the image: the checkout's) and its overrides as `jaxlm train` will read them, where
+    this checkout's jaxlm can be imported; a mistyped key was found only on the slice, and retried there."""
+    path = ROOT / config
+    if pathlib.PurePath(config).is_absolute() or not path.is_file():
+        raise ValueError(f"--config {config}: no such file in this checkout ({ROOT}), which the image is built from; "
+                         "give its path from the checkout's root")
+    try:
+        from jaxlm import config as config_lib
+    except ImportError:  # run by a python without jaxlm installed: the image checks it at the start
+        return
+    try:
+        config_lib.load(path, overrides)
+    except (config_lib.ConfigError, OSError, ValueError) as err:
+        raise ValueError(f"--config {config} with {' '.join(overrides) or 'no overrides'}: {err}") from None
 
 
 def regroup(argv: list[str]) -> list[str]:
@@ -115,7 +153,15 @@ def manifest(args) -> dict:
            "nodeSelector": {"cloud.google.com/gke-tpu-accelerator": accelerator,
                             "cloud.google.com/gke-tpu-topology": args.topology},
            "containers": [container]}
-    job = {"parallelism": pods, "completions": pods, "backoffLimit": 0, "template": {"spec": pod}}
+    template = {"spec": pod}
+    if args.mount:
+        template["metadata"] = {"annotations": {"gke-gcsfuse/volumes": "true"}}
+        pod["serviceAccountName"] = args.service_account
+        pod["volumes"] = [{"name": f"bucket-{i}", "csi": {"driver": "gcsfuse.csi.storage.gke.io", "volumeAttributes": {
+            "bucketName": mount.partition(":")[0], "mountOptions": "implicit-dirs"}}} for i, mount in enumerate(args.mount)]
+        container["volumeMounts"] = [{"name": f"bucket-{i}", "mountPath": mount.partition(":")[2]}
+                                     for i, mount in enumerate(args.mount)]
+    job = {"parallelism": pods, "completions": pods, "backoffLimit": 0, "template": template}
     return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
             "metadata": {"name": args.name,
                          "annotations": {"alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}},
@@ -133,6 +179,8 @@ def main(argv=None) -> int:
     parser.add_argument("--slices", type=int, default=1)
     parser.add_argument("--max-restarts", type=int, default=10)
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--mount", action="append", default=[], metavar="BUCKET:PATH")
+    parser.add_argument("--service-account", default="", metavar="NAME")
     parser.add_argument("--apply", action="store_true", help="kubectl apply it instead of printing it")
     parser.add_argument("overrides", nargs="*", help="section.key=value for jaxlm train (after --)")
     args = parser.parse_args(regroup(sys.argv[1:] if argv is None else list(argv)))

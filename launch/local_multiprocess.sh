@@ -4,9 +4,10 @@
 # Each process gets TOTAL_DEVICES / N simulated CPU devices (JAXLM_TOTAL_DEVICES, default 8) when
 # run on the CPU. JAXLM_COMMAND picks the subcommand (default: train); JAXLM_PORT the coordinator's port (default:
 # a random one from 20000). Exits non-zero if any fails.
-# SIGTERM or SIGINT to this script reaches every process as SIGTERM (each stops at one step and saves); it then
-# waits for them all. A process that fails ends the others (SIGTERM, then SIGKILL after JAXLM_GRACE_S, default
-# 30): without it they cannot save, and waited for it until JAX's heartbeat timeout. --dry-run prints the commands.
+# SIGTERM or SIGINT to this script reaches every process as SIGTERM (each stops at one step, saves and exits 143);
+# it then waits for them all. A process that fails (a status other than 0, and a stopped run's 75, 130 and 143)
+# ends the others (SIGTERM, then SIGKILL after JAXLM_GRACE_S, default 30): without it they cannot save, and waited
+# for it until JAX's heartbeat timeout. --dry-run prints the commands.
 set -euo pipefail
 dry_run=0
 if [ "${1-}" = --dry-run ]; then dry_run=1; shift; fi
@@ -58,8 +59,10 @@ while [ ${#running[@]} -gt 0 ]; do
   for i in "${running[@]}"; do
     if kill -0 "${pids[i]}" 2>/dev/null; then still+=("$i"); continue; fi
     if wait "${pids[i]}"; then code=0; else code=$?; fi
-    if [[ $code -ne 0 && -z $failed_at ]]; then
-      status=$code failed_at=$SECONDS
+    if [[ $code -ne 0 && $status -eq 0 ]]; then status=$code; fi
+    # a run stopped early exits 143, 130 or 75 once saved (jaxlm.train.faults.stop_status), every process alike
+    if [[ ! $code =~ ^(0|75|130|143)$ && -z $failed_at ]]; then
+      failed_at=$SECONDS
       echo "local_multiprocess.sh: process $i exited with status $code; stopping the others" >&2
       kill -TERM "${pids[@]}" 2>/dev/null || true
     fi

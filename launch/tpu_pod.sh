@@ -12,7 +12,7 @@
 #            jax.distributed from the TPU VM's metadata (distributed.enabled=true)
 #   wait     until no worker runs jaxlm any more
 #   logs     copy each worker's log to logs/NAME/worker-N.log (every one that can be; exits 1 if one cannot)
-#   stop     SIGTERM on every worker: each saves a checkpoint at the step they agree on and exits 0
+#   stop     SIGTERM on every worker: each saves a checkpoint at the step they agree on and exits 143
 #   run      install, train, wait, logs: the whole job; run it again after a fault and it resumes
 #
 # Options

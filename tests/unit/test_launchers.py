@@ -382,11 +382,37 @@ NAME_RULE = ("Kubernetes takes lower-case letters, digits and '-', starting with
     (["--name", "run", *JOBSET, "--env", "JAX_PLATFORMS=cpu"],
      "--env JAX_PLATFORMS: the JobSet sets JAX_PLATFORMS=tpu itself; leave it out"),
     (["--name", "run", *JOBSET, "--env", "A=1", "--env", "A=2"], "--env A is given 2 times; give it once"),
+    # these printed a manifest that Kubernetes, or jaxlm train on every pod of the slice, refused after scheduling
+    (["--name", "run", *JOBSET, "--env", "MY VAR=1"],
+     "--env MY VAR: a variable's name is letters, digits and '_', not starting with a digit"),
+    (["--name", "run", *JOBSET, "--config", "configs/bert-larg.yaml"],
+     f"--config configs/bert-larg.yaml: no such file in this checkout ({ROOT}), which the image is built from; give "
+     "its path from the checkout's root"),
+    (["--name", "run", *JOBSET, "--", "train.stepz=10"],
+     "--config configs/bert-large.yaml with train.stepz=10: unknown key(s) train.stepz; valid keys in train: "),
+    (["--name", "run", *JOBSET, "--mount", "my-bucket:mnt", "--service-account", "sa"],
+     "--mount 'my-bucket:mnt': give BUCKET:PATH, a Cloud Storage bucket's name and an absolute directory in the "
+     "pods, e.g. my-bucket:/mnt/data"),
+    (["--name", "run", *JOBSET, "--mount", "my-bucket:/mnt/data"], "--mount needs --service-account NAME: "),
 ])
 def test_the_gke_jobset_bad_input(args, message):
     proc = launch(sys.executable, "launch/gke_jobset.py", *args)
-    assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr == f"gke_jobset.py: error: {message}\n"
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith(f"gke_jobset.py: error: {message}")
+
+
+def test_a_gke_jobset_mounts_buckets_for_the_prepared_data():
+    """The pods had no volume: a data.prepared_dir (read as local files) existed in none of them."""
+    proc = launch(sys.executable, "launch/gke_jobset.py", "--name", "run", *JOBSET, "--mount", "my-bucket:/mnt/data",
+                  "--service-account", "trainer", "--", "data.prepared_dir=/mnt/data/bert-large", RUN_DIR)
+    assert proc.returncode == 0, proc.stderr
+    template = yaml.safe_load(proc.stdout)["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    assert template["metadata"] == {"annotations": {"gke-gcsfuse/volumes": "true"}}
+    assert template["spec"]["serviceAccountName"] == "trainer"
+    assert template["spec"]["volumes"] == [{"name": "bucket-0", "csi": {"driver": "gcsfuse.csi.storage.gke.io",
+                                                                       "volumeAttributes": {"bucketName": "my-bucket",
+                                                                                            "mountOptions": "implicit-dirs"}}}]
+    assert template["spec"]["containers"][0]["volumeMounts"] == [{"name": "bucket-0", "mountPath": "/mnt/data"}]
 
 
 def test_the_longest_gke_name_fits_its_pod_names():
@@ -569,3 +595,11 @@ def test_slurm_switches_take_the_usual_true_words(slurm_env, value):
 def test_slurm_bad_settings(slurm_env, env, message):
     proc = launch("bash", "launch/gpu_slurm.sbatch", "configs/bert-large.yaml", env=slurm_env | env)
     assert proc.returncode == 2 and proc.stdout == "" and proc.stderr == f"gpu_slurm.sbatch: error: {message}\n"
+
+
+def test_a_run_stopped_early_never_exits_0():
+    """It exited 0 after saving: Kubernetes marks such a pod Succeeded and its Job done, and a restart loop ends."""
+    from jaxlm.train.faults import stop_status
+
+    assert [stop_status(reason) for reason in ("SIGTERM", "SIGTERM (a preemption notice)", "Ctrl-C",
+                                               "train.time_limit_minutes=5")] == [143, 143, 130, 75]
