@@ -118,3 +118,17 @@ def test_items_of_arrays_score_as_tuples_and_float_ids_are_refused():
     assert arrays.tolist() == loglikelihoods(config, params, [Item((1, 2), (3, 4))]).tolist()
     with pytest.raises(ValueError, match=r"^item 0, context token 0: token id 5.5 is not a whole number"):
         loglikelihoods(config, params, [Item((5.5,), (6.0,))])
+
+
+def test_perplexity_names_a_foreign_tokenizer_and_a_string_of_lines():
+    """A `tokenizers.Tokenizer` failed with "'Encoding' object is not iterable", and one string was read a
+    character a line."""
+    import tokenizers
+
+    config, params = tiny_decoder()
+    foreign = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    with pytest.raises(ValueError, match=r"^tokenizer is a tokenizers.Tokenizer; give jaxlm's: "
+                                         r"jaxlm.data.tokenizers.load.load_tokenizer"):
+        perplexity(config, params, foreign, ["a line"])
+    with pytest.raises(ValueError, match=r"^lines is one string; give a list of lines"):
+        perplexity(config, params, load_tokenizer(gpt2_tokenizer_dir()), "a line")
