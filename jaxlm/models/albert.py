@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.encoder import ACTIVATION, EncoderLayer
 from jaxlm.models.heads import MlmHead, gather_positions
-from jaxlm.nn.embed import BertEmbeddings
+from jaxlm.nn.embed import BertEmbeddings, check_token_inputs
 from jaxlm.nn.layers import Dense
 from jaxlm.nn.stack import REMAT_POLICIES, scan_body
 from jaxlm.parallel.logical import constrain
@@ -55,6 +55,7 @@ class AlbertEncoder(nn.Module):
 
     def hidden_states(self, input_ids, segment_ids=None, padding_mask=None, deterministic: bool = True):
         """The last repeat's states [B, T, H] without the pooler (whose parameters then never exist)."""
+        check_token_inputs(input_ids, segment_ids=segment_ids, padding_mask=padding_mask)
         if segment_ids is None:
             segment_ids = jnp.zeros_like(input_ids)
         if padding_mask is None:

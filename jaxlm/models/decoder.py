@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jaxlm.models.config import TransformerConfig
 from jaxlm.nn.attention import Attention
 from jaxlm.nn.dropout import Dropout
-from jaxlm.nn.embed import Embed, check_positions, vocabulary_columns
+from jaxlm.nn.embed import Embed, check_positions, check_token_inputs, vocabulary_columns
 from jaxlm.nn.layers import mlp_block, norm_layer, normal_init
 from jaxlm.nn.stack import make_layers, run_layers
 from jaxlm.parallel.logical import constrain
@@ -67,6 +67,8 @@ class Decoder(nn.Module):
     def __call__(self, input_ids, positions=None, segment_ids=None, padding_mask=None,
                  deterministic: bool = True, decode: bool = False) -> jax.Array:
         cfg = self.config
+        check_token_inputs(input_ids, positions=positions, segment_ids=segment_ids,
+                           padding_mask=None if decode else padding_mask)  # decoding's covers the cache
         if cfg.position_embedding == "learned":
             check_positions(input_ids.shape[1], cfg, "input_ids")
         if cfg.cross_document_attention:

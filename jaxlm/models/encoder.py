@@ -7,7 +7,7 @@ import jax.numpy as jnp
 
 from jaxlm.models.config import TransformerConfig
 from jaxlm.nn.attention import Attention
-from jaxlm.nn.embed import BertEmbeddings
+from jaxlm.nn.embed import BertEmbeddings, check_token_inputs
 from jaxlm.nn.layers import Dense, LayerNorm, Mlp
 from jaxlm.nn.stack import make_layers, run_layers
 from jaxlm.parallel.logical import constrain
@@ -46,6 +46,7 @@ class BertEncoder(nn.Module):
 
     def hidden_states(self, input_ids, segment_ids=None, padding_mask=None, deterministic: bool = True):
         """The last layer's states [B, T, E] without the pooler (whose parameters then never exist)."""
+        check_token_inputs(input_ids, segment_ids=segment_ids, padding_mask=padding_mask)
         if segment_ids is None:
             segment_ids = jnp.zeros_like(input_ids)
         if padding_mask is None:

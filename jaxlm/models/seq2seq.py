@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxlm.models.config import TransformerConfig
+from jaxlm.nn.embed import check_token_inputs
 from jaxlm.parallel.logical import constrain
 
 
@@ -35,6 +36,7 @@ class EncoderDecoder(nn.Module):
 
     def encode(self, input_ids, padding_mask=None, deterministic: bool = True) -> jax.Array:
         """Encoder states [B, Ts, E] of source ids [B, Ts]."""
+        check_token_inputs(input_ids, padding_mask=padding_mask)
         self.check_length(input_ids.shape[1], "input_ids")
         return self.encoder(self.shared(input_ids), as_mask(padding_mask), deterministic)
 
@@ -46,6 +48,8 @@ class EncoderDecoder(nn.Module):
         each later call must give `decoder_positions` [B, Td], the absolute positions of its tokens,
         and `decoder_padding_mask`, if any, covers the cache slots [B, max_len].
         """
+        check_token_inputs(decoder_input_ids, "decoder_input_ids", decoder_positions=decoder_positions,
+                           decoder_padding_mask=None if decode else decoder_padding_mask)
         if decoder_positions is None:
             if decode and "cache" in self.variables:
                 raise ValueError("decode=True on an existing cache needs decoder_positions [batch, length]: "

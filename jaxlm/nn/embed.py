@@ -108,6 +108,17 @@ def check_positions(length: int, config: TransformerConfig, what: str) -> None:
                          "use a larger model")
 
 
+def check_token_inputs(input_ids, what: str = "input_ids", **aligned) -> None:
+    """ValueError unless `input_ids` is [batch, length] and each of `aligned` that is given (segment ids, a
+    padding mask, positions: name=array) has its shape; otherwise an IndexError or a broadcast deep inside."""
+    shape = tuple(jnp.shape(input_ids))
+    if len(shape) != 2:
+        raise ValueError(f"{what} must be [batch, length], not shape {shape}")
+    for name, array in aligned.items():
+        if array is not None and tuple(jnp.shape(array)) != shape:
+            raise ValueError(f"{name} has shape {tuple(jnp.shape(array))} and {what} {shape}: give one per token")
+
+
 def embedding_axis(config: TransformerConfig) -> tuple[str, int]:
     """(logical name, width) of the token tables: ALBERT's narrow "factor" axis when `embedding_size`
     is set, else "embed" at hidden_size."""

@@ -129,3 +129,16 @@ def test_a_decoder_stops_at_its_configs_eos_as_transformers_does():
     stopping = CausalLM(dataclasses.replace(model.config, eos_token_id=first))
     stopped = generate_causal(stopping, params, [[5, 6, 7]], max_new_tokens=6)
     assert free.lengths.tolist() == [6] and stopped.lengths.tolist() == [1] and stopped.tokens[0, 0] == first
+
+
+def test_inputs_of_the_wrong_shape_are_named():
+    """ids [T] ended in "IndexError: tuple index out of range", a mask of another length in a broadcast error."""
+    model, params = tiny_decoder()
+    tokens = jnp.zeros((2, 8), jnp.int32)
+    with pytest.raises(ValueError, match=re.escape("input_ids must be [batch, length], not shape (8,)")):
+        model.apply({"params": params}, tokens[0])
+    with pytest.raises(ValueError, match=re.escape("padding_mask has shape (2, 4) and input_ids (2, 8): give one per")):
+        model.apply({"params": params}, tokens, padding_mask=jnp.ones((2, 4), bool))
+    t5 = T5ForConditionalGeneration(model_config("t5-small", head_size=16, **SIZES))
+    with pytest.raises(ValueError, match=re.escape("decoder_input_ids must be [batch, length], not shape (3,)")):
+        jax.eval_shape(lambda: t5.init(jax.random.key(0), tokens, jnp.zeros((3,), jnp.int32)))
