@@ -112,7 +112,8 @@ def _seq2seq(target_length: Callable[[DataConfig], int]) -> ObjectiveFactory:
                                                            target_length(data))
 
 
-ENCODER = dict(embeds=True, scores="masked", heads=ENCODER_HEADS, backbone=BertEncoder)
+# an encoder's attention applies RoPE, when asked, on top of its learned positions
+ENCODER = dict(embeds=True, scores="masked", heads=ENCODER_HEADS, backbone=BertEncoder, positions=("learned", "rope"))
 DECODER = dict(generates="causal", scores="causal", heads=DECODER_HEADS, positions=("learned", "rope"))
 ENCODER_DECODER = dict(generates="seq2seq", scores="seq2seq", heads=ENCODER_DECODER_HEADS)
 

@@ -154,11 +154,13 @@ def manifest(args) -> dict:
                             "cloud.google.com/gke-tpu-topology": args.topology},
            "containers": [container]}
     template = {"spec": pod}
+    if args.service_account:  # also what writes a gs:// run directory (Workload Identity)
+        pod["serviceAccountName"] = args.service_account
     if args.mount:
         template["metadata"] = {"annotations": {"gke-gcsfuse/volumes": "true"}}
-        pod["serviceAccountName"] = args.service_account
+        buckets = [mount.partition(":")[0] for mount in args.mount]
         pod["volumes"] = [{"name": f"bucket-{i}", "csi": {"driver": "gcsfuse.csi.storage.gke.io", "volumeAttributes": {
-            "bucketName": mount.partition(":")[0], "mountOptions": "implicit-dirs"}}} for i, mount in enumerate(args.mount)]
+            "bucketName": bucket, "mountOptions": "implicit-dirs"}}} for i, bucket in enumerate(buckets)]
         container["volumeMounts"] = [{"name": f"bucket-{i}", "mountPath": mount.partition(":")[2]}
                                      for i, mount in enumerate(args.mount)]
     job = {"parallelism": pods, "completions": pods, "backoffLimit": 0, "template": template}

@@ -40,6 +40,7 @@ if [[ ${JAXLM_COMMAND:-train} != eval && ! -e $config ]]; then
 fi
 grace=${JAXLM_GRACE_S:-30}
 [[ $grace =~ ^[0-9]+$ ]] || { echo "local_multiprocess.sh: error: JAXLM_GRACE_S=$grace: give whole seconds" >&2; exit 2; }
+grace=$((10#$grace))  # 08 is not octal
 jaxlm=${JAXLM_BIN:-$here/.venv/bin/jaxlm}
 pids=()
 for ((i = 0; i < count; i++)); do
@@ -73,6 +74,8 @@ while [ ${#running[@]} -gt 0 ]; do
     for i in "${running[@]}"; do kill -KILL "${pids[i]}" 2>/dev/null || true; done
     killed=1
   fi
-  [ ${#running[@]} -eq 0 ] || sleep 0.2
+  if [ ${#running[@]} -gt 0 ]; then
+    sleep 0.2 || true  # a terminal's Ctrl-C ends the sleep too: set -e would end this script before the saves
+  fi
 done
 exit $status

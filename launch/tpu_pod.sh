@@ -21,6 +21,7 @@
 #                                                                      wait until the resource is ACTIVE
 #                                                                      (an error if it fails or is gone)
 #   --workers N        the worker count (default: asked from gcloud)
+#   --python CMD       the workers' Python 3.11+, which install makes the venv with (default: python3)
 #   --env KEY=VALUE    passed to jaxlm on every worker (repeat it)
 #   --dry-run          print every command instead of running it
 set -euo pipefail
@@ -31,7 +32,7 @@ need() {  # need OPTION WHAT WORD: an error unless WORD is OPTION's value (not m
   [[ -n $3 && $3 != -* ]] || fail "$1 needs a value: $1 $2"
 }
 
-tpu="" zone="" project="" queued=0 workers="" dry_run=0 envs=() words=()
+tpu="" zone="" project="" queued=0 workers="" python=python3 dry_run=0 envs=() words=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --tpu) need "$1" NAME "${2-}"; tpu=$2; shift 2 ;;
@@ -39,6 +40,7 @@ while [ $# -gt 0 ]; do
     --project) need "$1" ID "${2-}"; project=$2; shift 2 ;;
     --queued) queued=1; shift ;;
     --workers) need "$1" N "${2-}"; workers=$2; shift 2 ;;
+    --python) need "$1" CMD "${2-}"; python=$2; shift 2 ;;
     --env) need "$1" KEY=VALUE "${2-}"; [[ $2 =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || fail "--env takes KEY=VALUE, got '$2'"
       envs+=("$2"); shift 2 ;;
     --dry-run) dry_run=1; shift ;;
@@ -121,16 +123,17 @@ create it again" ;;
   done
 }
 
-# On each worker: refuse while a run trains, or a python3 older than jax's; then replace the files the install
+# On each worker: refuse while a run trains, or a Python older than jax's; then replace the files the install
 # before extracted (listed in .installed-files), keeping what runs wrote beside them (a relative run_dir, data).
 INSTALL=$(cat <<'SCRIPT'
 say() { echo "tpu_pod.sh: error: $(hostname): $*" >&2; exit 1; }
 ! pgrep -f "[.]venv/bin/jaxlm train" > /dev/null || say "jaxlm train still runs: stop it first (stop, then wait)"
-python3 -c "import sys; sys.exit(sys.version_info < (3, 11))" || say "jaxlm needs Python 3.11+: $(python3 -V 2>&1)"
+PYTHON -c "import sys; sys.exit(sys.version_info < (3, 11))" \
+  || say "jaxlm needs Python 3.11+ (--python): $(PYTHON -V 2>&1)"
 mkdir -p DIR && cd DIR || exit 1
 [ ! -f .installed-files ] || xargs -d "\n" rm -f < .installed-files
 tar -xzf ../jaxlm.tar.gz && tar -tzf ../jaxlm.tar.gz | grep -v "/$" > .installed-files || exit 1
-python3 -m venv .venv && .venv/bin/pip install --quiet --upgrade pip && .venv/bin/pip install --quiet -e ".[tpu]"
+PYTHON -m venv .venv && .venv/bin/pip install --quiet --upgrade pip && .venv/bin/pip install --quiet -e ".[tpu]"
 SCRIPT
 )
 
@@ -138,7 +141,8 @@ install() {
   local archive=/tmp/jaxlm-$tpu.tar.gz
   run git -C "$here" archive --format=tar.gz -o "$archive" HEAD
   run "${gcloud_tpu[@]}" scp "$archive" "$tpu:jaxlm.tar.gz" "${where[@]}" --worker=all
-  on_workers all "${INSTALL//DIR/$remote_dir}"
+  local script=${INSTALL//DIR/$remote_dir}
+  on_workers all "${script//PYTHON/$(quote "$python")}"
 }
 
 train() {

@@ -62,9 +62,11 @@ def from_hf(model_dir, *, scan_layers: bool = False, vocab_multiple: int = 1,
     config = config_from_hf(model_dir, **overrides)
     fine_tuned = [name for name in read_config(model_dir).get("architectures") or [] if str(name).endswith(TASK_HEADS)]
     if fine_tuned:  # its head's tensors were listed as unexpected, under names it does not have
+        reader = ("read it with jaxlm.convert.task_heads.task_params_from_hf(read_tensors(dir), config_from_hf(dir), "
+                  "head)" if families.get(config.family).backbone else f"jaxlm reads no fine-tuned {config.family} "
+                  "head; convert the base model it was tuned from")
         raise ValueError(f"{model_dir} holds a fine-tuned {fine_tuned[0]}, whose task head from_hf has no place for; "
-                         "read it with jaxlm.convert.task_heads.task_params_from_hf(read_tensors(dir), "
-                         "config_from_hf(dir), head)")
+                         + reader)
     check_vocab_padding(config.vocab_size, vocab_multiple)
     family = families.get(config.family)
     params = family.converter("params_from_hf")(read_tensors(model_dir), config)

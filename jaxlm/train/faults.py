@@ -21,7 +21,8 @@ HANG_EXIT = 75  # EX_TEMPFAIL: the job may be restarted
 def stop_status(reason: str) -> int:
     """The exit status of a run stopped before its last step with its checkpoint saved, by `StopRequests.reason`:
     never 0, which a scheduler (a Kubernetes Job, a restart loop) reads as a finished run. Ctrl-C 130 and SIGTERM
-    143, as any command stopped by them; the time limit EX_TEMPFAIL, as a hang: the same command continues."""
+    143, as any command stopped by them; the time limit EX_TEMPFAIL, as a hang: the same command continues. (With
+    several processes, those that joined another's stop say SIGTERM: JAX's preemption sync carries no reason.)"""
     if reason == "Ctrl-C":
         return 130
     if reason.startswith("train.time_limit_minutes"):

@@ -292,7 +292,7 @@ def _train(config: RunConfig, setup: Setup, train_data, valid, multiprocess: boo
                 check(*pending)
             with checkpoint.stop_if_writing_fails(mngr, step, RESUME):  # an asynchronous save failed
                 mngr.wait_until_finished()
-            if stopping:
+            if stopping and step < stop_at:  # a stop asked at the last step ends the run as done
                 writer.message(f"stopped at step {step} on {stop.reason}: checkpoint {step} saved in "
                                f"{mngr.directory}; {RESUME}")
                 return {"step": step, "stopped": stop.reason}

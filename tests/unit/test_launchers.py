@@ -121,12 +121,13 @@ def test_a_pod_install_replaces_its_files_and_keeps_the_runs(tmp_path):
     assert (tmp_path / "jaxlm/jaxlm/cli.py").read_text() == "two" and not (tmp_path / "jaxlm/jaxlm/gone.py").exists()
     assert (tmp_path / "jaxlm/runs/bert-tiny/checkpoint").read_text() == "kept"
 
-    busy = subprocess.run(["bash", "-c", install], cwd=tmp_path, env=env | fake_programs(tmp_path / "bin", pgrep="exit 0"),
-                          capture_output=True, text=True, timeout=60)
+    running = fake_programs(tmp_path / "bin", pgrep="exit 0")
+    busy = subprocess.run(["bash", "-c", install], cwd=tmp_path, env=running, capture_output=True, text=True, timeout=60)
     assert busy.returncode == 1 and busy.stderr.endswith(": jaxlm train still runs: stop it first (stop, then wait)\n")
     old = fake_programs(tmp_path / "bin", pgrep="exit 1", python3='[ "$1" = -V ] && echo Python 3.10.12; exit 1')
     too_old = subprocess.run(["bash", "-c", install], cwd=tmp_path, env=old, capture_output=True, text=True, timeout=60)
-    assert too_old.returncode == 1 and too_old.stderr.endswith(": jaxlm needs Python 3.11+: Python 3.10.12\n")
+    assert too_old.returncode == 1 and too_old.stderr.endswith(": jaxlm needs Python 3.11+ (--python): Python 3.10.12\n")
+    assert "python3.12 -m venv .venv" in remote_command("install", "--python", "python3.12")
     assert (tmp_path / "jaxlm/runs/bert-tiny/checkpoint").read_text() == "kept"
 
 
@@ -299,6 +300,26 @@ def test_sigterm_to_the_local_launcher_reaches_every_process(tmp_path):
         subprocess.run(["kill", *started()], capture_output=True)  # where it failed: no process outlives the test
 
 
+def test_ctrl_c_to_the_local_launchers_group_waits_for_the_saves(tmp_path):
+    """A terminal's Ctrl-C reaches the launcher's `sleep` between its checks too: under `set -e` the launcher then
+    ended at once, 130, its processes left saving on their own."""
+    log, program = tmp_path / "signals.log", tmp_path / "jaxlm"
+    program.write_text('#!/usr/bin/env bash\ntrap \'sleep 1; echo "$JAXLM_PROCESS_ID saved" >> "$LOG"; exit 0\' '
+                       'TERM INT\necho "$JAXLM_PROCESS_ID started" >> "$LOG"\nwhile true; do sleep 0.05; done\n')
+    program.chmod(0o755)
+    launcher = subprocess.Popen(["bash", "launch/local_multiprocess.sh", "2", "configs/bert-tiny.yaml"], cwd=ROOT,
+                                env=dict(os.environ, JAXLM_BIN=str(program), LOG=str(log)), start_new_session=True)
+    deadline = time.time() + 30
+    while (log.read_text().count("started") if log.exists() else 0) < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    try:
+        os.killpg(launcher.pid, signal.SIGINT)
+        assert launcher.wait(timeout=30) == 0
+        assert sorted(line for line in log.read_text().splitlines() if "saved" in line) == ["0 saved", "1 saved"]
+    finally:
+        subprocess.run(["pkill", "-KILL", "-s", str(launcher.pid)], capture_output=True)
+
+
 def test_a_failed_local_process_ends_the_others(tmp_path):
     """A process that died left the others waiting for it in a collective until JAX's heartbeat timeout (90 s, then
     a C++ abort), and forever where none came. Process 1 fails; process 2 ignores SIGTERM and is killed."""
@@ -409,9 +430,9 @@ def test_a_gke_jobset_mounts_buckets_for_the_prepared_data():
     template = yaml.safe_load(proc.stdout)["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
     assert template["metadata"] == {"annotations": {"gke-gcsfuse/volumes": "true"}}
     assert template["spec"]["serviceAccountName"] == "trainer"
-    assert template["spec"]["volumes"] == [{"name": "bucket-0", "csi": {"driver": "gcsfuse.csi.storage.gke.io",
-                                                                       "volumeAttributes": {"bucketName": "my-bucket",
-                                                                                            "mountOptions": "implicit-dirs"}}}]
+    bucket = {"bucketName": "my-bucket", "mountOptions": "implicit-dirs"}
+    assert template["spec"]["volumes"] == [
+        {"name": "bucket-0", "csi": {"driver": "gcsfuse.csi.storage.gke.io", "volumeAttributes": bucket}}]
     assert template["spec"]["containers"][0]["volumeMounts"] == [{"name": "bucket-0", "mountPath": "/mnt/data"}]
 
 
@@ -518,11 +539,18 @@ def test_the_slurm_script_needs_the_checkout_and_its_install(slurm_env, tmp_path
     missing = launch("bash", "launch/gpu_slurm.sbatch", "configs/bert-large.yaml",
                      env=slurm_env | {"JAXLM_BIN": str(tmp_path / "jaxlm")})
     assert missing.returncode == 2 and missing.stderr.startswith(f"gpu_slurm.sbatch: error: {tmp_path}/jaxlm not found")
-    # the CPU-only install `make install` makes: every node once ended in JAX's traceback, after the queue
-    cpu_only = launch("bash", "launch/gpu_slurm.sbatch", "configs/bert-large.yaml", env=slurm_env)
+    # a CPU-only install (`make install`'s): every node once ended in JAX's traceback, after the queue. Its python
+    # here finds no module at all, as a python without JAX's CUDA plugin finds none.
+    (tmp_path / "venv").mkdir()
+    (tmp_path / "venv/python").write_text("#!/bin/sh\nexit 1\n")
+    (tmp_path / "venv/jaxlm").write_text(f"#!{tmp_path}/venv/python\n")
+    for name in ("python", "jaxlm"):
+        (tmp_path / "venv" / name).chmod(0o755)
+    cpu_only = launch("bash", "launch/gpu_slurm.sbatch", "configs/bert-large.yaml",
+                      env=slurm_env | {"JAXLM_BIN": str(tmp_path / "venv/jaxlm")})
     assert cpu_only.returncode == 2 and cpu_only.stdout == "" and cpu_only.stderr == (
-        f"gpu_slurm.sbatch: error: {ROOT}/.venv/bin/jaxlm has no CUDA build of JAX: install it with "
-        f"{ROOT}/.venv/bin/pip install -e '.[gpu]'\n")
+        f"gpu_slurm.sbatch: error: {tmp_path}/venv/jaxlm has no CUDA build of JAX: install it with "
+        f"{tmp_path}/venv/pip install -e '.[gpu]'\n")
 
 
 def test_the_slurm_script_outside_an_allocation_says_how_to_submit_it(slurm_env, tmp_path):
