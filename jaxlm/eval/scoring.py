@@ -91,7 +91,6 @@ def check_fits(items: Sequence[Item], config: TransformerConfig, kind: str) -> N
                              f"{least_read(item, kind)} positions, more than the model's {limit}; shorten it")
 
 
-
 def check_vocabulary(items: Sequence[Item], vocab_size: int, label: str = "item") -> None:
     """Raise ValueError naming the first id outside the model's vocabulary ("item 3, context token 0": `label`
     and the item's index; the model's gathers would clamp it)."""

@@ -73,7 +73,7 @@ def model_config(preset: str | None = None, **overrides) -> TransformerConfig:
     if unknown:
         raise ValueError(f"unknown model keys {unknown}; valid keys: preset, {', '.join(sorted(valid))}")
     # here, not at the top: jaxlm.families imports the model modules, which this package's __init__ imports
-    from jaxlm.families import get as family
+    from jaxlm.families import get as family, names
 
     for key, value in overrides.items():
         check_type(key, value, getattr(base, key))
@@ -85,7 +85,6 @@ def model_config(preset: str | None = None, **overrides) -> TransformerConfig:
                          f"network reads {' or '.join(map(repr, spec.positions))} positions only; choose "
                          f"{'one of them' if len(spec.positions) > 1 else 'it'}")
     if config.embedding_size and not spec.factorised_embeddings:
-        from jaxlm.families import names
         raise ValueError(f"model.embedding_size={config.embedding_size} narrows the token embeddings of "
                          f"{', '.join(names(factorised_embeddings=True))}; the {config.family} family's are "
                          "hidden_size wide: leave it at 0")

@@ -16,6 +16,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 HANG_EXIT = 75  # EX_TEMPFAIL: the job may be restarted
+TEST_HANG_ENV = "JAXLM_TEST_HANG_AT_STEP"  # a test hook: the step at which the loop sleeps forever
 
 
 def stop_status(reason: str) -> int:
@@ -28,7 +29,6 @@ def stop_status(reason: str) -> int:
     if reason.startswith("train.time_limit_minutes"):
         return HANG_EXIT
     return 128 + signal.SIGTERM
-TEST_HANG_ENV = "JAXLM_TEST_HANG_AT_STEP"  # a test hook: the step at which the loop sleeps forever
 
 
 class TrainingStopped(RuntimeError):
