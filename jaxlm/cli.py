@@ -41,7 +41,7 @@ from jaxlm.train import aot, checkpoint, compile_cache, hlo_cost
 from jaxlm.train.bench import bench, compile_only, format_table
 from jaxlm.train.profile import PROFILED_STEPS, format_profile
 from jaxlm.train.state import state_bytes
-from jaxlm.train.faults import TrainingStopped, stop_status
+from jaxlm.train.faults import StoppedEarly, TrainingStopped, stop_status
 from jaxlm.train.preflight import preflight
 from jaxlm.train.loop import build_within_memory, report, train
 from jaxlm.train.storage import missing_dirs, remove_if_empty
@@ -92,15 +92,14 @@ def cmd_prepare(args) -> None:
     print(json.dumps({"prepared_dir": data.prepared_dir, "family": manifest["family"], "splits": counts}, indent=2))
 
 
-def cmd_train(args) -> int:
+def cmd_train(args) -> None:
     config = _load(args)
     compile_cache.enable(config.train)
     final = train(config)
     if final.get("stopped"):
-        return stop_status(final["stopped"])
+        raise StoppedEarly(stop_status(final["stopped"]))
     if jax.process_index() == 0 and final.get("examples"):
         print(report(config, final))
-    return 0
 
 
 def cmd_preflight(args) -> None:
@@ -549,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         compile_cache.check_users_cache()
         with interrupts.sigterm_raises():
-            status = args.handler(args)  # None, or the status of a run stopped early
+            args.handler(args)
     except BrokenPipeError:  # the reader of our output closed it (`jaxlm tokenize ... | head`): stop as a filter does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
         return 128 + signal.SIGPIPE
@@ -560,6 +559,8 @@ def main(argv: list[str] | None = None) -> int:
     except TokenizationFailed as err:
         print(f"jaxlm {getattr(args, 'label', args.command)}: error: {err}", file=sys.stderr)
         return 1
+    except StoppedEarly as stop:  # the loop said where it stopped and what resumes it
+        return stop.status
     except TrainingStopped as err:
         print(f"jaxlm {getattr(args, 'label', args.command)}: stopped: {err}", file=sys.stderr)
         return 1
@@ -572,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv is None and interrupted_in_compilation(stop):  # the program's own process, not a caller's
             exit_before_teardown(status)
         return status
-    return status or 0
+    return 0
 
 
 def interrupted_in_compilation(stop: BaseException) -> bool:

@@ -31,6 +31,14 @@ def stop_status(reason: str) -> int:
     return 128 + signal.SIGTERM
 
 
+class StoppedEarly(Exception):
+    """A run stopped before its last step with its checkpoint saved (it has said so); `status` is its exit status."""
+
+    def __init__(self, status: int):
+        super().__init__(status)
+        self.status = status
+
+
 class TrainingStopped(RuntimeError):
     """The run stopped on a fault it cannot train through; the message says why and what to do."""
 
