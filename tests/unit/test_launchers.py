@@ -308,7 +308,10 @@ def test_ctrl_c_to_the_local_launchers_group_waits_for_the_saves(tmp_path):
                        'TERM INT\necho "$JAXLM_PROCESS_ID started" >> "$LOG"\nwhile true; do sleep 0.05; done\n')
     program.chmod(0o755)
     launcher = subprocess.Popen(["bash", "launch/local_multiprocess.sh", "2", "configs/bert-tiny.yaml"], cwd=ROOT,
-                                env=dict(os.environ, JAXLM_BIN=str(program), LOG=str(log)), start_new_session=True)
+                                env=dict(os.environ, JAXLM_BIN=str(program), LOG=str(log)), start_new_session=True,
+                                # as a terminal starts it: pytest-xdist's workers ignore SIGINT, and a shell keeps
+                                # a signal ignored at its start ignored, traps and all
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 30
     while (log.read_text().count("started") if log.exists() else 0) < 2 and time.time() < deadline:
         time.sleep(0.05)
