@@ -87,18 +87,22 @@ def check(args) -> None:
             raise ValueError(f"--env {key}: the JobSet sets {key}={ENV[key]} itself; leave it out")
         if keys.count(key) > 1:
             raise ValueError(f"--env {key} is given {keys.count(key)} times; give it once")
-    for mount in args.mount:
-        bucket, _, path = mount.partition(":")
+    for mount, (bucket, path) in zip(args.mount, mounts(args)):
         if not BUCKET.fullmatch(bucket) or not path.startswith("/") or path == "/":
             raise ValueError(f"--mount {mount!r}: give BUCKET:PATH, a Cloud Storage bucket's name and an absolute "
                              "directory in the pods, e.g. my-bucket:/mnt/data")
-    paths = [mount.partition(":")[2] for mount in args.mount]
+    paths = [path for _, path in mounts(args)]
     if len(set(paths)) < len(paths):
         raise ValueError("--mount puts two buckets at one path; give each its own")
     if args.mount and not args.service_account:
         raise ValueError("--mount needs --service-account NAME: the Kubernetes service account that may read the "
                          "bucket (GKE's Cloud Storage FUSE driver mounts it as that account)")
     check_config(args.config, args.overrides)
+
+
+def mounts(args) -> list[tuple[str, str]]:
+    """(bucket, path in the pods) of each --mount BUCKET:PATH."""
+    return [(bucket, path) for bucket, _, path in (mount.partition(":") for mount in args.mount)]
 
 
 def check_config(config: str, overrides: list[str]) -> None:
@@ -158,11 +162,10 @@ def manifest(args) -> dict:
         pod["serviceAccountName"] = args.service_account
     if args.mount:
         template["metadata"] = {"annotations": {"gke-gcsfuse/volumes": "true"}}
-        buckets = [mount.partition(":")[0] for mount in args.mount]
         pod["volumes"] = [{"name": f"bucket-{i}", "csi": {"driver": "gcsfuse.csi.storage.gke.io", "volumeAttributes": {
-            "bucketName": bucket, "mountOptions": "implicit-dirs"}}} for i, bucket in enumerate(buckets)]
-        container["volumeMounts"] = [{"name": f"bucket-{i}", "mountPath": mount.partition(":")[2]}
-                                     for i, mount in enumerate(args.mount)]
+            "bucketName": bucket, "mountOptions": "implicit-dirs"}}} for i, (bucket, _) in enumerate(mounts(args))]
+        container["volumeMounts"] = [{"name": f"bucket-{i}", "mountPath": path}
+                                     for i, (_, path) in enumerate(mounts(args))]
     job = {"parallelism": pods, "completions": pods, "backoffLimit": 0, "template": template}
     return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
             "metadata": {"name": args.name,

@@ -43,9 +43,10 @@ def family_of(config: TransformerConfig) -> families.Family:
 TASK_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering", "ForMultipleChoice")
 
 
-def config_from_hf(model_dir, **overrides) -> TransformerConfig:
-    """The config of a Hugging Face checkpoint directory (its config.json), checked; a fine-tuned one's too."""
-    hf_config = read_config(model_dir)
+def config_from_hf(model_dir, hf_config: Mapping | None = None, **overrides) -> TransformerConfig:
+    """The config of a Hugging Face checkpoint directory (its config.json, or `hf_config` as read from it),
+    checked; a fine-tuned one's too."""
+    hf_config = read_config(model_dir) if hf_config is None else hf_config
     try:
         return family_for_hf(hf_config).converter("config_from_hf")(hf_config, **overrides)
     except TypeError as err:  # a size given as null (or a list) where the converter computes with it
@@ -59,8 +60,9 @@ def from_hf(model_dir, *, scan_layers: bool = False, vocab_multiple: int = 1,
     any tensor is read. With `scan_layers` the tree has the stacked (scan) layer layout; with `vocab_multiple`
     the token tables are padded (`padded_vocab`). A fine-tuned checkpoint (a task head) is refused, naming
     `jaxlm.convert.task_heads`, which reads it."""
-    config = config_from_hf(model_dir, **overrides)
-    fine_tuned = [name for name in read_config(model_dir).get("architectures") or [] if str(name).endswith(TASK_HEADS)]
+    hf_config = read_config(model_dir)
+    config = config_from_hf(model_dir, hf_config, **overrides)
+    fine_tuned = [name for name in hf_config.get("architectures") or [] if str(name).endswith(TASK_HEADS)]
     if fine_tuned:  # its head's tensors were listed as unexpected, under names it does not have
         reader = ("read it with jaxlm.convert.task_heads.task_params_from_hf(read_tensors(dir), config_from_hf(dir), "
                   "head)" if families.get(config.family).backbone else f"jaxlm reads no fine-tuned {config.family} "
