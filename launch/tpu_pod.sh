@@ -11,9 +11,11 @@
 #   train    start `jaxlm train CONFIG` on every worker at once (--worker=all), in the background, joined by
 #            jax.distributed from the TPU VM's metadata (distributed.enabled=true)
 #   wait     until no worker runs jaxlm any more
-#   logs     copy each worker's log to logs/NAME/worker-N.log (every one that can be; exits 1 if one cannot)
+#   logs     copy each worker's log to logs/NAME/worker-N.log (every one that can be; exits 1 if one cannot); its
+#            last line says how jaxlm exited
 #   stop     SIGTERM on every worker: each saves a checkpoint at the step they agree on and exits 143
-#   run      install, train, wait, logs: the whole job; run it again after a fault and it resumes
+#   run      install, train, wait, logs: the whole job; exits 0 when every worker's jaxlm did, else with the
+#            first other status (75, 130, 143: stopped early); run it again after a fault and it resumes
 #
 # Options
 #   --tpu NAME         the TPU VM (required)         --zone ZONE      its zone (required)
@@ -89,6 +91,7 @@ where=(--zone="$zone")
 [ -n "$project" ] && where+=(--project="$project")
 remote_dir=jaxlm
 logs_dir=jaxlm-logs
+EXITED="tpu_pod.sh: jaxlm train exited "  # the last line of a worker's log, before the status
 
 run() {  # print the command (dry run) or run it
   if [ "$dry_run" = 1 ]; then quote "$@"; else "$@"; fi
@@ -151,16 +154,19 @@ train() {
   # jaxlm's distributed.enabled=auto looks for cluster variables, which a TPU VM does not set: JAX reads its workers
   # from the VM's metadata. Overrides after it win.
   command+=".venv/bin/jaxlm train $(quote "$1") distributed.enabled=true $(quote "${@:2}")"
-  # One log per worker, named by its TPU worker id (from the VM's metadata). Only jaxlm goes to the background:
-  # a backgrounded list kept ssh's output open, so that `train` returned when training ended.
+  # One log per worker, named by its TPU worker id (from the VM's metadata), ending with jaxlm's exit status. Only
+  # the sh that runs jaxlm goes to the background (a backgrounded list kept ssh's output open, so that `train`
+  # returned when training ended); it reads the command from its environment, so that `stop` signals only jaxlm.
   on_workers all "cd $remote_dir && mkdir -p ~/$logs_dir && id=\$(curl -s -H Metadata-Flavor:Google \
 http://metadata.google.internal/computeMetadata/v1/instance/attributes/agent-worker-number) \
-&& { nohup env ${command% } > ~/$logs_dir/worker-\$id.log 2>&1 < /dev/null & }"
+&& { JAXLM_WORKER_COMMAND=$(quote "env ${command% }") nohup sh -c 'eval \"\$JAXLM_WORKER_COMMAND\"; \
+echo \"$EXITED\$?\"' > ~/$logs_dir/worker-\$id.log 2>&1 < /dev/null & }"
 }
 
-# The patterns read [.]venv so that they do not match the shell that runs them.
+# The patterns read [.]venv so that they do not match the shell that runs them; `wait` waits for the sh that writes
+# jaxlm's exit status too.
 wait_for_workers() {
-  local check='while pgrep -f "[.]venv/bin/jaxlm train" > /dev/null; do sleep 30; done'
+  local check='while pgrep -f "[.]venv/bin/jaxlm train|JAXLM_WORKER_[C]OMMAND" > /dev/null; do sleep 30; done'
   on_workers all "$check"
 }
 
@@ -176,6 +182,25 @@ collect_logs() {
 above); the others are in logs/$tpu" >&2; exit 1; }
 }
 
+# The job's status from the copied logs: 0 when every worker's jaxlm exited 0, else the first other, each named.
+job_status() {
+  local count i last status first=0
+  count=$(worker_count)
+  for ((i = 0; i < count; i++)); do
+    last=$(tail -n 1 "logs/$tpu/worker-$i.log")
+    [[ $last =~ $EXITED([0-9]+)$ ]] && status=${BASH_REMATCH[1]} || status=""
+    case $status in
+      0) continue ;;
+      75|130|143) echo "tpu_pod.sh: worker $i stopped early (jaxlm exited $status): run again to resume" >&2 ;;
+      "") status=1; echo "tpu_pod.sh: error: worker $i's jaxlm ended without an exit status (killed, or its VM \
+restarted): see logs/$tpu/worker-$i.log" >&2 ;;
+      *) echo "tpu_pod.sh: error: worker $i failed (jaxlm exited $status): see logs/$tpu/worker-$i.log" >&2 ;;
+    esac
+    [ "$first" != 0 ] || first=$status
+  done
+  return "$first"
+}
+
 stop() {
   on_workers all 'pkill -TERM -f "[.]venv/bin/jaxlm train" || true'
 }
@@ -187,5 +212,5 @@ case "$action" in
   wait) wait_for_workers ;;
   logs) collect_logs ;;
   stop) stop ;;
-  run) install; train "$@"; wait_for_workers; collect_logs ;;
+  run) install; train "$@"; wait_for_workers; collect_logs; [ "$dry_run" = 1 ] || job_status ;;
 esac

@@ -50,10 +50,11 @@ def test_a_4_worker_pod_job_installs_trains_waits_and_collects_every_log():
     assert lines[2][:-1] == ssh and lines[2][-1].startswith("--command=say() {")  # run in test_a_pod_install_...
     assert lines[3][:-1] == ssh
     remote = lines[3][-1].removeprefix("--command=")
-    assert ("nohup env WANDB_MODE=offline .venv/bin/jaxlm train configs/bert-large.yaml distributed.enabled=true "
-            + RUN_DIR) in remote
+    assert ("JAXLM_WORKER_COMMAND='env WANDB_MODE=offline .venv/bin/jaxlm train configs/bert-large.yaml "
+            f"distributed.enabled=true {RUN_DIR}' nohup sh -c") in remote
     assert remote.endswith("> ~/jaxlm-logs/worker-$id.log 2>&1 < /dev/null & }")
-    assert lines[4] == [*ssh, '--command=while pgrep -f "[.]venv/bin/jaxlm train" > /dev/null; do sleep 30; done']
+    assert lines[4] == [*ssh, '--command=while pgrep -f "[.]venv/bin/jaxlm train|JAXLM_WORKER_[C]OMMAND" > /dev/null; '
+                              'do sleep 30; done']
     assert lines[5] == ["mkdir", "-p", "logs/pod-a"]
     assert lines[6:] == [[*scp, f"pod-a:jaxlm-logs/worker-{i}.log", f"logs/pod-a/worker-{i}.log", "--zone=us-east5-a",
                           "--project=my-proj", f"--worker={i}"] for i in range(4)]
@@ -76,18 +77,35 @@ def fake_programs(directory, **scripts) -> dict:
     return dict(os.environ, PATH=f"{directory}:{os.environ['PATH']}")
 
 
-def test_pod_train_returns_once_every_worker_has_started(tmp_path):
+def pids(pattern: str) -> set[int]:
+    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout
+    return set(map(int, found.split()))
+
+
+def test_pod_train_returns_once_every_worker_has_started_and_its_log_ends_with_the_status(tmp_path):
     """The whole `cd ... && nohup jaxlm ... &` list went to the background, keeping ssh's output open: `train`
-    returned only when training ended. Here the worker's command runs in a local shell, read through a pipe."""
+    returned only when training ended. Here the worker's command runs in a local shell, read through a pipe.
+    `stop`'s SIGTERM reaches jaxlm, not the shell that writes its status, which `wait` waits for."""
     (tmp_path / "jaxlm/.venv/bin").mkdir(parents=True)
-    (tmp_path / "jaxlm/.venv/bin/jaxlm").write_text("#!/bin/sh\nsleep 20\n")
+    (tmp_path / "jaxlm/.venv/bin/jaxlm").write_text(f"#!/bin/sh\ntrap 'exit 143' TERM\necho {tmp_path}\n"
+                                                    "while true; do sleep 0.1; done\n")
     (tmp_path / "jaxlm/.venv/bin/jaxlm").chmod(0o755)
-    env = fake_programs(tmp_path / "bin", curl="echo 0") | {"HOME": str(tmp_path)}
+    env = fake_programs(tmp_path / "bin", curl="echo 3") | {"HOME": str(tmp_path)}
     started = time.monotonic()
     worker = subprocess.run(f"bash -c {shlex.quote(remote_command('train', 'configs/bert-tiny.yaml'))} | cat",
                             shell=True, cwd=tmp_path, env=env, timeout=60)
+    log = tmp_path / "jaxlm-logs/worker-3.log"
     try:
         assert worker.returncode == 0 and time.monotonic() - started < 10
+        while not log.exists() or not log.read_text():
+            time.sleep(0.05)
+        (jaxlm,) = pids(f"[.]venv/bin/jaxlm train configs/bert-tiny.yaml distributed.enabled=true$")
+        (status_writer,) = pids("JAXLM_WORKER_[C]OMMAND") - pids("[.]venv/bin/jaxlm train")
+        os.kill(jaxlm, signal.SIGTERM)  # what `stop` sends
+        deadline = time.monotonic() + 30
+        while status_writer in pids("JAXLM_WORKER_[C]OMMAND") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert log.read_text() == f"{tmp_path}\ntpu_pod.sh: jaxlm train exited 143\n"
     finally:
         subprocess.run(["pkill", "-f", f"{tmp_path}/jaxlm/.venv/bin/jaxlm"], capture_output=True)
         subprocess.run(["pkill", "-f", "^/bin/sh .venv/bin/jaxlm train"], capture_output=True)
@@ -154,6 +172,58 @@ def test_pod_logs_copies_every_log_it_can(tmp_path):
         "tpu_pod.sh: error: no log copied from worker 1 (gcloud's message is above); the others are in logs/pod-a\n")
     assert [line.split()[4] for line in (tmp_path / "copied").read_text().splitlines()] == [
         "pod-a:jaxlm-logs/worker-0.log", "pod-a:jaxlm-logs/worker-2.log", "pod-a:jaxlm-logs/worker-3.log"]
+
+
+FAKE_GCLOUD = """
+import os, pathlib, shutil, subprocess, sys
+args = sys.argv[1:]
+worker = next(a for a in args if a.startswith("--worker=")).removeprefix("--worker=")
+homes = [pathlib.Path(os.environ["PODS"], f"worker-{i}") for i in range(int(os.environ["WORKERS"]))]
+homes = homes if worker == "all" else [homes[int(worker)]]
+for home in homes:
+    home.mkdir(exist_ok=True)
+if args[3] == "ssh":
+    command = next(a for a in args if a.startswith("--command=")).removeprefix("--command=")
+    for home in homes:
+        env = dict(os.environ, HOME=str(home), WORKER_ID=home.name.removeprefix("worker-"))
+        subprocess.run(["bash", "-c", command], cwd=home, env=env, check=True)
+else:  # scp SOURCE DESTINATION, where TPU:PATH is a path in each worker's home
+    source, destination = args[4:6]
+    for home in homes:
+        remote = lambda path: home / path.split(":", 1)[1] if ":" in path else pathlib.Path(path)
+        shutil.copy(remote(source), remote(destination))
+"""
+
+
+@pytest.mark.parametrize("statuses, status, message", [
+    ("0 0", 0, ""),
+    ("0 143", 143, "tpu_pod.sh: worker 1 stopped early (jaxlm exited 143): run again to resume\n"),
+    ("2 75", 2, "tpu_pod.sh: error: worker 0 failed (jaxlm exited 2): see logs/pod-a/worker-0.log\n"
+                "tpu_pod.sh: worker 1 stopped early (jaxlm exited 75): run again to resume\n"),
+    ("killed 0", 1, "tpu_pod.sh: error: worker 0's jaxlm ended without an exit status (killed, or its VM restarted): "
+                    "see logs/pod-a/worker-0.log\n"),
+])
+def test_a_pod_run_exits_with_its_workers_status(tmp_path, statuses, status, message):
+    """`run` exited 0 whatever jaxlm did on the workers: a job that failed, or stopped early, looked finished. Here
+    gcloud runs each worker's command in a directory of its own, and jaxlm exits with the status given it."""
+    (tmp_path / "gcloud").write_text(f"#!{sys.executable}\n{FAKE_GCLOUD}")
+    (tmp_path / "gcloud").chmod(0o755)
+    jaxlm = 'echo "training on $WORKER_ID"; /bin/sleep 1; eval "s=\\$STATUS_$WORKER_ID"; [ "$s" = killed ] && kill -9 $PPID; exit $s'
+    venv = f"mkdir -p .venv/bin && printf '#!/bin/sh\\n' > .venv/bin/pip && printf '%s\\n' {shlex.quote(jaxlm)} " \
+        "> .venv/bin/jaxlm && chmod +x .venv/bin/*"
+    # the processes the pattern finds in the workers' directories (test_faults' `jaxlm train` runs beside this test)
+    ours = f'for pid in $({shutil.which("pgrep")} "$@"); do case $(readlink /proc/$pid/cwd) in "$PODS"/*) exit 0 ;; ' \
+        'esac; done; exit 1'
+    env = fake_programs(tmp_path, python3=f'if [ "$1" = -m ]; then {venv}; else exec {sys.executable} "$@"; fi',
+                        curl="echo $WORKER_ID", sleep="exec /bin/sleep 0.1", pgrep=ours) | {"PODS": str(tmp_path),
+                                                                                            "WORKERS": "2"}
+    env.update({f"STATUS_{i}": s for i, s in enumerate(statuses.split())})
+    (tmp_path / "job").mkdir()
+    proc = subprocess.run(["bash", str(ROOT / "launch/tpu_pod.sh"), *POD[:-1], "2", "run", "configs/bert-tiny.yaml"],
+                          cwd=tmp_path / "job", env=env, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stderr) == (status, message)
+    logs = [(tmp_path / f"job/logs/pod-a/worker-{i}.log").read_text().splitlines() for i in range(2)]
+    assert [log[0] for log in logs] == ["training on 0", "training on 1"]
 
 
 def test_a_queued_pod_waits_until_active_and_stop_sends_sigterm():
