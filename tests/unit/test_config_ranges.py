@@ -6,6 +6,7 @@ import dataclasses
 import pathlib
 import re
 
+import numpy as np
 import pytest
 
 from jaxlm import config as config_lib
@@ -70,6 +71,17 @@ def test_model_config_validates_its_overrides(overrides, expected):
     with pytest.raises(ValueError) as refused:
         model_config("bert-tiny", **overrides)
     assert str(refused.value) == expected
+
+
+def test_model_config_takes_numpy_scalars_as_the_numbers_they_hold():
+    """A size read from an array (np.int64) was refused as "must be an int"; it is stored as the Python value, which
+    JSON and hashing take."""
+    config = model_config("bert-tiny", num_layers=np.int64(3), layer_norm_eps=np.float32(1e-6), hidden_dropout=0,
+                          tie_embeddings=np.bool_(False))
+    assert (type(config.num_layers), type(config.layer_norm_eps), type(config.hidden_dropout)) == (int, float, float)
+    assert (config.num_layers, config.tie_embeddings) == (3, False) and abs(config.layer_norm_eps - 1e-6) < 1e-12
+    with pytest.raises(ValueError, match=r"^model.num_layers=2.5 must be an int$"):
+        model_config("bert-tiny", num_layers=np.float64(2.5))
 
 
 def test_a_family_reads_only_its_kinds_of_positions():
