@@ -121,6 +121,24 @@ def test_a_stop_signal_saves_at_the_step_and_the_same_command_resumes_exactly(si
     assert losses(run_dir) == straight
 
 
+def test_the_time_limit_saves_and_exits_75_and_a_stop_at_the_last_step_ends_the_run_as_done(prepared_dir, tmp_path):
+    """train.time_limit_minutes stops a run as SIGTERM does, with EX_TEMPFAIL (75: the same command continues). A
+    stop at the run's last step once exited as a stop: no final evaluation, no report, and a status that restarts
+    a finished run."""
+    path, run_dir = config(tmp_path, prepared_dir, "run", steps=2, time_limit_minutes=1e-6), tmp_path / "run"
+    first = run_cli("train", path, check=False)
+    assert first.returncode == HANG_EXIT, first.stderr[-3000:]
+    assert "stopped at step 1 on train.time_limit_minutes=1e-06: checkpoint 1 saved" in first.stdout
+    assert committed(run_dir) == [1] and "held-out after" not in first.stdout
+
+    again = run_cli("train", path, check=False)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from step 1" in again.stdout + again.stderr and "held-out after 2 steps" in again.stdout
+    assert "stopped at step" not in again.stdout and committed(run_dir) == [1, 2]
+    evaluations = [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl") if r["split"] == "eval"]
+    assert evaluations == [0, 2] and sorted(losses(run_dir)) == [1, 2]
+
+
 def command_line(pid: str) -> bytes:
     try:
         return pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
