@@ -156,11 +156,12 @@ train() {
   command+=".venv/bin/jaxlm train $(quote "$1") distributed.enabled=true $(quote "${@:2}")"
   # One log per worker, named by its TPU worker id (from the VM's metadata), ending with jaxlm's exit status. Only
   # the sh that runs jaxlm goes to the background (a backgrounded list kept ssh's output open, so that `train`
-  # returned when training ended); it reads the command from its environment, so that `stop` signals only jaxlm.
+  # returned when training ended); it reads the command from its environment, so that `stop` signals only jaxlm,
+  # and outlives a SIGTERM to every process (its trap runs once jaxlm has ended; jaxlm starts with TERM's default).
   on_workers all "cd $remote_dir && mkdir -p ~/$logs_dir && id=\$(curl -s -H Metadata-Flavor:Google \
 http://metadata.google.internal/computeMetadata/v1/instance/attributes/agent-worker-number) \
-&& { JAXLM_WORKER_COMMAND=$(quote "env ${command% }") nohup sh -c 'eval \"\$JAXLM_WORKER_COMMAND\"; \
-echo \"$EXITED\$?\"' > ~/$logs_dir/worker-\$id.log 2>&1 < /dev/null & }"
+&& { JAXLM_WORKER_COMMAND=$(quote "env ${command% }") nohup sh -c 'trap : TERM; \
+eval \"\$JAXLM_WORKER_COMMAND\"; echo \"$EXITED\$?\"' > ~/$logs_dir/worker-\$id.log 2>&1 < /dev/null & }"
 }
 
 # The patterns read [.]venv so that they do not match the shell that runs them; `wait` waits for the sh that writes

@@ -85,7 +85,8 @@ def pids(pattern: str) -> set[int]:
 def test_pod_train_returns_once_every_worker_has_started_and_its_log_ends_with_the_status(tmp_path):
     """The whole `cd ... && nohup jaxlm ... &` list went to the background, keeping ssh's output open: `train`
     returned only when training ended. Here the worker's command runs in a local shell, read through a pipe.
-    `stop`'s SIGTERM reaches jaxlm, not the shell that writes its status, which `wait` waits for."""
+    `stop`'s SIGTERM reaches jaxlm, not the shell that writes its status, which `wait` waits for and which a
+    SIGTERM of its own does not end before it has."""
     (tmp_path / "jaxlm/.venv/bin").mkdir(parents=True)
     (tmp_path / "jaxlm/.venv/bin/jaxlm").write_text(f"#!/bin/sh\ntrap 'exit 143' TERM\necho {tmp_path}\n"
                                                     "while true; do sleep 0.1; done\n")
@@ -101,6 +102,7 @@ def test_pod_train_returns_once_every_worker_has_started_and_its_log_ends_with_t
             time.sleep(0.05)
         (jaxlm,) = pids(f"[.]venv/bin/jaxlm train configs/bert-tiny.yaml distributed.enabled=true$")
         (status_writer,) = pids("JAXLM_WORKER_[C]OMMAND") - pids("[.]venv/bin/jaxlm train")
+        os.kill(status_writer, signal.SIGTERM)  # as a SIGTERM to every process does: it writes the status after
         os.kill(jaxlm, signal.SIGTERM)  # what `stop` sends
         deadline = time.monotonic() + 30
         while status_writer in pids("JAXLM_WORKER_[C]OMMAND") and time.monotonic() < deadline:
