@@ -3,11 +3,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 JAXLM := $(VENV)/bin/jaxlm
 DEMO_CONFIG ?= configs/bert-tiny.yaml
+# every config in configs/ trains in runs/NAME on data/NAME
+DEMO_NAME := $(basename $(notdir $(DEMO_CONFIG)))
 # pytest-xdist workers, a test file each, handed out in collection order (tests/integration, the slowest, first)
 # (a third on two cores only made every test slower: README, Tests)
 TEST_WORKERS ?= 2
 
-.PHONY: install demo test bench clean-demo
+.PHONY: install demo test clean-demo
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -27,7 +29,7 @@ install: $(VENV)/.installed $(VENV)/cuda-plugin/.installed
 demo: install
 	JAX_PLATFORMS=$${JAX_PLATFORMS:-cpu} $(JAXLM) prepare $(DEMO_CONFIG)
 	JAX_PLATFORMS=$${JAX_PLATFORMS:-cpu} $(JAXLM) train $(DEMO_CONFIG)
-	JAX_PLATFORMS=$${JAX_PLATFORMS:-cpu} $(JAXLM) eval runs/bert-tiny --out eval/bert-tiny
+	JAX_PLATFORMS=$${JAX_PLATFORMS:-cpu} $(JAXLM) eval runs/$(DEMO_NAME) --out eval/$(DEMO_NAME)
 
 # MALLOC_ARENA_MAX: with glibc's default arenas for XLA's many threads, tests/integration's evaluation and
 # objective files ended with a seventh more memory than with two
@@ -36,4 +38,4 @@ test: install
 		--no-loadscope-reorder tests
 
 clean-demo:
-	rm -rf runs/bert-tiny data/bert-tiny eval/bert-tiny
+	rm -rf runs/$(DEMO_NAME) data/$(DEMO_NAME) eval/$(DEMO_NAME)

@@ -25,7 +25,7 @@ from jaxlm import generate, interrupts
 from jaxlm.config import ConfigError
 from jaxlm.convert import registry, store
 from jaxlm.convert.names import flatten
-from jaxlm.corpora.models import PACKAGED_MODELS
+from jaxlm.corpora.models import PACKAGED_GGUF, PACKAGED_MODELS
 from jaxlm.corpora.text import check_writable, file_in_the_way
 from jaxlm.data.bench import bench_data, bench_split, format_data_table, median_rows
 from jaxlm.data.pipeline import check_workers, open_data
@@ -225,11 +225,15 @@ def _quiet_orbax() -> None:
     logging.set_verbosity(logging.ERROR)
 
 
+def _path_or_packaged(name: str, packaged: dict) -> pathlib.Path:
+    """The path `name`, or where nothing is there and it names a packaged model, that model's fetched files."""
+    path = pathlib.Path(name)
+    return packaged[name]() if not path.exists() and name in packaged else path
+
+
 def cmd_convert_from_hf(args) -> None:
     _quiet_orbax()
-    source = pathlib.Path(args.hf_dir)
-    if not source.exists() and args.hf_dir in PACKAGED_MODELS:
-        source = PACKAGED_MODELS[args.hf_dir]()
+    source = _path_or_packaged(args.hf_dir, PACKAGED_MODELS)
     out = store.check_output(args.out, args.overwrite, source)
     config, params = registry.from_hf(source, scan_layers=args.scan_layers, vocab_multiple=args.vocab_multiple,
                                       dtype=args.dtype)
@@ -240,7 +244,7 @@ def cmd_convert_from_hf(args) -> None:
 
 def cmd_convert_from_gguf(args) -> None:
     _quiet_orbax()
-    source = pathlib.Path(args.gguf)
+    source = _path_or_packaged(args.gguf, PACKAGED_GGUF)
     out = store.check_output(args.out, args.overwrite, source)
     config, params, tokenizer_files = registry.from_gguf(source, scan_layers=args.scan_layers,
                                                          vocab_multiple=args.vocab_multiple, dtype=args.dtype)
@@ -421,7 +425,7 @@ def parser() -> argparse.ArgumentParser:
              "directory with config.json and model.safetensors (or pytorch_model.bin), or all-MiniLM-L6-v2 "
              "(fetched)"),
             ("from-gguf", cmd_convert_from_gguf, "a llama.cpp GGUF file -> a jaxlm checkpoint", "gguf",
-             "a Llama-architecture .gguf file")):
+             "a Llama-architecture .gguf file, or SmolLM2-135M-Instruct (fetched)")):
         sub = conversion(name, handler, text, source, source_help)
         sub.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                          help="compute dtype recorded in the model config (parameters stay float32)")
@@ -462,7 +466,7 @@ def parser() -> argparse.ArgumentParser:
     gen.set_defaults(handler=cmd_generate)
 
     text = ("evaluate checkpoints of runs and converted models: held-out metrics, perplexity of a text file, "
-            "BIG-bench multiple choice; one row per run and step")
+            "multiple choice, a fine-tuning task's downstream metrics; one row per run and step")
     ev = commands.add_parser("eval", help=text, description=text)
     ev.add_argument("inputs", nargs="+", metavar="RUN_OR_CKPT",
                     help="run directories, checkpoints/<step> directories or converted checkpoints; then "
@@ -471,7 +475,8 @@ def parser() -> argparse.ArgumentParser:
     ev.add_argument("--select", default="all", help="all, latest, every:N or steps:A,B,... (default all)")
     ev.add_argument("--tasks", action="append", metavar="TASKS",
                     help="comma-separated: heldout, ppl:FILE, choice:FILE.json[@K] or choice:NAME[@K] "
-                         "(arc_easy, openbookqa, ...) (default heldout)")
+                         "(arc_easy, openbookqa, ...), finetune:CONFIG (a finetune config's task, fine-tuned "
+                         "from each checkpoint) (default heldout)")
     ev.add_argument("--out", default="eval", help="output directory, never inside a run (default eval/)")
     ev.add_argument("--watch", action="store_true", help="keep evaluating new checkpoints until the run's final step")
     ev.add_argument("--idle-timeout", type=float, default=1800.0,

@@ -102,6 +102,9 @@ def wnut16_path() -> pathlib.Path:
 # packaged model name -> its fetched Hugging Face directory (`jaxlm convert from-hf NAME OUT`)
 PACKAGED_MODELS: dict[str, Callable[[], pathlib.Path]] = {"all-MiniLM-L6-v2": minilm_dir}
 
+# packaged model name -> its fetched GGUF file (`jaxlm convert from-gguf NAME OUT`)
+PACKAGED_GGUF: dict[str, Callable[[], pathlib.Path]] = {"SmolLM2-135M-Instruct": smollm2_gguf_path}
+
 # packaged tokenizer name -> the fetched file or directory it stands for
 PACKAGED_TOKENIZERS: dict[str, Callable[[], pathlib.Path]] = {
     "bert-base-uncased": bert_vocab_path,

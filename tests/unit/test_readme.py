@@ -43,3 +43,15 @@ def test_readme_names_every_model_preset_and_its_config():
     configs = readme.split("Configs in `configs/`: ", 1)[1].split("; a config may", 1)[0]
     assert set(PRESETS) <= set(re.findall(r"`([\w.-]+)`", configs))
     assert all((ROOT / "configs" / f"{name}.yaml").is_file() for name in PRESETS)
+
+
+def test_each_config_trains_in_runs_and_data_named_as_its_file():
+    """`make demo DEMO_CONFIG=configs/NAME.yaml` evaluates runs/NAME, and `make clean-demo` removes it with data/NAME
+    (the demo's evaluation once named runs/bert-tiny whatever the config)."""
+    from jaxlm import config as config_lib
+    for path in sorted((ROOT / "configs").glob("*.yaml")):
+        config = config_lib.load(str(path), [])
+        assert (config.train.run_dir, config.data.prepared_dir) == (f"runs/{path.stem}", f"data/{path.stem}"), path
+    makefile = (ROOT / "Makefile").read_text()
+    assert "eval runs/$(DEMO_NAME) --out eval/$(DEMO_NAME)" in makefile
+    assert "rm -rf runs/$(DEMO_NAME) data/$(DEMO_NAME) eval/$(DEMO_NAME)" in makefile
