@@ -476,6 +476,8 @@ def validate_run(config: RunConfig) -> None:
         raise ConfigError(f"train.dropout_rng={train.dropout_rng!r}; choose one of {', '.join(DROPOUT_RNGS)}")
     if not train.run_dir.strip():
         raise ConfigError("train.run_dir is empty; name the run's directory (its checkpoints, metrics and logs)")
+    if train.seed < 0:  # NumPy's generators, which shuffle a fine-tune's rows, take no negative seed
+        raise ConfigError(f"train.seed={train.seed} must be 0 or more")
     if train.time_limit_minutes < 0:
         raise ConfigError(f"train.time_limit_minutes={train.time_limit_minutes:g} must be 0 (no limit) or more")
     if not train.compile_cache.strip():

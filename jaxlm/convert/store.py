@@ -19,7 +19,7 @@ import safetensors.numpy
 from jaxlm import config as config_lib
 from jaxlm import families, interrupts
 from jaxlm.convert import registry
-from jaxlm.corpora.text import check_writable, utf8_text
+from jaxlm.corpora.text import check_writable, file_in_the_way, utf8_text
 from jaxlm.data.sources import resolve_vocab
 from jaxlm.data.tokenizers.load import NAME_IN_A_DIRECTORY, load_tokenizer
 from jaxlm.data.tokenizers.roles import special_ids
@@ -75,8 +75,9 @@ def check_output(out, overwrite: bool, source=None, kept_out_of=None) -> pathlib
     if kept_out_of is not None and pathlib.Path(kept_out_of).resolve() in (target, *target.parents):
         raise ValueError(f"output {out} lies in {kept_out_of}, where Orbax keeps the checkpoints; choose an "
                          "output directory outside it")
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"{out} exists and is not a directory; choose another output directory")
+    if (blocked := file_in_the_way(out)) is not None:  # before the conversion, not when its output is moved there
+        raise FileExistsError(f"{blocked} is a file where a directory is needed for the output {out}; choose "
+                              "another output directory")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(f"{out} exists and is not empty; pass --overwrite to replace it, "
                               "or choose another output directory")

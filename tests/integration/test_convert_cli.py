@@ -327,6 +327,19 @@ def test_existing_output_is_refused_and_untouched(tmp_path, capsys, converted):
     assert not (out / "keep.txt").exists() and store.load_checkpoint(out)[0].family == "gpt2"
 
 
+def test_an_output_under_a_file_is_refused_before_converting(tmp_path, capsys, converted, monkeypatch):
+    """The file in the way was found only when the converted output moved there, after the whole conversion."""
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    monkeypatch.setattr(registry, "from_hf", lambda *_, **__: pytest.fail("converted before refusing the output"))
+    monkeypatch.setattr(store, "load_checkpoint", lambda *_: pytest.fail("loaded before refusing the output"))
+    for args in (("from-hf", converted["gpt2"][1]), ("to-hf", converted["gpt2"][2])):
+        code, _, err = cli(capsys, "convert", *args, afile / "sub" / "out")
+        assert_one_error(code, err, f"convert {args[0]}", f"{afile} is a file where a directory is needed for the "
+                         f"output {afile / 'sub' / 'out'}")
+    assert afile.read_text() == "mine"
+
+
 def test_to_hf_on_something_that_is_not_a_jaxlm_checkpoint(tmp_path, capsys, converted):
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -125,6 +125,7 @@ SHARE_CASES = [(name, value, f"data.{name}={value:g} must lie in {INTERVALS[name
     ("train.keep_checkpoints", 0, "train.keep_checkpoints must be positive, got 0"),
     ("train.eval_batches", -1, "train.eval_batches must be 0 (no held-out evaluation) or more, got -1"),
     ("train.time_limit_minutes", -1, "train.time_limit_minutes=-1 must be 0 (no limit) or more"),
+    ("train.seed", -1, "train.seed=-1 must be 0 or more"),  # a fine-tune once compiled and trained, then failed
     ("train.run_dir", None, "train.run_dir is empty"),  # `train.run_dir=` once trained into a directory 'None'
     ("data.corpus", None, "data.corpus is empty"),
     *(("data.prepared_dir", value, "data.prepared_dir is empty; name the directory") for value in ("", None)),
