@@ -12,7 +12,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxlm import families
-from jaxlm.corpora.text import check_file, utf8_lines
+from jaxlm.corpora.text import check_file, check_plain_text, utf8_lines
 from jaxlm.errors import first_line
 from jaxlm.convert.store import checkpoint_config, load_checkpoint
 from jaxlm.models.config import check_ids, check_special_ids
@@ -97,6 +97,10 @@ def check_sampling(temperature: float, top_k: int, top_p: float, num_beams: int 
         raise ValueError(f"num_beams={num_beams} must be >= 1")
     if num_beams > 1 and temperature > 0:
         raise ValueError("beam search is deterministic here: pass temperature=0 with num_beams > 1")
+    if temperature == 0 and (top_k or top_p < 1):
+        raise ValueError(f"top_k={top_k} and top_p={top_p:g} narrow the tokens a sample is drawn from, and "
+                         "temperature=0 draws none (greedy, or beam search): give a temperature above 0 to sample, "
+                         "or leave top_k and top_p out")
 
 
 # ---------------------------------------------------------------- decoding loops
@@ -467,6 +471,7 @@ def read_prompts(path) -> list[str]:
     """The non-blank lines of a prompt file."""
     path = pathlib.Path(path)
     check_file(path, "prompt file", "give a text file, one prompt per line")
+    check_plain_text(path, "prompt file")
     prompts = [line for line in utf8_lines(path) if line.strip()]
     if not prompts:
         raise ValueError(f"{path} holds no prompts (one per line)")

@@ -17,7 +17,7 @@ import numpy as np
 
 from jaxlm.corpora.choice_tasks import NAMES as CHOICE_TASKS
 from jaxlm.corpora.choice_tasks import choice_task
-from jaxlm.corpora.text import check_characters, check_file, utf8_lines, utf8_text
+from jaxlm.corpora.text import check_characters, check_file, check_plain_text, utf8_lines, utf8_text
 from jaxlm.eval.scoring import Item
 
 # BIG-bench's own defaults for JSON tasks (bigbench/api/json_task.py).
@@ -69,9 +69,15 @@ def parse_task(spec: str) -> Task:
         match = None if pathlib.Path(rest).is_file() else re.fullmatch(r"(.+)@([^@/]*)", rest)
         if match:
             if not match.group(2).isdecimal():
-                raise ValueError(f"{spec}: the shots after @ must be a number, e.g. choice:{match.group(1)}@3")
+                raise ValueError(f"{spec}: the shots after @ must be a whole number of 0 or more, e.g. "
+                                 f"choice:{match.group(1)}@3")
             file, shots = match.group(1), int(match.group(2))
-        path = choice_task(file) if file in CHOICE_TASKS and not pathlib.Path(file).exists() else pathlib.Path(file)
+        if not pathlib.Path(file).exists() and (file in CHOICE_TASKS or not pathlib.Path(file).suffix):
+            if file not in CHOICE_TASKS:  # a misspelt name: no file, and no suffix a task file would have
+                raise ValueError(f"choice:{file}: no such file or named task; the named tasks are "
+                                 f"{', '.join(CHOICE_TASKS)}, or give a BIG-bench task.json")
+            file = choice_task(file)
+        path = pathlib.Path(file)
         path = readable_again(path)
         task = load_choice_task(path)
         if shots and len(task.examples) < shots + 1:
@@ -116,6 +122,7 @@ def parse_tasks(specs: Sequence[str]) -> list[Task]:
 def read_lines(path: pathlib.Path) -> list[str]:
     """The non-blank lines of a text file."""
     check_file(path, "ppl: file", "give a text file with one sequence per line")
+    check_plain_text(path, "ppl: file")
     lines = [line for line in utf8_lines(path) if line.strip()]
     if not lines:
         raise ValueError(f"ppl:{path} holds no text; give one sequence per line")

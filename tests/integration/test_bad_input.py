@@ -543,7 +543,8 @@ def test_tokenize_prints_nothing_of_a_file_with_a_bad_line_and_utf16_is_named(tm
 
 
 def test_line_readers_refuse_json_lines_and_tokenizer_train_checks_before_it_reads(tmp_path, capsys):
-    """tokenizer train learnt a vocabulary of JSON syntax from a .jsonl file and embed embedded whole records;
+    """tokenizer train learnt a vocabulary of JSON syntax from a .jsonl file, embed embedded whole records and
+    generate continued them;
     --vocab-size 0 and a file that is not UTF-8 were found after the whole corpus was read; embed --input
     /dev/stdin wrote /dev/stdin.npy."""
     from jaxlm.cli import main
@@ -558,6 +559,7 @@ def test_line_readers_refuse_json_lines_and_tokenizer_train_checks_before_it_rea
             (["tokenizer", "train", "--input", str(records), "--vocab-size", "100", "--output", vocab],
              f"--input {records} is JSON Lines, and this reads plain text, one sentence per line"),
             (["embed", "model", "--input", str(records)], f"input file {records} is JSON Lines"),
+            (["generate", "model", "--input", str(records)], f"prompt file {records} is JSON Lines"),
             (["tokenizer", "train", "--input", str(good), "--vocab-size", "0", "--output", vocab],
              "--vocab-size 0 is too small: its 5 special tokens alone need as many"),
             (["tokenizer", "train", "--input", str(good), str(latin), "--vocab-size", "100", "--output", vocab],

@@ -32,11 +32,20 @@ def test_task_specs(tmp_path, arithmetic_task):
     # a folder was "no such file", and shots that are not a number a file named with them
     with pytest.raises(IsADirectoryError, match=rf"^ppl: file {tmp_path} is a directory; give a text file"):
         tasks.parse_task(f"ppl:{tmp_path}")
-    with pytest.raises(ValueError, match=r"^choice:arc_easy@x: the shots after @ must be a number, e.g. "
-                                         r"choice:arc_easy@3$"):
-        tasks.parse_task("choice:arc_easy@x")
-    with pytest.raises(ValueError, match=r"^choice:arc_easy@²: the shots after @ must be a number"):  # int()'s
+    for shots in ("x", "-1"):
+        with pytest.raises(ValueError, match=rf"^choice:arc_easy@{shots}: the shots after @ must be a whole number "
+                                             r"of 0 or more, e.g. choice:arc_easy@3$"):
+            tasks.parse_task(f"choice:arc_easy@{shots}")
+    with pytest.raises(ValueError, match=r"^choice:arc_easy@²: the shots after @ must be a whole number"):  # int()'s
         tasks.parse_task("choice:arc_easy@²")  # "invalid literal for int() with base 10: '²'"
+    # a misspelt name was "file arc_eazy does not exist; give a BIG-bench JSON task", naming none of the tasks
+    with pytest.raises(ValueError, match=r"^choice:arc_eazy: no such file or named task; the named tasks are "
+                                         r"arc_easy, .*, or give a BIG-bench task.json$"):
+        tasks.parse_task("choice:arc_eazy@1")
+    # JSON Lines read as text: its syntax was scored as the text's perplexity
+    (records := tmp_path / "records.jsonl").write_text('{"text": "one line"}\n')
+    with pytest.raises(ValueError, match=r"^ppl: file .*records.jsonl is JSON Lines, and this reads plain text"):
+        tasks.parse_task(f"ppl:{records}")
 
 
 @pytest.mark.parametrize("content, message", [

@@ -71,6 +71,16 @@ def test_a_tiny_temperature_samples_the_best_token_and_one_float32_cannot_hold_i
             check_sampling(temperature, 0, 1.0)
 
 
+@pytest.mark.parametrize("top_k, top_p, num_beams", [(0, 0.5, 1), (5, 1.0, 1), (5, 1.0, 2)])
+def test_top_k_or_top_p_without_a_temperature_is_refused(top_k, top_p, num_beams):
+    """Greedy decoding and beam search draw nothing: the filters were ignored without a word."""
+    from jaxlm.generate import check_sampling
+    with pytest.raises(ValueError, match=rf"^top_k={top_k} and top_p={top_p:g} narrow the tokens a sample is drawn "
+                                         r"from, and temperature=0 draws none .*: give a temperature above 0"):
+        check_sampling(0.0, top_k, top_p, num_beams)
+    check_sampling(0.7, top_k, top_p)
+
+
 def test_a_count_of_new_tokens_beyond_int32_is_refused_before_any_compute():
     """Rotary positions have no table to bound it: 3e9 was JAX's OverflowError traceback."""
     model, params = tiny_decoder()
