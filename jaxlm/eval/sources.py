@@ -218,13 +218,15 @@ def source_tokenizer(source: Source):
 
 
 def check_out(out: pathlib.Path, sources: list[Source]) -> None:
-    """Refuse an output directory inside (or equal to) a source's run or checkpoint directory, or where nothing can
-    be written."""
+    """Refuse an output directory inside (or equal to) a source's run or checkpoint directory or another run's, or
+    where nothing can be written."""
     target = out.resolve()
+    runs = [p for p in (target, *target.parents) if (p / "checkpoints").is_dir() and (p / "config.json").is_file()]
     for source in sources:
-        for guarded in filter(None, (source.run_dir, source.directory, source.path)):
-            guarded = guarded.resolve()
-            if target == guarded or guarded in target.parents:
-                raise ValueError(f"--out {out} lies inside {guarded}; the evaluator never writes into a run or "
-                                 "checkpoint directory: choose an --out outside it (default: eval/)")
+        runs += filter(None, (source.run_dir, source.directory, source.path))
+    for guarded in runs:  # the sources, and any other run (whose curves.png the evaluation's would replace)
+        guarded = guarded.resolve()
+        if target == guarded or guarded in target.parents:
+            raise ValueError(f"--out {out} lies inside {guarded}; the evaluator never writes into a run or "
+                             "checkpoint directory: choose an --out outside it (default: eval/)")
     check_writable(out, f"--out {out}")

@@ -183,6 +183,7 @@ def bad_cases(run_dir, tmp_path, minilm):
     no_tokens.write_text("\x01\x03\n\x02\n")  # lines WordPiece keeps no token of: their perplexity was 1.0
     empty_choice = tmp_path / "empty_choice.json"  # scored 0, the highest log-likelihood, "" was always chosen
     empty_choice.write_text(json.dumps({"examples": [{"input": "Is it?", "target_scores": {"": 1, "no": 0}}]}))
+    another_run = shutil.copytree(run_dir, tmp_path / "another", ignore=shutil.ignore_patterns("compile-cache"))
     too_long = tmp_path / "long_choice.json"  # refused once the heldout step had compiled and --out was made
     too_long.write_text(json.dumps({"examples": [{"input": "Is it?", "target_scores": {"yes " * 100: 1, "no": 0}}]}))
     return {
@@ -199,6 +200,8 @@ def bad_cases(run_dir, tmp_path, minilm):
         "shape-changing override": ([run_dir, "model.hidden_size=32"],
                                     ["change the parameters' shapes", "['encoder']"]),
         "out inside the run": ([run_dir, "--out", run_dir / "eval"], ["lies inside", "never writes into a run"]),
+        # another run's curves.png was replaced and results written among its files
+        "out in another run": ([run_dir, "--out", another_run], [f"lies inside {another_run}", "never writes into"]),
         "out where nothing can be written": ([run_dir, "--out", "/sys/eval"],
                                              ["--out /sys/eval: cannot write in /sys"]),
         "bad selection": ([run_dir, "--select", "every:0"], ["--select 'every:0'", "every:N"]),
@@ -218,7 +221,7 @@ def bad_cases(run_dir, tmp_path, minilm):
 
 CASE_NAMES = ["no checkpoint", "selection matches none", "a selected step missing", "unknown task",
               "not BIG-bench JSON", "no way to score", "heldout of a converted checkpoint", "shape-changing override",
-              "out inside the run", "out where nothing can be written", "bad selection", "lines without a token",
+              "out inside the run", "out in another run", "out where nothing can be written", "bad selection", "lines without a token",
               "a choice without a token", "a choice longer than the model reads", "an encoder input nothing reads"]
 
 
