@@ -52,9 +52,13 @@ def _load(args) -> config_lib.RunConfig:
 
 
 def _loaded(args, path, overrides) -> config_lib.RunConfig:
-    """The config, with a note on stderr for each data setting given that its family's objective ignores, and
-    for a masked LM's slots that cap its mask rate."""
+    """The pretraining config, with a note on stderr for each data setting given that its family's objective ignores,
+    and for a masked LM's slots that cap its mask rate."""
     config = config_lib.load(path, overrides)
+    if config.finetune.task:  # its pretraining sections (the defaults) would have been prepared, trained, timed
+        raise ConfigError(f"{path} is a fine-tuning config (finetune.task={config.finetune.task}), and `jaxlm "
+                          f"{getattr(args, 'label', args.command)}` takes a pretraining config (configs/*.yaml); "
+                          "give it to `jaxlm finetune`, which reads its labelled files itself")
     for note in config_lib.unread_settings(path, overrides, config) + config_lib.capped_masking(config):
         print(f"jaxlm {getattr(args, 'label', args.command)}: note: {note}", file=sys.stderr)
     return config

@@ -140,9 +140,14 @@ def test_missing_config_file(tmp_path):
                            "(e.g. configs/bert-tiny.yaml)"),
     (["finetune", "configs/bert-tiny.yaml"], "configs/bert-tiny.yaml has no finetune.task: it is not a fine-tuning "
                                              "config (those are in configs/finetune/); set finetune.task to one of "),
+    *(([*command, "configs/finetune/polarity-bert-tiny.yaml"],
+       "configs/finetune/polarity-bert-tiny.yaml is a fine-tuning config (finetune.task=sequence_classification), "
+       f"and `jaxlm {command[0]}` takes a pretraining config (configs/*.yaml); give it to `jaxlm finetune`")
+      for command in (["prepare"], ["train"], ["preflight"], ["bench"], ["compile"])),
 ])
 def test_a_config_of_the_wrong_kind_is_named_for_what_it_is(argv, expected, capsys, monkeypatch):
-    """A folder was said not to exist, and a pretraining config given to finetune was "finetune.task=None"."""
+    """A folder was said not to exist, a pretraining config given to finetune was "finetune.task=None", and a
+    fine-tuning config given to prepare prepared, and to train trained, the pretraining sections' defaults."""
     from jaxlm.cli import main  # in this process: the config is refused before any device is used
 
     monkeypatch.chdir(ROOT)
