@@ -17,6 +17,7 @@ from jaxlm.data.sources import tfds_dir
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
 FIRST_N = re.compile(r"(.+)\[:(\d+)\]")  # a spec's `[:N]` suffix: its first N records
+SLICE = re.compile(r"(.+)\[([^\[\]]*)\]")  # any other slice, which only TFDS's specs take
 
 
 def spec_file(spec: str) -> pathlib.Path | None:
@@ -41,6 +42,10 @@ def read_records(spec: str, roles: dict[str, str], required: tuple[str, ...], wh
         if first == 0:
             raise ValueError(f"{where}{spec} keeps no records; give [:N] with N of 1 or more")
         return read_records(match.group(1), roles, required, where.removesuffix(": "), tfds_data_dir)[:first]
+    other_slice = SLICE.fullmatch(spec)
+    if other_slice and not spec.startswith("tfds:") and not pathlib.Path(spec).exists():
+        raise ValueError(f"{where}{spec}: the slice [{other_slice.group(2)}] is not one this reads; [:N] keeps the "
+                         f"first N records (e.g. {other_slice.group(1)}[:100])")
     if spec.startswith("tfds:"):
         records = [_roles(raw, roles, required, f"{where}{spec} example {i + 1}")
                    for i, raw in enumerate(_tfds_records(spec, where, tfds_data_dir))]

@@ -82,6 +82,21 @@ def test_a_slice_that_keeps_nothing_is_named():
         read_records("polarity:train[:0]", ROLES, ("text", "label"), "finetune.train")
 
 
+@pytest.mark.parametrize("spec, taken", [("polarity:test[5:2]", "5:2"), ("polarity:train[:-3]", ":-3"),
+                                         ("polarity:dev[2:]", "2:")])
+def test_a_slice_other_than_the_first_n_is_named(spec, taken, tmp_path):
+    """It was "the polarity dataset has splits train, dev, test; write polarity:train", whatever the split; a file
+    whose name ends in brackets is read as it is."""
+    with pytest.raises(ValueError, match=re.escape(f"finetune.test: {spec}: the slice [{taken}] is not one this "
+                                                   f"reads; [:N] keeps the first N records (e.g. {spec.split('[')[0]}"
+                                                   "[:100])")):
+        read_records(spec, ROLES, ("text", "label"), "finetune.test")
+    bracketed = tmp_path / "rows[1]"
+    bracketed.write_text('{"text": "a fine film", "label": "pos"}\n')
+    with pytest.raises(ValueError, match=r"rows\[1\]: unknown format ''"):  # the file, not a slice of it
+        read_records(str(bracketed), ROLES, ("text", "label"))
+
+
 def test_words_and_choices_are_texts_and_a_label_list_needs_its_field(tmp_path):
     """A null label once became the class "None", a list the class "['x']"; words of numbers a traceback in the
     tagger's alignment; records without labels a KeyError while the label list was read."""
