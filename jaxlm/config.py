@@ -252,12 +252,23 @@ def _text(value) -> str:
 
 def section(cls, values: dict, name: str):
     """One section's dataclass from a mapping, each value checked against its default's type."""
-    valid = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - set(valid))
+    refuse_unknown_keys(cls, values, name)
+    return cls(**typed_values(cls(), values, name))
+
+
+def refuse_unknown_keys(cls, keys, name: str) -> None:
+    """ConfigError naming the keys the section `name` (of dataclass `cls`) does not have, and those it has."""
+    valid = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(keys) - set(valid))
     if unknown:
         raise ConfigError(f"unknown key(s) {', '.join(name + '.' + k for k in unknown)}; "
                           f"valid keys in {name}: {', '.join(valid)}")
-    return cls(**typed_values(cls(), values, name))
+
+
+def refuse_unknown_sections(names) -> None:
+    unknown = sorted(set(names) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"unknown section(s) {unknown}; valid sections: {', '.join(SECTIONS)}")
 
 
 def typed_values(defaults, values: dict, name: str) -> dict:
@@ -292,9 +303,7 @@ def typed_values(defaults, values: dict, name: str) -> dict:
 
 
 def from_dict(tree: dict) -> RunConfig:
-    unknown = sorted(set(tree) - set(SECTIONS))
-    if unknown:
-        raise ConfigError(f"unknown section(s) {unknown}; valid sections: {', '.join(SECTIONS)}")
+    refuse_unknown_sections(tree)
     scalar = next((name for name, values in tree.items() if values is not None and not isinstance(values, dict)), None)
     if scalar:
         raise ConfigError(f"section {scalar} must be a mapping of its keys to values (key: value, one per line "
@@ -380,8 +389,14 @@ def unread_settings(path: str | pathlib.Path, overrides: list[str], config: RunC
 
 
 def refuse_unread_sections(overrides: list[str], reads: tuple[str, ...]) -> None:
-    """ConfigError for an override of a section outside `reads`, those the command reads: it would change nothing."""
-    unread = [section for section in parse_overrides(list(overrides)) if section not in reads]
+    """ConfigError for an override of an unknown section or key, or of a section outside `reads`, those the command
+    reads: it would change nothing."""
+    given = parse_overrides(list(overrides))
+    refuse_unknown_sections(given)
+    for name, values in given.items():
+        if name in SECTION_TYPES and isinstance(values, dict):
+            refuse_unknown_keys(SECTION_TYPES[name], values, name)
+    unread = [section for section in given if section not in reads]
     if unread:
         raise ConfigError(f"the {unread[0]}.* overrides change nothing: this command reads only the "
                           f"{', '.join(reads)} settings; remove them")

@@ -220,6 +220,23 @@ def test_predict_and_eval_refuse_overrides_they_do_not_read():
         sweep.plan(["no-run"], ["heldout"], overrides=["optim.peak_lr=1"])
 
 
+def test_predict_and_eval_name_a_misspelt_section_or_key_as_unknown():
+    """A misspelt finetune key was "what the checkpoint was fine-tuned with", a misspelt section's overrides "change
+    nothing"."""
+    from jaxlm.eval import sweep
+
+    cases = {"finetune.max_lenght=5": r"^unknown key\(s\) finetune.max_lenght; valid keys in finetune: task, ",
+             "modle.dtype=bfloat16": r"^unknown section\(s\) \['modle'\]; valid sections: model, data, ",
+             "data.max_seq_lenght=3": r"^unknown key\(s\) data.max_seq_lenght; valid keys in data: corpus, "}
+    for override, said in cases.items():
+        with pytest.raises(ConfigError, match=said):
+            predict("no-run", "polarity:test", "out.jsonl", overrides=[override])
+    with pytest.raises(ConfigError, match=r"^unknown section\(s\) \['trian'\]; valid sections: "):
+        sweep.plan(["no-run"], ["heldout"], overrides=["trian.global_batch=8"])
+    with pytest.raises(ConfigError, match=r"^unknown key\(s\) train.global_bach; valid keys in train: "):
+        sweep.plan(["no-run"], ["heldout"], overrides=["train.global_bach=8"])
+
+
 def test_predict_refuses_to_write_over_its_input(tmp_path):
     """`--output` naming the `--input` file, with --overwrite, once replaced the records with their predictions."""
     records = tmp_path / "records.jsonl"
