@@ -232,7 +232,11 @@ def _quiet_orbax() -> None:
 def _path_or_packaged(name: str, packaged: dict) -> pathlib.Path:
     """The path `name`, or where nothing is there and it names a packaged model, that model's fetched files."""
     path = pathlib.Path(name)
-    return packaged[name]() if not path.exists() and name in packaged else path
+    if path.exists() or path.is_symlink():
+        return path
+    if name not in packaged:
+        raise FileNotFoundError(f"{name}: no such file or directory, nor a packaged model ({', '.join(packaged)})")
+    return packaged[name]()
 
 
 def cmd_convert_from_hf(args) -> None:

@@ -154,6 +154,9 @@ def eos_id(config: Mapping, default=None):
 
 def read_config(model_dir) -> dict:
     path = pathlib.Path(model_dir) / "config.json"
+    if pathlib.Path(model_dir).is_file():
+        raise NotADirectoryError(f"{model_dir} is a file; give the model's directory, which holds config.json and "
+                                 "its weights")
     if not path.is_file():
         raise FileNotFoundError(f"no Hugging Face config.json at {path}")
     config = read_json(path)

@@ -459,7 +459,24 @@ def test_embed_refuses_decoders_missing_input_and_blank_lines(tmp_path, capsys, 
 def test_real_cli_process_reports_errors_on_one_line(tmp_path):
     proc = run_cli("convert", "from-hf", tmp_path / "nothing", tmp_path / "out", devices=1, check=False)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
-        f"jaxlm convert from-hf: error: no Hugging Face config.json at {tmp_path / 'nothing' / 'config.json'}"]
+        f"jaxlm convert from-hf: error: {tmp_path / 'nothing'}: no such file or directory, nor a packaged model "
+        "(all-MiniLM-L6-v2)"]
+
+
+def test_a_source_that_is_a_file_or_a_misspelt_packaged_name_is_named_as_such(tmp_path, capsys):
+    """A misspelt packaged name was "no Hugging Face config.json at all-MiniLM-L6-v3/config.json", naming none of
+    them; a weights file "no config.json at model.safetensors/config.json"."""
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"")
+    for command, source, said in (
+            ("from-hf", "all-MiniLM-L6-v3", "all-MiniLM-L6-v3: no such file or directory, nor a packaged model "
+                                            "(all-MiniLM-L6-v2)"),
+            ("from-gguf", "smollm2-135M", "smollm2-135M: no such file or directory, nor a packaged model "
+                                          "(SmolLM2-135M-Instruct)"),
+            ("from-hf", weights, f"{weights} is a file; give the model's directory, which holds config.json")):
+        code, _, err = cli(capsys, "convert", command, source, tmp_path / "out")
+        assert_one_error(code, err, f"convert {command}", said)
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("option, value, expected", [
