@@ -65,8 +65,9 @@ class CheckpointTokenizer:
 # ---------------------------------------------------------------- writing without losing anything
 
 def check_output(out, overwrite: bool, source=None, kept_out_of=None) -> pathlib.Path:
-    """`out` as a path, after refusing a file, a non-empty directory unless `overwrite`, the `source` being
-    converted or a directory holding it, and any place inside `kept_out_of` (the checkpoints of a run)."""
+    """`out` as a path, after refusing a file, a run's directory, a non-empty directory unless `overwrite`, the
+    `source` being converted or a directory holding it, and any place inside `kept_out_of` (the checkpoints of a
+    run)."""
     out = pathlib.Path(out)
     target = out.resolve()
     source_path = None if source is None else pathlib.Path(source).resolve()
@@ -78,6 +79,9 @@ def check_output(out, overwrite: bool, source=None, kept_out_of=None) -> pathlib
     if (blocked := file_in_the_way(out)) is not None:  # before the conversion, not when its output is moved there
         raise FileExistsError(f"{blocked} is a file where a directory is needed for the output {out}; choose "
                               "another output directory")
+    if (out / "checkpoints").is_dir():  # --overwrite once deleted a whole training run
+        raise FileExistsError(f"{out} is a run's directory (it holds checkpoints/), which no output replaces, with "
+                              "--overwrite or without; choose another output directory")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(f"{out} exists and is not empty; pass --overwrite to replace it, "
                               "or choose another output directory")

@@ -66,9 +66,17 @@ def check_task(source: Source, task: Task, first_step: int | None, encoder_input
         if not source.is_run:
             raise ValueError(f"heldout needs a training run's data and objective; {source.path} is a converted "
                              "checkpoint (use ppl:FILE or choice:FILE.json)")
-        if not pathlib.Path(source.config.data.prepared_dir).is_dir():
-            raise ValueError(f"heldout: {source.path} was trained on {source.config.data.prepared_dir}, which is not "
-                             "here; pass data.prepared_dir=DIR (the prepared data of that run)")
+        if source.config.finetune.task:
+            raise ValueError(f"heldout needs a pretraining run's data and objective; {source.path} is fine-tuned for "
+                             f"{source.config.finetune.task} (its summary.json holds its dev and test metrics; "
+                             "`jaxlm predict` predicts with it)")
+        prepared_dir = source.config.data.prepared_dir
+        if not pathlib.Path(prepared_dir).is_dir():
+            if prepared_dir != source.stored.get("data", {}).get("prepared_dir"):
+                raise ValueError(f"heldout: data.prepared_dir={prepared_dir} is not a directory; give the prepared "
+                                 f"data of {source.path}")
+            raise ValueError(f"heldout: {source.path} was trained on {prepared_dir}, which is not here; pass "
+                             "data.prepared_dir=DIR (the prepared data of that run)")
         held_out, batch = len(open_data(source.config)[2]), source.config.train.global_batch
         if held_out < batch:
             raise ValueError(f"heldout: the held-out split has {held_out} examples, fewer than one batch "
@@ -83,6 +91,10 @@ def check_task(source: Source, task: Task, first_step: int | None, encoder_input
         raise ValueError(f"{task.name}: {source.path}'s tokenizer has no mask token, which pseudo-log-likelihood needs")
     if first_step is not None:
         lacking = [g for g in required_groups(source.config.model) if g not in source.stored_params(first_step)]
+        if lacking and source.config.finetune.task:
+            raise ValueError(f"{task.name}: {source.path} cannot score text: it is fine-tuned for "
+                             f"{source.config.finetune.task}, and keeps no {', '.join(lacking)} parameters; score the "
+                             "checkpoint it was fine-tuned from (its finetune.init_from)")
         if lacking:
             raise ValueError(f"{task.name}: {source.path} cannot score text: its checkpoint has no "
                              f"{', '.join(lacking)} parameters (an encoder converted without its masked-LM head); "

@@ -296,8 +296,9 @@ def prepare_run_dir(config: RunConfig, source: Source) -> tuple[pathlib.Path, Ru
     run_dir = pathlib.Path(config.train.run_dir)
     checkpoints = run_dir / "checkpoints"
     if checkpoints.is_dir() and any(checkpoints.iterdir()):
-        raise ConfigError(f"train.run_dir={run_dir} already holds checkpoints (of another run); a fine-tune starts in "
-                          "a directory of its own: choose another train.run_dir or remove that one")
+        raise ConfigError(f"train.run_dir={run_dir} already holds checkpoints, of an earlier fine-tune or another run; "
+                          "a fine-tune starts in an empty directory of its own (it does not resume): choose another "
+                          "train.run_dir or remove that one")
     tokenizer_dir = run_dir / store.TOKENIZER_DIR
     if jax.process_index() == 0:
         run_dir.mkdir(parents=True, exist_ok=True)

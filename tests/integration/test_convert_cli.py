@@ -325,6 +325,13 @@ def test_existing_output_is_refused_and_untouched(tmp_path, capsys, converted):
     assert_one_error(code, err, "convert to-hf", "output /sys/gpt2: cannot write in /sys")
     assert cli(capsys, "convert", "from-hf", converted["gpt2"][1], out, "--overwrite")[0] == 0
     assert not (out / "keep.txt").exists() and store.load_checkpoint(out)[0].family == "gpt2"
+    run = tmp_path / "run"  # --overwrite deleted a whole training run
+    (run / "checkpoints" / "20").mkdir(parents=True)
+    for args in (("from-hf", converted["gpt2"][1]), ("to-hf", converted["gpt2"][2])):
+        code, _, err = cli(capsys, "convert", *args, run, "--overwrite")
+        assert_one_error(code, err, f"convert {args[0]}", f"{run} is a run's directory (it holds checkpoints/), which "
+                         "no output replaces, with --overwrite or without")
+    assert (run / "checkpoints" / "20").is_dir()
 
 
 def test_an_output_under_a_file_is_refused_before_converting(tmp_path, capsys, converted, monkeypatch):

@@ -201,6 +201,10 @@ def bad_cases(run_dir, tmp_path, minilm):
                                     ["change the parameters' shapes", "['encoder']"]),
         "out inside the run": ([run_dir, "--out", run_dir / "eval"], ["lies inside", "never writes into a run"]),
         # another run's curves.png was replaced and results written among its files
+        # it said the run "was trained on" the override's directory
+        "prepared data overridden to nowhere": ([run_dir, f"data.prepared_dir={tmp_path / 'nope'}"],
+                                                [f"heldout: data.prepared_dir={tmp_path / 'nope'} is not a directory; "
+                                                 f"give the prepared data of {run_dir}"]),
         "out in another run": ([run_dir, "--out", another_run], [f"lies inside {another_run}", "never writes into"]),
         "out where nothing can be written": ([run_dir, "--out", "/sys/eval"],
                                              ["--out /sys/eval: cannot write in /sys"]),
@@ -221,7 +225,8 @@ def bad_cases(run_dir, tmp_path, minilm):
 
 CASE_NAMES = ["no checkpoint", "selection matches none", "a selected step missing", "unknown task",
               "not BIG-bench JSON", "no way to score", "heldout of a converted checkpoint", "shape-changing override",
-              "out inside the run", "out in another run", "out where nothing can be written", "bad selection", "lines without a token",
+              "out inside the run", "out in another run", "prepared data overridden to nowhere",
+              "out where nothing can be written", "bad selection", "lines without a token",
               "a choice without a token", "a choice longer than the model reads", "an encoder input nothing reads"]
 
 

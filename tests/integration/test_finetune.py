@@ -105,6 +105,24 @@ def test_to_hf_of_a_fine_tuned_classifier_says_what_to_export_instead(polarity, 
     assert not (tmp_path / "hf").exists()
 
 
+def test_eval_of_a_fine_tuned_run_says_what_it_can_score_instead(polarity, tmp_path, capsys):
+    """heldout said the run's data/prepared was missing (pass data.prepared_dir=DIR, then its masked-LM parameters
+    were), and ppl that it was an encoder converted without its masked-LM head."""
+    lines = tmp_path / "lines.txt"
+    lines.write_text("a fine film\n")
+    expected = {"heldout": f"heldout needs a pretraining run's data and objective; {polarity} is fine-tuned for "
+                           "sequence_classification (its summary.json holds its dev and test metrics",
+                f"ppl:{lines}": f"ppl:lines: {polarity} cannot score text: it is fine-tuned for "
+                                "sequence_classification, and keeps no mlm parameters; score the checkpoint it was "
+                                "fine-tuned from (its finetune.init_from)"}
+    capsys.readouterr()
+    for task, said in expected.items():
+        assert main(["eval", str(polarity), "--tasks", task, "--out", str(tmp_path / "eval")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"jaxlm eval: error: {said}") and err.count("\n") == 1, err
+    assert not (tmp_path / "eval").exists()
+
+
 def test_another_tasks_classifier_starts_from_the_fine_tuned_encoder_with_a_new_head(polarity, tmp_path, capsys):
     """From the 2-label polarity run to 3 labels: its classifier's shapes differ, so the classifier starts fresh
     and the encoder is the fine-tuned one (this was an error after initialisation, naming train.init_from); with

@@ -428,12 +428,14 @@ def test_an_output_where_nothing_can_be_written_is_refused_before_the_work():
 
 
 def test_a_fine_tune_into_a_directory_with_checkpoints_is_refused(tmp_path):
-    """A pretraining run's directory was said to hold "a fine-tune's checkpoints"."""
+    """A pretraining run's directory was said to hold "a fine-tune's checkpoints", and a finished fine-tune's own
+    "checkpoints (of another run)"."""
     (tmp_path / "checkpoints" / "20").mkdir(parents=True)
     config = classifier_config()
     config = dataclasses.replace(config, train=dataclasses.replace(config.train, run_dir=str(tmp_path)))
-    with pytest.raises(ConfigError, match=re.escape(f"train.run_dir={tmp_path} already holds checkpoints (of another "
-                                                    "run); a fine-tune starts in a directory of its own")):
+    with pytest.raises(ConfigError, match=re.escape(f"train.run_dir={tmp_path} already holds checkpoints, of an "
+                                                    "earlier fine-tune or another run; a fine-tune starts in an empty "
+                                                    "directory of its own (it does not resume)")):
         prepare_run_dir(config, source=None)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints"]
 
