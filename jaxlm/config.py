@@ -266,6 +266,7 @@ def refuse_unknown_keys(cls, keys, name: str) -> None:
 
 
 def refuse_unknown_sections(names) -> None:
+    """ConfigError naming the sections a config does not have, and those it has."""
     unknown = sorted(set(names) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"unknown section(s) {unknown}; valid sections: {', '.join(SECTIONS)}")

@@ -79,7 +79,7 @@ def check_output(out, overwrite: bool, source=None, kept_out_of=None) -> pathlib
     if (blocked := file_in_the_way(out)) is not None:  # before the conversion, not when its output is moved there
         raise FileExistsError(f"{blocked} is a file where a directory is needed for the output {out}; choose "
                               "another output directory")
-    if (out / "checkpoints").is_dir():  # --overwrite once deleted a whole training run
+    if checkpoint.is_run_dir(out):  # --overwrite once deleted a whole training run
         raise FileExistsError(f"{out} is a run's directory (it holds checkpoints/), which no output replaces, with "
                               "--overwrite or without; choose another output directory")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
@@ -233,7 +233,7 @@ def save_converted(out_dir, config: TransformerConfig, params: Mapping, tokenize
 
 def _not_a_checkpoint(path: pathlib.Path, why: str) -> ValueError:
     hint = (" (it looks like a Hugging Face model: convert it first with `jaxlm convert from-hf`)"
-            if (path / "config.json").is_file() and not (path / "checkpoints").is_dir() else "")
+            if (path / "config.json").is_file() and not checkpoint.is_run_dir(path) else "")
     return ValueError(f"{path} is not a jaxlm checkpoint: {why}{hint}; {NOT_A_CHECKPOINT}")
 
 

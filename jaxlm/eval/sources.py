@@ -221,7 +221,7 @@ def check_out(out: pathlib.Path, sources: list[Source]) -> None:
     """Refuse an output directory inside (or equal to) a source's run or checkpoint directory or another run's, or
     where nothing can be written."""
     target = out.resolve()
-    runs = [p for p in (target, *target.parents) if (p / "checkpoints").is_dir() and (p / "config.json").is_file()]
+    runs = [p for p in (target, *target.parents) if checkpoint.is_run_dir(p)]
     for source in sources:
         runs += filter(None, (source.run_dir, source.directory, source.path))
     for guarded in runs:  # the sources, and any other run (whose curves.png the evaluation's would replace)

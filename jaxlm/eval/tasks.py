@@ -77,8 +77,7 @@ def parse_task(spec: str) -> Task:
                 raise ValueError(f"choice:{file}: no such file or named task; the named tasks are "
                                  f"{', '.join(CHOICE_TASKS)}, or give a BIG-bench task.json")
             file = choice_task(file)
-        path = pathlib.Path(file)
-        path = readable_again(path)
+        path = readable_again(pathlib.Path(file))
         task = load_choice_task(path)
         if shots and len(task.examples) < shots + 1:
             raise ValueError(f"{path}: {shots}-shot needs at least {shots + 1} examples, it has {len(task.examples)}")

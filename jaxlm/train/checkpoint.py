@@ -153,9 +153,14 @@ def resolve(path: epath.PathLike) -> tuple[epath.Path, int | None]:
         raise FileNotFoundError(f"no checkpoint directory at {path}")
     if path.name.isdigit() and (path / "state").is_dir():
         return path.parent, int(path.name)
-    if (path / "checkpoints").is_dir():
+    if is_run_dir(path):
         return path / "checkpoints", None
     return path, None
+
+
+def is_run_dir(path) -> bool:
+    """Whether `path` is a training or fine-tuning run's directory: it holds checkpoints/."""
+    return (run_path(path) / "checkpoints").is_dir()
 
 
 def read_only_manager(directory: epath.PathLike) -> ocp.CheckpointManager:
