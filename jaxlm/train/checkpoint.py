@@ -253,7 +253,15 @@ def restore_params(path: epath.PathLike, abstract_params, step: int | None = Non
         except (OSError, ValueError) as err:  # Orbax's FileNotFoundError for a missing _METADATA, JSON's errors
             raise ValueError(f"{named}: checkpoint {step} cannot be read ({first_line(err)}); name a run "
                              "directory or checkpoint whose save completed") from None
-        check_fits(stored.get("params", {}), abstract_params, named)
+        try:
+            check_fits(stored.get("params", {}), abstract_params, named)
+        except ValueError:
+            task = ((stored_config(mngr, step) or {}).get("finetune") or {}).get("task")
+            if not task:
+                raise
+            raise ValueError(f"{named} is fine-tuned for {task}: its head is not this model's, and it keeps none of "
+                             "the pretraining heads; start from the checkpoint it was fine-tuned from (its "
+                             "finetune.init_from)") from None
         target = {"params": abstract_params}
         restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
             item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))

@@ -123,6 +123,17 @@ def test_eval_of_a_fine_tuned_run_says_what_it_can_score_instead(polarity, tmp_p
     assert not (tmp_path / "eval").exists()
 
 
+def test_pretraining_from_a_fine_tuned_run_says_to_start_from_what_it_was_tuned_from(polarity, tiny_config, capsys):
+    """train.init_from a fine-tuned run listed the pretraining heads' parameters as missing and said to make the
+    model section match the checkpoint."""
+    capsys.readouterr()
+    assert main(["train", str(tiny_config({"train": {"init_from": str(polarity)}}))]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"jaxlm train: error: train.init_from={polarity} is fine-tuned for sequence_classification: its "
+                   "head is not this model's, and it keeps none of the pretraining heads; start from the checkpoint "
+                   "it was fine-tuned from (its finetune.init_from)\n"), err
+
+
 def test_another_tasks_classifier_starts_from_the_fine_tuned_encoder_with_a_new_head(polarity, tmp_path, capsys):
     """From the 2-label polarity run to 3 labels: its classifier's shapes differ, so the classifier starts fresh
     and the encoder is the fine-tuned one (this was an error after initialisation, naming train.init_from); with
