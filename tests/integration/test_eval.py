@@ -201,11 +201,11 @@ def bad_cases(run_dir, tmp_path, minilm):
                                     ["change the parameters' shapes", "['encoder']"]),
         "out inside the run": ([run_dir, "--out", run_dir / "eval"], ["lies inside", "never writes into a run"]),
         # another run's curves.png was replaced and results written among its files
+        "out in another run": ([run_dir, "--out", another_run], [f"lies inside {another_run}", "never writes into"]),
         # it said the run "was trained on" the override's directory
         "prepared data overridden to nowhere": ([run_dir, f"data.prepared_dir={tmp_path / 'nope'}"],
                                                 [f"heldout: data.prepared_dir={tmp_path / 'nope'} is not a directory; "
                                                  f"give the prepared data of {run_dir}"]),
-        "out in another run": ([run_dir, "--out", another_run], [f"lies inside {another_run}", "never writes into"]),
         "out where nothing can be written": ([run_dir, "--out", "/sys/eval"],
                                              ["--out /sys/eval: cannot write in /sys"]),
         "bad selection": ([run_dir, "--select", "every:0"], ["--select 'every:0'", "every:N"]),
