@@ -147,6 +147,7 @@ def _refuse_other_mode(args, options, why: str) -> None:
 
 def cmd_bench(args) -> None:
     if args.config == "data":
+        args.label = "bench data"  # what its errors and notes are said by
         return cmd_bench_data(args)
     _refuse_other_mode(args, BENCH_DATA_DEFAULTS, "is an option of `jaxlm bench data` (the input pipeline), not of "
                        "the train step's bench: drop it, or put data before the config")

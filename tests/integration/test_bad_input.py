@@ -287,13 +287,15 @@ def test_bench_refuses_the_options_of_its_other_mode(options, expected, capsys):
     from jaxlm.cli import main  # in this process: refused before the config is read
 
     assert main(["bench", *options]) == 2
-    assert capsys.readouterr().err == f"jaxlm bench: error: {expected}\n"
+    said_by = "jaxlm bench data" if options[0] == "data" else "jaxlm bench"  # each mode names itself
+    assert capsys.readouterr().err == f"{said_by}: error: {expected}\n"
 
 
 @pytest.mark.parametrize(("argv", "expected"), [
-    (["bench", "data", "c.yaml", "--batches", "0"], "jaxlm bench: error: --batches 0: give 1 or more batches to time"),
+    (["bench", "data", "c.yaml", "--batches", "0"],
+     "jaxlm bench data: error: --batches 0: give 1 or more batches to time"),
     (["bench", "data", "c.yaml", "--workers", "0,100000"],
-     "jaxlm bench: error: --workers 100000 asks for more loader processes than the"),
+     "jaxlm bench data: error: --workers 100000 asks for more loader processes than the"),
     (["eval", "run", "--watch", "--poll", "0"], "jaxlm eval: error: --poll 0: give the seconds between looks"),
     (["eval", "run", "--watch", "--idle-timeout", "-5"], "jaxlm eval: error: --idle-timeout -5: give the seconds"),
     # each was taken: nan's sleep was "Invalid value NaN" after the first evaluation, inf's (or a year's) an
