@@ -286,8 +286,7 @@ def finetuned_for(path) -> str:
     """The finetune.task a run's checkpoint was fine-tuned for; empty for pretraining runs and conversions."""
     path = pathlib.Path(path)
     with _opened(path) as (mngr, step), _damaged(path, mngr, step, "its config item"):
-        stored = checkpoint.stored_config(mngr, step) or {}
-    return str((stored.get("finetune") or {}).get("task") or "")
+        return checkpoint.finetuned_task(mngr, step)
 
 
 def checkpoint_config(path) -> tuple[TransformerConfig, CheckpointTokenizer | None]:

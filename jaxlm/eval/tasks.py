@@ -72,12 +72,13 @@ def parse_task(spec: str) -> Task:
                 raise ValueError(f"{spec}: the shots after @ must be a whole number of 0 or more, e.g. "
                                  f"choice:{match.group(1)}@3")
             file, shots = match.group(1), int(match.group(2))
-        if not pathlib.Path(file).exists() and (file in CHOICE_TASKS or not pathlib.Path(file).suffix):
-            if file not in CHOICE_TASKS:  # a misspelt name: no file, and no suffix a task file would have
-                raise ValueError(f"choice:{file}: no such file or named task; the named tasks are "
-                                 f"{', '.join(CHOICE_TASKS)}, or give a BIG-bench task.json")
-            file = choice_task(file)
-        path = readable_again(pathlib.Path(file))
+        given = pathlib.Path(file)
+        if not given.exists() and file in CHOICE_TASKS:
+            given = choice_task(file)
+        elif not given.exists() and not given.suffix:  # a misspelt name: no file, and no suffix a task file has
+            raise ValueError(f"choice:{file}: no such file or named task; the named tasks are "
+                             f"{', '.join(CHOICE_TASKS)}, or give a BIG-bench task.json")
+        path = readable_again(given)
         task = load_choice_task(path)
         if shots and len(task.examples) < shots + 1:
             raise ValueError(f"{path}: {shots}-shot needs at least {shots + 1} examples, it has {len(task.examples)}")

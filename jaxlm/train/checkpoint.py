@@ -73,6 +73,11 @@ def stored_config(mngr: ocp.CheckpointManager, step: int) -> dict | None:
     return stored if isinstance(stored, dict) and isinstance(stored.get("model"), dict) else None
 
 
+def finetuned_task(mngr: ocp.CheckpointManager, step: int) -> str:
+    """The finetune.task a step's run was fine-tuned for; empty for pretraining runs and conversions."""
+    return str(((stored_config(mngr, step) or {}).get("finetune") or {}).get("task") or "")
+
+
 def unfinished(directory: epath.PathLike) -> list[epath.Path]:
     """Saves that never committed (Orbax's temporary directories, or a cloud save without its commit
     marker): what a run stopped while writing leaves behind."""
@@ -256,7 +261,7 @@ def restore_params(path: epath.PathLike, abstract_params, step: int | None = Non
         try:
             check_fits(stored.get("params", {}), abstract_params, named)
         except ValueError:
-            task = ((stored_config(mngr, step) or {}).get("finetune") or {}).get("task")
+            task = finetuned_task(mngr, step)
             if not task:
                 raise
             raise ValueError(f"{named} is fine-tuned for {task}: its head is not this model's, and it keeps none of "
