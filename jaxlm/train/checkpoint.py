@@ -168,6 +168,14 @@ def is_run_dir(path) -> bool:
     return (run_path(path) / "checkpoints").is_dir()
 
 
+def has_checkpoint(run_dir: epath.PathLike) -> bool:
+    """Whether a run's directory holds a committed checkpoint to resume from."""
+    if not is_run_dir(run_dir):
+        return False
+    with open_checkpoint(run_dir) as (_, step):
+        return step is not None
+
+
 def read_only_manager(directory: epath.PathLike) -> ocp.CheckpointManager:
     """A manager that reads `directory`'s checkpoints and writes nothing."""
     # the settings read_only implies, given, so that Orbax does not warn that it set them
@@ -247,6 +255,24 @@ def stored_tree(mngr: ocp.CheckpointManager, step: int):
 def restore_params(path: epath.PathLike, abstract_params, step: int | None = None, setting: str = "train.init_from"):
     """Only the parameters of another checkpoint, onto this run's shardings; errors name it as `setting`=path (an
     empty `setting`: the path alone, as a command given it says it)."""
+    with _params_source(path, abstract_params, step, setting) as (mngr, step):
+        target = {"params": abstract_params}
+        restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
+    return restored["state"]["params"]
+
+
+def check_params_source(path: epath.PathLike, abstract_params, setting: str = "train.init_from") -> None:
+    """What `restore_params` would refuse, refused without reading any array: before a run makes its directory."""
+    with _params_source(path, abstract_params, None, setting):
+        pass
+
+
+@contextlib.contextmanager
+def _params_source(path: epath.PathLike, abstract_params, step: int | None, setting: str
+                   ) -> Iterator[tuple[ocp.CheckpointManager, int]]:
+    """(read-only manager, step) of a checkpoint whose parameters fit `abstract_params`; a ValueError or
+    FileNotFoundError naming it as `setting`=path where none is there, it cannot be read or it does not fit."""
     named = f"{setting}={path}" if setting else str(path)
     if not run_path(path).is_dir():
         raise FileNotFoundError(f"{named}: no checkpoint found there")
@@ -267,10 +293,7 @@ def restore_params(path: epath.PathLike, abstract_params, step: int | None = Non
             raise ValueError(f"{named} is fine-tuned for {task}: its head is not this model's, and it keeps none of "
                              "the pretraining heads; start from the checkpoint it was fine-tuned from (its "
                              "finetune.init_from)") from None
-        target = {"params": abstract_params}
-        restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
-    return restored["state"]["params"]
+        yield mngr, step
 
 
 def params_left_out(path: epath.PathLike, abstract_params, step: int | None = None) -> list[str]:

@@ -24,13 +24,18 @@ def enable(train) -> None:
     if jax.config.jax_compilation_cache_dir or train.compile_cache == OFF:
         return
     in_run_dir = train.compile_cache == IN_RUN_DIR
-    where = run_path(train.run_dir) / "compile-cache" if in_run_dir else run_path(train.compile_cache)
+    where = in_run(train.run_dir) if in_run_dir else run_path(train.compile_cache)
     if (blocked := _file_in_the_way(where)) is not None:
         raise ConfigError(f"train.compile_cache={train.compile_cache}: {blocked} is a file; name a directory for "
                           "the compiled programs, run_dir (inside the run) or off")
     if not in_cloud(where):  # an object in a bucket is written whole or not at all
         drop_cut_short(pathlib.Path(where))
     jax.config.update("jax_compilation_cache_dir", str(where))
+
+
+def in_run(run_dir: str):
+    """Where train.compile_cache=run_dir keeps the compiled programs."""
+    return run_path(run_dir) / "compile-cache"
 
 
 def check_users_cache() -> None:

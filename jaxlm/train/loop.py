@@ -29,7 +29,7 @@ from jaxlm.train.metrics import MetricsWriter, plot_curves, read_jsonl
 from jaxlm.train.optim import make_optimizer, reject_loss_spikes, schedule
 from jaxlm.train.state import abstract_state, check_state_memory, count_params, create_state, state_shardings
 from jaxlm.train.step import dropout_key, init_key, make_eval_step, make_train_step
-from jaxlm.train.storage import run_path
+from jaxlm.train.storage import missing_dirs, remove_if_empty, run_path
 
 
 # ---------------------------------------------------------------- set-up (no compute)
@@ -202,9 +202,19 @@ def train(config: RunConfig) -> dict:
     step and the reason of an early stop (SIGTERM, Ctrl-C, the time limit), saved at that step. Another
     command writing the same run directory is refused (`run_lock`)."""
     multiprocess = distributed.initialize(config.distributed)
-    _, (_, train_data, valid) = preflight(config)
-    setup = build_within_memory(config)
-    with run_lock.writing(config.train.run_dir):
+    run_dir = config.train.run_dir
+    made = missing_dirs(run_dir)
+    try:
+        _, (_, train_data, valid) = preflight(config)
+        setup = build_within_memory(config)
+        if config.train.init_from and not checkpoint.has_checkpoint(run_dir):
+            checkpoint.check_params_source(config.train.init_from, setup.abstract.params)
+    except BaseException:
+        if made and jax.process_index() == 0:  # a refused run leaves no directory (the compilation cache made one)
+            cache = compile_cache.in_run(run_dir)
+            remove_if_empty([cache, *made] if cache.exists() else made)
+        raise
+    with run_lock.writing(run_dir):
         return _train(config, setup, train_data, valid, multiprocess)
 
 

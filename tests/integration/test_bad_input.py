@@ -204,7 +204,18 @@ def test_an_init_from_checkpoint_that_cannot_be_read_is_named_before_any_compute
     assert proc.returncode == 2 and last.startswith(f"jaxlm train: error: train.init_from={source}: checkpoint 5 "
                                                     "cannot be read ("), proc.stderr[-3000:]
     assert last.endswith("); name a run directory or checkpoint whose save completed")
-    assert {p.name for p in (tmp_path / "run").rglob("*") if p.is_file()} <= {"train.lock"}  # no metrics, config
+    assert not (tmp_path / "run").exists()  # it was left with train.lock, checkpoints/ and compile-cache/, all empty
+
+
+def test_a_refused_run_keeps_a_directory_it_did_not_make(tiny_config, tmp_path):
+    """An existing run directory (here holding a file of the user's) is kept as it was, the missing
+    train.init_from refused before the run's lock, checkpoints or compilation cache are made."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "notes.txt").write_text("mine")
+    proc = run_cli("train", tiny_config({"train": {"init_from": str(tmp_path / "nowhere")}}), check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
+        f"jaxlm train: error: train.init_from={tmp_path / 'nowhere'}: no checkpoint found there"), proc.stderr[-2000:]
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["notes.txt"]
 
 
 def test_bench_refuses_to_profile_a_compile_only_run(tiny_config, tmp_path):
