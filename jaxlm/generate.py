@@ -17,6 +17,7 @@ from jaxlm.errors import first_line
 from jaxlm.convert.store import checkpoint_config, load_checkpoint
 from jaxlm.models.config import check_ids, check_special_ids
 from jaxlm.parallel.mesh import batch_shards, mesh_and_rules
+from jaxlm.train.state import device_memory
 
 # Hugging Face's "never choose this" offset in beam search, kept identical so that beam choices match.
 NEG = -1.0e9
@@ -243,16 +244,26 @@ def _search(step: Step, logits, cache, base, batch_axes, rng, knobs: Knobs, s: S
 
 # ---------------------------------------------------------------- jitted programs
 
+def _causal_cache(model, params, rows: int, slots: int):
+    """The shapes of a decoder's KV cache for `rows` sequences of `slots` positions."""
+    sizing = lambda p: model.apply({"params": p}, jnp.zeros((rows, slots), jnp.int32), decode=True,
+                                   mutable=["cache"])[1]["cache"]
+    return jax.eval_shape(sizing, params)
+
+
+def _seq2seq_cache(model, params, rows: int, new_tokens: int, states, mask):
+    """The shapes of an encoder-decoder's decoder cache (its cross-attention's keys and values included) for
+    `rows` sequences of `new_tokens` positions, given one row's encoder `states` and `mask` (shapes suffice)."""
+    sizing = lambda p, st, m: model.apply({"params": p}, jnp.zeros((rows, new_tokens), jnp.int32), st, m,
+                                          decode=True, method="decode", mutable=["cache"])[1]["cache"]
+    return jax.eval_shape(sizing, params, jax.ShapeDtypeStruct((rows,) + states.shape[1:], states.dtype),
+                          jax.ShapeDtypeStruct((rows,) + mask.shape[1:], mask.dtype))
+
+
 def _causal_program(model, params, ids, mask, rng, knobs: Knobs, s: Settings):
     """Left-padded prompts [B, T] -> (new tokens [B, N], lengths [B]): one prefill, then the loop."""
     batch, width = ids.shape
-    slots = width + s.max_new_tokens
-
-    def cache_shapes(b):
-        sizing = lambda p: model.apply({"params": p}, jnp.zeros((b, slots), jnp.int32), decode=True,
-                                       mutable=["cache"])[1]["cache"]
-        return jax.eval_shape(sizing, params)
-
+    cache_shapes = lambda b: _causal_cache(model, params, b, width + s.max_new_tokens)
     cache_mask = jnp.concatenate([mask, jnp.ones((batch, s.max_new_tokens), bool)], axis=1)
 
     def make_step(cache_mask):
@@ -274,12 +285,7 @@ def _seq2seq_program(model, params, ids, mask, rng, knobs: Knobs, start_id: int,
     """Encoder inputs [B, Ts] -> (new tokens [B, N], lengths [B]): encode once, decode on the cache."""
     batch = ids.shape[0]
     states = model.apply({"params": params}, ids, mask, method="encode")
-
-    def cache_shapes(b):
-        sizing = lambda p, st, m: model.apply({"params": p}, jnp.zeros((b, s.max_new_tokens), jnp.int32), st, m,
-                                              decode=True, method="decode", mutable=["cache"])[1]["cache"]
-        return jax.eval_shape(sizing, params, jax.ShapeDtypeStruct((b,) + states.shape[1:], states.dtype),
-                              jax.ShapeDtypeStruct((b,) + mask.shape[1:], mask.dtype))
+    cache_shapes = lambda b: _seq2seq_cache(model, params, b, s.max_new_tokens, states, mask)
 
     def make_step(states, mask):
         def step(cache, tokens, positions):
@@ -360,6 +366,25 @@ def _place(mesh, rules, params, abstract_init: Callable, arrays: list[np.ndarray
     return params, arrays
 
 
+def _needs_more_memory(rows: int, width: int, s: Settings, why: str) -> ValueError:
+    return ValueError(f"{rows} prompt(s) of up to {width} tokens, {s.max_new_tokens} new tokens and {s.num_beams} "
+                      f"beam(s) need more memory than the device has ({why}); ask for fewer new tokens, prompts or "
+                      "beams")
+
+
+def _check_cache_fits(cache, rows: int, width: int, s: Settings, mesh, rules) -> None:
+    """A ValueError before anything compiles where the KV cache alone (`cache`: its shapes, every beam's rows)
+    outgrows a device, the batch split over the mesh's data axes (without a mesh, one device holds it all)."""
+    have = device_memory(sharing=1 if mesh is None else mesh.size)
+    if have is None:
+        return
+    shards = 1 if mesh is None else batch_shards(*mesh_and_rules(mesh, rules))
+    need = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(cache)) / shards
+    if need > have[0]:
+        raise _needs_more_memory(rows, width, s, f"the KV cache alone takes {need / 2**30:,.1f} GiB per device, more "
+                                 f"than the {have[0] / 2**30:,.1f} GiB of {have[1]}")
+
+
 def _run(jitted, model, params, arrays, rng, knobs: Knobs, mesh, rules, abstract_init, **static) -> Generation:
     rows = arrays[0].shape[0]
     rng = jax.random.key(0) if rng is None else rng
@@ -376,10 +401,7 @@ def _run(jitted, model, params, arrays, rng, knobs: Knobs, mesh, rules, abstract
     except jax.errors.JaxRuntimeError as err:
         if "RESOURCE_EXHAUSTED" not in str(err):
             raise
-        s = static["s"]
-        raise ValueError(f"{rows} prompt(s) of up to {arrays[0].shape[1]} tokens, {s.max_new_tokens} new tokens "
-                         f"and {s.num_beams} beam(s) need more memory than the device has ({first_line(err)}); ask "
-                         "for fewer new tokens, prompts or beams") from None
+        raise _needs_more_memory(rows, arrays[0].shape[1], static["s"], first_line(err)) from None
     return Generation(tokens[:rows], lengths[:rows])
 
 
@@ -409,6 +431,8 @@ def generate_causal(model, params, prompt_ids, prompt_mask=None, *, max_new_toke
     check_special_ids(config.vocab_size, eos_id=eos_id, pad_id=pad_id)
     ids, mask = left_pad(ids, mask, pad_id)
     s = Settings(max_new_tokens, float(temperature), top_k, float(top_p), num_beams, early_stopping)
+    cache = _causal_cache(model, params, ids.shape[0] * num_beams, ids.shape[1] + max_new_tokens)
+    _check_cache_fits(cache, ids.shape[0], ids.shape[1], s, mesh, rules)
     init = lambda: model.init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32))
     return _run(_causal_jit, model, params, [ids, mask], rng, _knobs(eos_id, pad_id, length_penalty), mesh, rules,
                 init, s=s)
@@ -436,6 +460,9 @@ def generate_seq2seq(model, params, input_ids, input_mask=None, *, max_new_token
     pad_id = config.pad_token_id if pad_id is None else pad_id
     check_special_ids(config.vocab_size, eos_id=eos_id, decoder_start_id=start, pad_id=pad_id)
     s = Settings(max_new_tokens, float(temperature), top_k, float(top_p), num_beams, early_stopping)
+    states = jax.eval_shape(lambda p: model.apply({"params": p}, ids, mask, method="encode"), params)
+    cache = _seq2seq_cache(model, params, ids.shape[0] * num_beams, max_new_tokens, states, mask)
+    _check_cache_fits(cache, ids.shape[0], ids.shape[1], s, mesh, rules)
     dummy = jnp.zeros((1, 1), jnp.int32)
     init = lambda: model.init(jax.random.key(0), dummy, dummy)
     return _run(_seq2seq_jit, model, params, [ids, mask], rng, _knobs(eos_id, pad_id, length_penalty), mesh, rules,

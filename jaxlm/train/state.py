@@ -65,15 +65,15 @@ def state_bytes(abstract) -> int:
                for leaf in jax.tree.leaves(abstract))
 
 
-def device_memory() -> tuple[int, str] | None:
-    """(bytes, what they are) a local device holds: its own memory, or on CPUs its share of the host's; None
-    where the runtime does not say."""
+def device_memory(sharing: int | None = None) -> tuple[int, str] | None:
+    """(bytes, what they are) a local device holds: its own memory, or on CPUs its share of the host's among
+    `sharing` devices that fill it at once (default: every local device); None where the runtime does not say."""
     device = jax.local_devices()[0]
     limit = (device.memory_stats() or {}).get("bytes_limit")
     if limit:
         return limit, f"one {device.device_kind}"
     if device.platform == "cpu":
-        count = jax.local_device_count()
+        count = sharing or jax.local_device_count()
         share = f"a 1/{count} share of " if count > 1 else ""
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // count, f"{share}the host's memory"
     return None

@@ -96,18 +96,38 @@ def test_generate_from_a_checkpoint_checks_the_count_before_reading_it(tmp_path)
 
 
 def test_a_generation_the_memory_cannot_hold_is_one_line():
-    """Rotary positions have no table to bound the cache: 10**8 new tokens was XLA's RESOURCE_EXHAUSTED traceback.
-    Run in a process whose address space is capped, so no machine's overcommit lets the allocation through."""
+    """Rotary positions have no table to bound the cache: 4 * 10**7 new tokens (a 9.5 GiB cache) was XLA's
+    RESOURCE_EXHAUSTED traceback. Run in a process whose address space is capped below the cache and the machine's
+    memory is not, so the cache passes the check before compiling and no overcommit lets the allocation through."""
     script = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30)); "
               "sys.path[:0] = ['tests', 'tests/unit']; import numpy as np; "
               "from test_generate_inputs import tiny_decoder; "
               "from jaxlm.generate import generate_causal; model, params = tiny_decoder()\n"
-              "try:\n generate_causal(model, params, np.array([[1, 5, 7]]), max_new_tokens=10**8)\n"
+              "try:\n generate_causal(model, params, np.array([[1, 5, 7]]), max_new_tokens=4 * 10**7)\n"
               "except ValueError as err:\n print(err)")
     proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.stdout.startswith("1 prompt(s) of up to 3 tokens, 100000000 new tokens and 1 beam(s) need more "
+    assert proc.stdout.startswith("1 prompt(s) of up to 3 tokens, 40000000 new tokens and 1 beam(s) need more "
                                   "memory than the device has (RESOURCE_EXHAUSTED: "), proc.stderr[-2000:]
     assert proc.stdout.rstrip().endswith("; ask for fewer new tokens, prompts or beams")
+
+
+@pytest.mark.parametrize("beams", [1, 4])
+def test_a_cache_larger_than_the_device_is_refused_before_compiling(beams):
+    """10**9 new tokens compiled for about 28 s (SmolLM2) before XLA said it had no memory for them: the cache's
+    size (its beams' rows included) is now weighed against the device's memory first, for decoders and
+    encoder-decoders alike."""
+    model, params = tiny_decoder()
+    with pytest.raises(ValueError) as refused:
+        generate_causal(model, params, np.array([[1, 5, 7], [2, 3, 4]]), max_new_tokens=10**9, num_beams=beams)
+    cache_gib = 2 * beams * (3 + 10**9) * 2 * 32 * 4 / 2**30  # rows, slots, keys and values, width, float32
+    assert re.fullmatch(rf"2 prompt\(s\) of up to 3 tokens, 1000000000 new tokens and {beams} beam\(s\) need more "
+                        rf"memory than the device has \(the KV cache alone takes {cache_gib:,.1f} GiB per device, "
+                        r"more than the [\d,.]+ GiB of .*\); ask for fewer new tokens, prompts or beams",
+                        str(refused.value)), str(refused.value)
+    t5 = T5ForConditionalGeneration(model_config("t5-small", head_size=16, **SIZES))
+    t5_params = nn.unbox(t5.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4), jnp.int32)))
+    with pytest.raises(ValueError, match=r"the KV cache alone takes [\d,.]+ GiB per device"):
+        generate_seq2seq(t5, t5_params["params"], [[5, 6, 7]], max_new_tokens=10**9, num_beams=beams)
 
 
 @pytest.mark.parametrize("given, expected", [
