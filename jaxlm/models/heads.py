@@ -13,8 +13,11 @@ from jaxlm.nn.layers import ACTIVATIONS, Dense, LayerNorm, zeros_init
 
 
 def gather_positions(hidden: jax.Array, positions: jax.Array) -> jax.Array:
-    """[B, T, E] states at [B, P] positions -> [B, P, E]."""
-    return jnp.take_along_axis(hidden, positions[..., None].astype(jnp.int32), axis=1)
+    """[B, T, E] states at [B, P] positions -> [B, P, E]; a position outside [0, T) gives NaN (a negative one
+    too, which NumPy's indexing would count from the end)."""
+    positions = positions.astype(jnp.int32)
+    positions = jnp.where(positions < 0, hidden.shape[1], positions)
+    return jnp.take_along_axis(hidden, positions[..., None], axis=1, mode="fill")
 
 
 class MlmHead(nn.Module):

@@ -47,7 +47,11 @@ class Embed(nn.Module):
 
         A gather's gradient is a scatter-add, on a GPU atomic additions that contend where many tokens share
         few rows; a table of at most SMALL_TABLE rows (token types) is read by a one-hot contraction instead,
-        whose gradient is a matmul (exact: each output is one row times 1, at the highest precision)."""
+        whose gradient is a matmul (exact: each output is one row times 1, at the highest precision).
+
+        An id outside the table (a segment id past type_vocab_size, a token id past vocab_size, a negative one,
+        which NumPy's indexing would count from the end) looks up a row of NaN either way, the gather's fill, so
+        that the loss says so rather than a zero or another row standing in."""
         table = self.table()
         # Under explicit axes JAX cannot infer where a lookup from a split table goes: where activations go.
         out = layout((*ids.shape, table.shape[1]), ("batch", "length", self.axes[1])) if explicit_axes() else None
@@ -55,8 +59,9 @@ class Embed(nn.Module):
             one_hot = jax.nn.one_hot(ids, self.num_embeddings, dtype=table.dtype)
             rows = jnp.einsum("...n,ne->...e", one_hot, table, precision=jax.lax.Precision.HIGHEST,
                               out_sharding=out)
+            rows = jnp.where(((ids >= 0) & (ids < self.num_embeddings))[..., None], rows, jnp.nan)  # not zeros
         else:
-            rows = table.at[ids].get(mode="fill", out_sharding=out)
+            rows = table.at[ids].get(mode="fill", wrap_negative_indices=False, out_sharding=out)
         return rows.astype(jnp.dtype(self.config.dtype))
 
     def attend(self, x: jax.Array) -> jax.Array:

@@ -1,6 +1,6 @@
 """Embedding lookups in bfloat16 compute: the table's gradient sums each row's tokens in float32, whether the
 lookup is a gather (large tables) or a one-hot contraction (a few rows, T5's relative-position buckets), and the
-rows are the table's exactly."""
+rows are the table's exactly; an id or position outside its table or row reads NaN."""
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from jaxlm.models.config import TransformerConfig
+from jaxlm.models.heads import gather_positions
 from jaxlm.models.t5 import RelativeBias, relative_position_bucket
 from jaxlm.nn.embed import SMALL_TABLE, Embed
 
@@ -36,6 +37,28 @@ def test_a_row_shared_by_many_tokens_gets_its_gradient_summed_in_float32(rows):
     expected = np.zeros_like(grad, np.float64)
     expected[:2] = np.stack([flat[row_ids == row].sum(0) for row in (0, 1)])
     np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("rows", [2, SMALL_TABLE + 1])
+def test_an_id_outside_the_table_looks_up_nan_whichever_the_lookup(rows):
+    """A segment id of 2 under type_vocab_size=2 looked up a zero row by the one-hot contraction, and training went
+    on without a word, and the gather read id -1 as the last row; both give NaN now (the gather's fill), which the
+    loss and the run's non-finite check report."""
+    config = TransformerConfig(vocab_size=2, hidden_size=8, dtype="float32", param_dtype="float32")
+    embed = Embed(config, rows, ("segment", "embed"))
+    ids = jnp.array([[0, 1, rows, -1]], jnp.int32)
+    params = embed.init(jax.random.key(1), ids)
+    for looked_up in (embed.apply(params, ids), jax.jit(embed.apply)(params, ids)):
+        finite = np.isfinite(np.asarray(looked_up)).all(axis=-1)
+        np.testing.assert_array_equal(finite, [[True, True, False, False]])
+
+
+def test_a_masked_position_outside_the_row_gathers_nan():
+    """Position -1 read the row's last token, as NumPy counts from the end; past the row was NaN already."""
+    hidden = jnp.arange(12.0).reshape(1, 3, 4)
+    gathered = np.asarray(gather_positions(hidden, jnp.array([[2, 0, 3, -1]])))
+    np.testing.assert_array_equal(gathered[0, :2], np.asarray(hidden)[0, [2, 0]])
+    assert np.isnan(gathered[0, 2:]).all()
 
 
 @pytest.mark.parametrize("rows", [2, SMALL_TABLE + 1])
