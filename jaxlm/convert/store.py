@@ -114,10 +114,15 @@ def staged(out, overwrite: bool = False):
         except FileExistsError as err:
             shutil.rmtree(staging, ignore_errors=True)
             raise FileExistsError(f"{err} (it was written while this command ran)") from None
-        if out.exists():
+        if overwrite and out.exists():  # without it, `out` is at most an empty directory, which the swap replaces
             old = pathlib.Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
             os.replace(out, old / out.name)
-        os.replace(staging, out)
+        try:
+            os.replace(staging, out)
+        except OSError:  # another command's output took `out` between the check and here (ENOTEMPTY)
+            shutil.rmtree(staging, ignore_errors=True)
+            raise FileExistsError(f"{out} was written by another command while this one ran; run it again, with "
+                                  "--overwrite to replace that output, or choose another output directory") from None
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 

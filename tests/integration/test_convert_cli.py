@@ -544,6 +544,28 @@ def test_an_output_written_by_another_while_converting_is_kept(tmp_path):
     assert [p.name for p in out.iterdir()] == ["weights"]
 
 
+def test_an_output_written_by_another_after_the_last_check_is_kept(tmp_path, monkeypatch):
+    """Another conversion's output that landed just after the last check was moved aside and deleted, without
+    --overwrite (a moment later, the swap failed on it with OSError's 'Directory not empty', the staged copy left
+    beside it)."""
+    out, checks, check_output = tmp_path / "out", [], store.check_output
+
+    def then_another_writes(path, overwrite=False):
+        checked = check_output(path, overwrite)
+        checks.append(path)
+        if len(checks) == 2:
+            out.mkdir()
+            (out / "notes.txt").write_text("theirs")
+        return checked
+
+    monkeypatch.setattr(store, "check_output", then_another_writes)
+    with pytest.raises(FileExistsError, match=r"out was written by another command while this one ran; run it "
+                                              r"again, with --overwrite to replace that output, or choose another"):
+        with store.staged(out) as staging:
+            (staging / "weights").write_text("ours")
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and (out / "notes.txt").read_text() == "theirs"
+
+
 def test_a_full_disk_is_one_line_and_leaves_no_partial_output(tmp_path):
     """safetensors' "No space left on device" came out as its traceback (to-hf; Orbax's, from-hf, as three lines):
     here the kernel's own, from /dev/full."""
