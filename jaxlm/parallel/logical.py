@@ -68,9 +68,12 @@ def gathered(param: jax.Array, names: Sequence[str | None]) -> jax.Array:
 
 class LogicallyPartitioned(nn.LogicallyPartitioned):
     """flax's box of a parameter and its logical axis names, unboxed through `constrain` (flax's own
-    unboxing asserts a layout under explicit axes, which a fresh parameter does not have yet)."""
+    unboxing asserts a layout under explicit axes, which a fresh parameter does not have yet). A shape alone
+    (`jax.eval_shape`'s) is unboxed as it is: constraining it under a caller's mesh and rules was a TypeError."""
 
     def unbox(self, apply_constraint: bool = True):
+        if isinstance(self.value, jax.ShapeDtypeStruct):
+            return self.value
         if apply_constraint and explicit_axes():
             return constrain(self.value, self.names)
         return super().unbox(apply_constraint)

@@ -9,7 +9,7 @@ from jaxlm.corpora.models import gpt2_tokenizer_dir
 from jaxlm.data.tokenizers.load import load_tokenizer
 from jaxlm.eval import Item, loglikelihoods, perplexity
 from jaxlm.models import BertForPreTraining, CausalLM, model_config
-from jaxlm.parallel.rules import MESH_AXES
+from jaxlm.parallel.rules import MESH_AXES, rules_for
 
 
 def tiny_decoder():
@@ -95,6 +95,21 @@ def test_a_mesh_without_rules_gets_the_default_rules_or_a_line_naming_the_axes_t
     with pytest.raises(ValueError, match=r"^the default sharding rules \('dp'\) split over mesh axes \['data', "
                                          r"'fsdp'\], which this mesh \('x',\) lacks; pass rules for its axes$"):
         loglikelihoods(config, params, items, mesh=other_axes)
+
+
+@pytest.mark.parametrize("axis_type", [jax.sharding.AxisType.Explicit, jax.sharding.AxisType.Auto])
+def test_scoring_and_abstract_parameters_work_under_the_callers_mesh_and_rules(axis_type):
+    """Inside `jax.set_mesh` and `nn.logical_axis_rules`, as the README sets them for training, scoring unboxed
+    its abstract parameters through a sharding constraint, a TypeError on a ShapeDtypeStruct; so did
+    `nn.unbox(jax.eval_shape(model.init, ...))`."""
+    config, params = tiny_decoder()
+    items = [Item((1, 2), (3, 4)), Item((5,), (6, 7, 8))]
+    expected = loglikelihoods(config, params, items)
+    mesh = jax.make_mesh((jax.device_count() // 2, 2, 1), MESH_AXES, axis_types=(axis_type,) * 3)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules_for("fsdp")):
+        np.testing.assert_allclose(loglikelihoods(config, params, items), expected, rtol=1e-5)
+        shapes = nn.unbox(jax.eval_shape(CausalLM(config).init, jax.random.key(0), jnp.zeros((1, 4), jnp.int32)))
+    assert jax.tree.map(lambda s: s.shape, shapes["params"]) == jax.tree.map(np.shape, params)
 
 
 def test_a_batch_larger_than_the_rows_is_padded_to_the_rows_not_to_the_batch(monkeypatch):
