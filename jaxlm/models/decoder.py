@@ -74,6 +74,9 @@ class Decoder(nn.Module):
         if cfg.cross_document_attention:
             segment_ids = None  # the row is one sequence; the padding mask still keeps its padding out
         if positions is None:
+            if decode and "cache" in self.variables:  # counted from 0 again, each token would be the first
+                raise ValueError("decode=True on an existing cache needs positions [batch, length]: the absolute "
+                                 "positions of these tokens")
             positions = (jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
                          if segment_ids is None else segment_positions(segment_ids))
         x = self.token(input_ids)

@@ -240,8 +240,13 @@ class Attention(nn.Module):
         if sizing:
             return k, v, None
         start, length = index.value, k.shape[1]
+        slots = key_cache.value.shape[1]
+        if not isinstance(start, jax.core.Tracer) and int(start) + length > slots:  # under jit: written clipped
+            raise ValueError(f"decode=True: {length} token(s) from cache slot {int(start)} overflow the cache's "
+                             f"{slots} slots; size the cache (the length of the first decode=True call) for every "
+                             "token")
         key_cache.value = jax.lax.dynamic_update_slice_in_dim(key_cache.value, k, start, axis=1)
         value_cache.value = jax.lax.dynamic_update_slice_in_dim(value_cache.value, v, start, axis=1)
         index.value = start + length
-        slots, queries = jnp.arange(key_cache.value.shape[1]), start + jnp.arange(length)
+        slots, queries = jnp.arange(slots), start + jnp.arange(length)
         return key_cache.value, value_cache.value, (slots[None, :] <= queries[:, None])[None, None]

@@ -114,14 +114,21 @@ def check_positions(length: int, config: TransformerConfig, what: str) -> None:
 
 
 def check_token_inputs(input_ids, what: str = "input_ids", **aligned) -> None:
-    """ValueError unless `input_ids` is [batch, length] and each of `aligned` that is given (segment ids, a
-    padding mask, positions: name=array) has its shape; otherwise an IndexError or a broadcast deep inside."""
+    """ValueError unless `input_ids` is [batch, length] of integers and each of `aligned` that is given (segment
+    ids, a padding mask, positions: name=array) has its shape, ids and positions holding integers; otherwise an
+    IndexError or a broadcast deep inside, or a padding mask given where positions go, read as positions."""
     shape = tuple(jnp.shape(input_ids))
     if len(shape) != 2:
         raise ValueError(f"{what} must be [batch, length], not shape {shape}")
-    for name, array in aligned.items():
-        if array is not None and tuple(jnp.shape(array)) != shape:
+    for name, array in [(what, input_ids), *aligned.items()]:
+        if array is None:
+            continue
+        if tuple(jnp.shape(array)) != shape:
             raise ValueError(f"{name} has shape {tuple(jnp.shape(array))} and {what} {shape}: give one per token")
+        dtype = jnp.result_type(array)
+        if "mask" not in name and not jnp.issubdtype(dtype, jnp.integer):
+            hint = ": is it a padding mask given by position? pass it as padding_mask=" if dtype == bool else ""
+            raise ValueError(f"{name} must hold integers, not {dtype}{hint}")
 
 
 def embedding_axis(config: TransformerConfig) -> tuple[str, int]:
