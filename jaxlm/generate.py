@@ -308,8 +308,39 @@ _seq2seq_jit = jax.jit(_seq2seq_program, static_argnames=("model", "start_id", "
 
 # ---------------------------------------------------------------- host side: checks, padding, placement
 
+def _check_generator(model, generates: str | None = None) -> str:
+    """How `model` generates ("causal", "seq2seq"); a ValueError unless it is a network of a family that generates,
+    as `generates` where that is given."""
+    if not isinstance(model, nn.Module) or not hasattr(model, "config"):
+        raise ValueError(f"generation takes the network (e.g. jaxlm.generate.model_for(config)), not a "
+                         f"{type(model).__name__}")
+    family = model.config.family
+    how = families.get(family).generates
+    if not how:
+        raise _not_generative(family)
+    if generates is not None and how != generates:
+        wanted = {"causal": "a decoder", "seq2seq": "an encoder-decoder"}
+        raise ValueError(f"generate_{generates} takes {wanted[generates]}, which a {family} model is not: use "
+                         f"generate_{how}, or generate, which picks by the model's family")
+    return how
+
+
+def _check_rng(rng) -> None:
+    """A ValueError unless `rng` is None or a JAX random key (new-style or the raw uint32[2] kind)."""
+    if rng is None:
+        return
+    dtype, shape = getattr(rng, "dtype", None), getattr(rng, "shape", None)
+    if dtype is not None and (jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) or (dtype, shape) == (np.uint32, (2,))):
+        return
+    raise ValueError(f"rng={rng!r} is not a JAX random key; give one such as jax.random.key(0)")
+
+
 def _as_batch(ids, mask, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
-    ids = np.asarray(ids)
+    try:
+        ids = np.asarray(ids)
+    except ValueError:  # NumPy's "inhomogeneous shape"
+        raise ValueError("token ids must be [batch, length]: pad the rows to one length and give the mask (true at "
+                         "real tokens)") from None
     if ids.ndim != 2:
         raise ValueError(f"token ids must be [batch, length], not shape {ids.shape}")
     mask = np.ones(ids.shape, bool) if mask is None else np.asarray(mask).astype(bool)
@@ -415,6 +446,8 @@ def generate_causal(model, params, prompt_ids, prompt_mask=None, *, max_new_toke
     `num_beams > 1` is Hugging Face's beam search. With `mesh`, params are placed by their logical axis names
     under `rules` (default: MeshConfig's preset) and the batch split over the data axes. `eos_id` and `pad_id`
     default to the config's (as transformers' generate: its eos_token_id ends a row)."""
+    _check_generator(model, "causal")
+    _check_rng(rng)
     ids, mask = _as_batch(prompt_ids, prompt_mask, model.config.vocab_size)
     _check_counts(max_new_tokens, ids.shape[0], early_stopping)
     check_sampling(temperature, top_k, top_p, num_beams)
@@ -446,6 +479,8 @@ def generate_seq2seq(model, params, input_ids, input_mask=None, *, max_new_token
     """Decoder tokens after `decoder_start_id` from an encoder-decoder (T5, BART) given encoder inputs
     [B, Ts] (`input_mask` true at real tokens): encode once, then greedy, sampling or beam search on the
     decoder's KV cache. `eos_id`, `decoder_start_id` and `pad_id` default to the config's."""
+    _check_generator(model, "seq2seq")
+    _check_rng(rng)
     ids, mask = _as_batch(input_ids, input_mask, model.config.vocab_size)
     _check_counts(max_new_tokens, ids.shape[0], early_stopping)
     check_sampling(temperature, top_k, top_p, num_beams)
@@ -480,10 +515,7 @@ GENERATORS = {"causal": generate_causal, "seq2seq": generate_seq2seq}
 
 def generate(model, params, ids, mask=None, **kwargs) -> Generation:
     """`generate_causal` or `generate_seq2seq`, by what the model's family generates."""
-    how = families.get(model.config.family).generates
-    if not how:
-        raise _not_generative(model.config.family)
-    return GENERATORS[how](model, params, ids, mask, **kwargs)
+    return GENERATORS[_check_generator(model)](model, params, ids, mask, **kwargs)
 
 
 def model_for(config):

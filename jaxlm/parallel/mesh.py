@@ -51,8 +51,10 @@ def auto_axes(mesh: Mesh) -> Mesh:
 def mesh_and_rules(mesh: Mesh | None, rules: Rules | None) -> tuple[Mesh, Rules]:
     """The mesh and logical-axis rules a library call (scoring, generation) runs under: without a mesh, every device
     as MeshConfig's defaults lay them out; without rules, MeshConfig's default preset, which names the mesh axes
-    `make_mesh` makes; every axis Auto."""
+    `make_mesh` makes; every axis Auto. `rules` may be a preset's name, as mesh.rules takes it."""
     mesh = make_mesh(MeshConfig()) if mesh is None else mesh
+    if isinstance(rules, str):
+        rules = rules_for(rules)
     if rules is None:
         rules = rules_for(MeshConfig().rules)
         missing = sorted({axis for _, entry in rules for axis in axis_tuple(entry)} - set(mesh.axis_names))

@@ -172,3 +172,70 @@ def test_inputs_of_the_wrong_shape_are_named():
     t5 = T5ForConditionalGeneration(model_config("t5-small", head_size=16, **SIZES))
     with pytest.raises(ValueError, match=re.escape("decoder_input_ids must be [batch, length], not shape (3,)")):
         jax.eval_shape(lambda: t5.init(jax.random.key(0), tokens, jnp.zeros((3,), jnp.int32)))
+
+
+def test_a_mask_given_where_positions_go_and_ids_that_are_not_integers_are_named():
+    """Hugging Face's order (ids, mask) put a padding mask into `positions`: it ran, every token at position 0 or 1.
+    In T5's decoder ids it was an IndexError deep inside, and float ids a gather's TypeError."""
+    model, params = tiny_decoder()
+    tokens = jnp.zeros((2, 8), jnp.int32)
+    with pytest.raises(ValueError, match=re.escape("positions must hold integers, not bool: is it a padding mask given "
+                                                   "by position? pass it as padding_mask=")):
+        model.apply({"params": params}, tokens, jnp.ones((2, 8), bool))
+    with pytest.raises(ValueError, match=r"^input_ids must hold integers, not float32"):
+        model.apply({"params": params}, tokens.astype(jnp.float32))
+    model.apply({"params": params}, tokens, padding_mask=jnp.ones((2, 8), jnp.float32))  # a mask may be any type
+    t5 = T5ForConditionalGeneration(model_config("t5-small", head_size=16, **SIZES))
+    with pytest.raises(ValueError, match=re.escape("decoder_input_ids must hold integers, not bool: is it a padding")):
+        jax.eval_shape(lambda: t5.init(jax.random.key(0), tokens, jnp.ones((2, 8), bool)))
+
+
+def test_decoding_on_a_cache_without_positions_or_past_its_slots_is_refused():
+    """Without positions each new token was read as position 0 again (rotary: other logits, no error); a cache
+    fed more tokens than its slots wrote them clipped to its end. Token by token with positions, the logits are
+    the whole sequence's."""
+    model, params = tiny_decoder()
+    tokens = jnp.array([[5, 17, 30, 42, 7, 99]])
+    whole = model.apply({"params": params}, tokens)
+    cache = model.init(jax.random.key(0), jnp.zeros((1, 6), jnp.int32), decode=True)["cache"]
+    for t in range(6):
+        logits, changed = model.apply({"params": params, "cache": cache}, tokens[:, t:t + 1],
+                                      positions=jnp.array([[t]]), decode=True, mutable=["cache"])
+        np.testing.assert_allclose(logits[0, 0], whole[0, t], atol=1e-5)
+        cache = changed["cache"]
+    with pytest.raises(ValueError, match=r"^decode=True on an existing cache needs positions \[batch, length\]"):
+        model.apply({"params": params, "cache": cache}, tokens[:, :1], decode=True, mutable=["cache"])
+    with pytest.raises(ValueError, match=r"^decode=True: 1 token\(s\) from cache slot 6 overflow the cache's 6 slots"):
+        model.apply({"params": params, "cache": cache}, tokens[:, :1], positions=jnp.array([[6]]), decode=True,
+                    mutable=["cache"])
+
+
+def test_generation_names_the_wrong_network_key_or_rows():
+    """A config for its network, a T5 given to generate_causal (and a decoder to generate_seq2seq), an int for a
+    key and ragged rows were AttributeErrors, a TypeError about `decode`, PRNG key data and NumPy's inhomogeneous
+    shape."""
+    model, params = tiny_decoder()
+    t5 = T5ForConditionalGeneration(model_config("t5-small", head_size=16, **SIZES))
+    refused = [(lambda: generate_causal(model.config, params, [[5, 6]], max_new_tokens=2),
+                "generation takes the network (e.g. jaxlm.generate.model_for(config)), not a TransformerConfig"),
+               (lambda: generate_causal(t5, {}, [[5, 6]], max_new_tokens=2),
+                "generate_causal takes a decoder, which a t5 model is not: use generate_seq2seq, or generate"),
+               (lambda: generate_seq2seq(model, params, [[5, 6]], max_new_tokens=2),
+                "generate_seq2seq takes an encoder-decoder, which a llama model is not: use generate_causal"),
+               (lambda: generate_causal(model, params, [[5, 6]], max_new_tokens=2, temperature=1.0, rng=0),
+                "rng=0 is not a JAX random key; give one such as jax.random.key(0)"),
+               (lambda: generate_causal(model, params, [[5, 6, 7], [8, 9]], max_new_tokens=2),
+                "token ids must be [batch, length]: pad the rows to one length and give the mask")]
+    for call, expected in refused:
+        with pytest.raises(ValueError, match="^" + re.escape(expected)):
+            call()
+    legacy = generate_causal(model, params, [[5, 6]], max_new_tokens=2, temperature=1.0, rng=jax.random.PRNGKey(0))
+    assert legacy.tokens.shape == (1, 2)
+
+
+def test_rules_may_be_a_presets_name():
+    """rules="fsdp" (mesh.rules' spelling) was "not enough values to unpack"."""
+    model, params = tiny_decoder()
+    mesh = jax.make_mesh((jax.device_count(), 1, 1), MESH_AXES)
+    by_name = generate_causal(model, params, [[5, 6, 7]], max_new_tokens=3, mesh=mesh, rules="fsdp")
+    np.testing.assert_array_equal(by_name.tokens, generate_causal(model, params, [[5, 6, 7]], max_new_tokens=3).tokens)
