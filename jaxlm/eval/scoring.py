@@ -51,6 +51,9 @@ class Item:
 
 def kind_of(config: TransformerConfig) -> str:
     """How the family scores: "causal", "masked" or "seq2seq"."""
+    if not isinstance(config, TransformerConfig):  # generation takes the network; scoring, its config
+        raise ValueError(f"scoring takes the model's config (a TransformerConfig, e.g. model.config), not a "
+                         f"{type(config).__name__}")
     return families.get(config.family).scores
 
 
@@ -71,6 +74,17 @@ def least_read(item: Item, kind: str) -> int:
     if kind == "masked":
         return min(len(item.context), 1) + len(item.continuation) + len(item.suffix)
     return len(item.continuation)
+
+
+def as_items(items) -> list[Item]:
+    """Items, each given as an Item or as a tuple of its fields (context, continuation[, suffix])."""
+    if isinstance(items, Item):
+        raise ValueError("items is one Item; give a list of them")
+    try:
+        return [item if isinstance(item, Item) else Item(*item) for item in items]
+    except TypeError:
+        raise ValueError("items must be Item(context, continuation[, suffix]) or tuples of those id "
+                         "sequences") from None
 
 
 def check_fits(items: Sequence[Item], config: TransformerConfig, kind: str) -> None:
@@ -256,13 +270,17 @@ def select_like(tree, target):
 
 
 def place_params(params, config: TransformerConfig, mesh: Mesh, rules: tuple):
-    """A caller's parameter tree (numpy or jax arrays) on the mesh by its logical axes, keeping what
-    scoring reads."""
+    """A caller's parameter tree (numpy or jax arrays, boxed with their axis names or not) on the mesh by its
+    logical axes, keeping what scoring reads."""
+    kind_of(config)
     target = abstract_params(config, mesh, rules)
+    params = nn.unbox(params)
     try:
         chosen = select_like(params, target)
     except ValueError as err:
-        raise ValueError(f"{err}, which scoring a {config.family} model needs") from None
+        nested = isinstance(params, dict) and "params" in params and "params" not in target
+        hint = "; give the tree under \"params\", not the variables that hold it" if nested else ""
+        raise ValueError(f"{err}, which scoring a {config.family} model needs{hint}") from None
     return jax.tree.map(lambda x, t: jax.device_put(x, t.sharding), chosen, target)
 
 
@@ -309,6 +327,7 @@ class Scorer:
                  ) -> list[np.ndarray]:
         """Per item, the log-probability of each continuation token (float32 [len(continuation)]);
         `progress` is told how many rows each batch finished."""
+        items = as_items(items)
         check_fits(items, self.config, self.kind)
         check_vocabulary(items, self.config.vocab_size)
         rows = self.rows(items)

@@ -80,8 +80,7 @@ def parse_task(spec: str) -> Task:
                              f"{', '.join(CHOICE_TASKS)}, or give a BIG-bench task.json")
         path = readable_again(given)
         task = load_choice_task(path)
-        if shots and len(task.examples) < shots + 1:
-            raise ValueError(f"{path}: {shots}-shot needs at least {shots + 1} examples, it has {len(task.examples)}")
+        check_shots(task, shots, path)
         return Task("choice", path, shots, f"choice:{task.name}@{shots}")
     if kind == "finetune" and rest:
         path = pathlib.Path(rest)
@@ -288,8 +287,17 @@ def continuation_item(tokenizer, kind: str, context: str, continuation: str) -> 
     return Item(tuple(before + head), tuple(whole[len(head):]), tuple(after))
 
 
+def check_shots(task: ChoiceTask, shots, where) -> None:
+    """A ValueError unless `shots` is a whole number of 0 or more that the task's other examples can supply."""
+    if isinstance(shots, bool) or not isinstance(shots, int) or shots < 0:
+        raise ValueError(f"{where}: shots={shots!r}; give a whole number of 0 or more")
+    if shots and len(task.examples) < shots + 1:
+        raise ValueError(f"{where}: {shots}-shot needs at least {shots + 1} examples, it has {len(task.examples)}")
+
+
 def choice_items(tokenizer, kind: str, task: ChoiceTask, shots: int) -> list[list[Item]]:
     """Per example, one item per choice (in the file's order)."""
+    check_shots(task, shots, task.name)
     return [[continuation_item(tokenizer, kind, prompt, choice) for choice in example["target_scores"]]
             for prompt, example in zip(prompts(task, shots), task.examples)]
 

@@ -147,3 +147,22 @@ def test_perplexity_names_a_foreign_tokenizer_and_a_string_of_lines():
         perplexity(config, params, foreign, ["a line"])
     with pytest.raises(ValueError, match=r"^lines is one string; give a list of lines"):
         perplexity(config, params, load_tokenizer(gpt2_tokenizer_dir()), "a line")
+
+
+def test_scoring_takes_tuples_and_boxed_parameters_and_names_a_network_or_a_nested_tree():
+    """Tuples for items were "'tuple' object has no attribute 'continuation'", boxed parameters a pytree
+    structure error, the network for its config "object has no attribute 'family'", and {"params": tree} named
+    the groups as missing without saying why."""
+    config, params = tiny_decoder()
+    items = [Item((1, 2), (3, 4))]
+    expected = loglikelihoods(config, params, items)
+    boxed = CausalLM(config).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"]
+    np.testing.assert_allclose(loglikelihoods(config, boxed, [((1, 2), (3, 4))]), expected, rtol=1e-6)
+    with pytest.raises(ValueError, match=r"^scoring takes the model's config \(a TransformerConfig, e\.g\. "
+                                         r"model\.config\), not a CausalLM$"):
+        loglikelihoods(CausalLM(config), params, items)
+    with pytest.raises(ValueError, match=r"^the parameters lack decoder, lm_head, which scoring a llama model needs; "
+                                         r"give the tree under \"params\", not the variables that hold it$"):
+        loglikelihoods(config, {"params": params}, items)
+    with pytest.raises(ValueError, match=r"^items must be Item\(context, continuation\[, suffix\]\) or tuples"):
+        loglikelihoods(config, params, [(1, 2)])

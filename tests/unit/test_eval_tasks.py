@@ -1,6 +1,7 @@
 """Evaluation tasks: specs, BIG-bench prompts and shots, the items text becomes, and the metrics."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -46,6 +47,14 @@ def test_task_specs(tmp_path, arithmetic_task):
     (records := tmp_path / "records.jsonl").write_text('{"text": "one line"}\n')
     with pytest.raises(ValueError, match=r"^ppl: file .*records.jsonl is JSON Lines, and this reads plain text"):
         tasks.parse_task(f"ppl:{records}")
+
+
+@pytest.mark.parametrize(("shots", "expected"), [(8, "8-shot needs at least 9 examples, it has 8"),
+                                                 (-1, "shots=-1; give a whole number of 0 or more")])
+def test_the_library_checks_shots_as_the_command_does(arithmetic, shots, expected):
+    """`choice_accuracy(..., shots=8)` on 8 examples was NumPy's "Cannot take a larger sample than population"."""
+    with pytest.raises(ValueError, match=f"^basic_arithmetic: {re.escape(expected)}$"):
+        tasks.choice_items(None, "causal", arithmetic, shots)
 
 
 @pytest.mark.parametrize("content, message", [
