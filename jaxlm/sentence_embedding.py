@@ -13,7 +13,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxlm import families
 from jaxlm.convert import store
 from jaxlm.corpora.text import check_file, check_output_file, check_plain_text, utf8_lines
-from jaxlm.models.config import TransformerConfig
+from jaxlm.models.config import TransformerConfig, check_ids
 from jaxlm.parallel.xla_options import project_xla_options
 
 POOLINGS = ("mean", "cls")
@@ -65,7 +65,8 @@ def pad_batch(rows: Sequence[Sequence[int]], batch: int, length: int, pad_id: in
     return ids, mask
 
 
-def _encoder_states(model, input_ids, padding_mask):
+def encoder_states(model, input_ids, padding_mask):
+    """The encoder's last hidden states [B, T, E], as a `method` of the family's network."""
     return model.encoder.hidden_states(input_ids, None, padding_mask, True)
 
 
@@ -79,7 +80,7 @@ def pooled_fn(config: TransformerConfig, pooling: str, normalize: bool) -> Calla
     module = encoder_module(config)
 
     def pooled(params, ids, mask):
-        hidden = module.apply({"params": params}, ids, mask, method=_encoder_states).astype(jnp.float32)
+        hidden = module.apply({"params": params}, ids, mask, method=encoder_states).astype(jnp.float32)
         if pooling == "cls":
             out = hidden[:, 0]
         else:
@@ -102,6 +103,12 @@ def embed(config: TransformerConfig, params, token_ids: Sequence[Sequence[int]],
     check_encoder(config)
     if pooling not in POOLINGS:
         raise ValueError(f"pooling={pooling!r}; choose one of {POOLINGS}")
+    if not len(token_ids):
+        raise ValueError("no sentences to embed")
+    for index, row in enumerate(token_ids):  # the encoder's lookup reads an id outside the vocabulary as NaN
+        if not len(row):
+            raise ValueError(f"sentence {index} has no tokens; every sentence needs at least one")
+        check_ids(row, config.vocab_size, lambda at: f"sentence {index}, token {at[0]}")
     longest = max(len(row) for row in token_ids)
     if longest > position_limit(config):
         raise ValueError(f"a sentence has {longest} tokens, more than the model's {position_limit(config)} positions")
