@@ -7,7 +7,7 @@ import jax.numpy as jnp
 
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.encoder import ACTIVATION, EncoderLayer
-from jaxlm.models.heads import MlmHead, gather_positions
+from jaxlm.models.heads import MlmHead, states_at
 from jaxlm.nn.embed import BertEmbeddings, check_token_inputs
 from jaxlm.nn.layers import Dense
 from jaxlm.nn.stack import REMAT_POLICIES, scan_body
@@ -70,7 +70,8 @@ class AlbertEncoder(nn.Module):
 
 
 class AlbertForPreTraining(nn.Module):
-    """ALBERT with MLM logits at `masked_positions` [B, P, V] and sentence-order logits [B, 2]."""
+    """ALBERT with MLM logits at `masked_positions` [B, P, V] (every position's [B, T, V] when it is None) and
+    sentence-order logits [B, 2]."""
 
     config: TransformerConfig
 
@@ -79,7 +80,8 @@ class AlbertForPreTraining(nn.Module):
         self.mlm = MlmHead(self.config)
         self.sop = Dense(self.config, 2, ("embed",), ("classes",))
 
-    def __call__(self, input_ids, segment_ids, padding_mask, masked_positions, deterministic: bool = True):
+    def __call__(self, input_ids, segment_ids=None, padding_mask=None, masked_positions=None,
+                 deterministic: bool = True):
         hidden, pooled = self.encoder(input_ids, segment_ids, padding_mask, deterministic)
-        mlm_logits = self.mlm(gather_positions(hidden, masked_positions), self.encoder.word_embeddings)
+        mlm_logits = self.mlm(states_at(hidden, masked_positions), self.encoder.word_embeddings)
         return mlm_logits, self.sop(pooled).astype(jnp.float32)

@@ -20,6 +20,11 @@ def gather_positions(hidden: jax.Array, positions: jax.Array) -> jax.Array:
     return jnp.take_along_axis(hidden, positions[..., None], axis=1, mode="fill")
 
 
+def states_at(hidden: jax.Array, positions: jax.Array | None) -> jax.Array:
+    """The states at `positions` [B, P] (`gather_positions`), or at every position when it is None."""
+    return hidden if positions is None else gather_positions(hidden, positions)
+
+
 class MlmHead(nn.Module):
     """dense (to ALBERT's narrow width when `embedding_size` is set), the config's activation, LayerNorm,
     then the decoder tied to the token embeddings plus a bias."""
@@ -38,7 +43,8 @@ class MlmHead(nn.Module):
 
 
 class BertForPreTraining(nn.Module):
-    """BERT with MLM logits at `masked_positions` [B, P, V] and NSP logits [B, 2]."""
+    """BERT with MLM logits at `masked_positions` [B, P, V] (every position's [B, T, V] when it is None) and NSP
+    logits [B, 2]."""
 
     config: TransformerConfig
 
@@ -47,9 +53,10 @@ class BertForPreTraining(nn.Module):
         self.mlm = MlmHead(self.config)
         self.nsp = Dense(self.config, 2, ("embed",), ("classes",))
 
-    def __call__(self, input_ids, segment_ids, padding_mask, masked_positions, deterministic: bool = True):
+    def __call__(self, input_ids, segment_ids=None, padding_mask=None, masked_positions=None,
+                 deterministic: bool = True):
         hidden, pooled = self.encoder(input_ids, segment_ids, padding_mask, deterministic)
-        mlm_logits = self.mlm(gather_positions(hidden, masked_positions), self.encoder.word_embeddings)
+        mlm_logits = self.mlm(states_at(hidden, masked_positions), self.encoder.word_embeddings)
         nsp_logits = self.nsp(pooled).astype(jnp.float32)
         return mlm_logits, nsp_logits
 
@@ -69,6 +76,4 @@ class MaskedLM(nn.Module):
     def __call__(self, input_ids, segment_ids=None, padding_mask=None, masked_positions=None,
                  deterministic: bool = True):
         hidden = self.encoder.hidden_states(input_ids, segment_ids, padding_mask, deterministic)
-        if masked_positions is not None:
-            hidden = gather_positions(hidden, masked_positions)
-        return self.mlm(hidden, self.encoder.word_embeddings)
+        return self.mlm(states_at(hidden, masked_positions), self.encoder.word_embeddings)

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.crf import CRF
 from jaxlm.models.decoder import Decoder
+from jaxlm.models.heads import states_at
 from jaxlm.nn.dropout import Dropout
 from jaxlm.nn.layers import Dense, normal_init
 
@@ -151,6 +152,9 @@ class MultipleChoice(EncoderHead):
 
     @nn.compact
     def __call__(self, input_ids, segment_ids=None, padding_mask=None, deterministic: bool = True):
+        if jnp.ndim(input_ids) != 3:
+            raise ValueError("MultipleChoice reads input_ids [batch, choices, length], not shape "
+                             f"{jnp.shape(input_ids)}")
         batch, choices, length = input_ids.shape
         flat = lambda x: None if x is None else x.reshape(batch * choices, length)
         encoder = encoder_backbone(self)(self.config, name="encoder")
@@ -161,8 +165,9 @@ class MultipleChoice(EncoderHead):
 
 
 class CrfTagger(EncoderHead):
-    """Emissions [B, W, num_labels] at the first subword of each word (`word_positions`), for a
-    linear-chain CRF over the words; `labels` in tag order constrain its transitions to BIO's rules."""
+    """Emissions [B, W, num_labels] at the first subword of each word (`word_positions`; every token's [B, T,
+    num_labels] when it is None), for a linear-chain CRF over the words; `labels` in tag order constrain its
+    transitions to BIO's rules."""
 
     config: TransformerConfig
     num_labels: int
@@ -181,9 +186,9 @@ class CrfTagger(EncoderHead):
         hidden = self.encoder.hidden_states(input_ids, segment_ids, padding_mask, deterministic)
         emissions = self.classifier(self.dropout(hidden, deterministic=deterministic)).astype(jnp.float32)
         if self.is_initializing():  # init runs __call__ only: create the CRF's scores too
-            self.crf.log_likelihood(emissions[:, :1], jnp.zeros_like(word_positions[:, :1]),
-                                    jnp.ones_like(word_positions[:, :1]))
-        return jnp.take_along_axis(emissions, word_positions[..., None], axis=1)
+            first = jnp.zeros(emissions.shape[:1] + (1,), jnp.int32)
+            self.crf.log_likelihood(emissions[:, :1], first, first + 1)
+        return states_at(emissions, word_positions)
 
     def log_likelihood(self, emissions, tags, mask):
         return self.crf.log_likelihood(emissions, tags, mask)
@@ -194,8 +199,8 @@ class CrfTagger(EncoderHead):
 
 class DecoderClassifier(nn.Module):
     """Logits [B, num_labels] of a decoder (GPT-2, Llama) at each row's last real token (rows padded on
-    the right), through a bias-free `score` as transformers' *ForSequenceClassification; the decoder
-    under `decoder`, as in CausalLM, so a pretrained one loads as it is."""
+    either side: transformers' rightmost token that is not padding), through a bias-free `score` as transformers'
+    *ForSequenceClassification; the decoder under `decoder`, as in CausalLM, so a pretrained one loads as it is."""
 
     config: TransformerConfig
     num_labels: int
@@ -215,7 +220,7 @@ class DecoderClassifier(nn.Module):
             padding_mask = jnp.ones(input_ids.shape, bool)
         documents = padding_mask.astype(jnp.int32)  # one document per row, padding apart
         hidden = Decoder(cfg, name="decoder")(input_ids, None, documents, documents > 0, deterministic)
-        last = jnp.maximum(documents.sum(-1) - 1, 0)
+        last = input_ids.shape[1] - 1 - jnp.argmax(documents[:, ::-1], axis=-1)  # rows padded on either side
         pooled = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
         score = self.param("score", normal_init(cfg, ("embed", "classes")), (cfg.hidden_size, self.num_labels),
                            jnp.dtype(cfg.param_dtype))

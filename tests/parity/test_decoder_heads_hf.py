@@ -1,6 +1,6 @@
 """A decoder's sequence classification equals transformers' GPT2ForSequenceClassification and
 LlamaForSequenceClassification (PyTorch, CPU, fp32): logits at the last real token of right-padded rows,
-the loss and its gradients."""
+the loss and its gradients; left-padded rows give the same logits."""
 from __future__ import annotations
 
 import functools
@@ -50,6 +50,13 @@ def test_logits_loss_and_gradients_equal_transformers(name):
     np.testing.assert_allclose(np.asarray(grads["score"]).T, model.score.weight.grad.numpy(), atol=2e-5)
     embedding = dict(model.named_parameters())["transformer.wte.weight" if name == "gpt2" else "model.embed_tokens.weight"]
     np.testing.assert_allclose(np.asarray(grads["decoder"]["token"]["embedding"]), embedding.grad.numpy(), atol=2e-5)
+
+    # the same rows padded on the left: pooled at the last real token too (it read the row's length - 1th)
+    shifts = ids.shape[1] - mask.sum(1)
+    left = {"input_ids": np.stack([np.roll(row, k) for row, k in zip(ids, shifts)]),
+            "input_mask": np.stack([np.roll(row, k) for row, k in zip(mask.astype(np.int32), shifts)])}
+    np.testing.assert_allclose(np.asarray(objective.apply(params, batch | left, None, True)), np.asarray(logits),
+                               atol=2e-5)
 
 
 def test_prompt_response_loss_equals_transformers_with_the_prompt_ignored():

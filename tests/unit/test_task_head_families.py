@@ -67,3 +67,19 @@ def test_fewer_than_one_label_is_refused(head, labels):
     with pytest.raises(ValueError) as refused:
         head(config, labels)
     assert str(refused.value) == f"{head.__name__}: num_labels={labels}; use 1 (regression) or more classes"
+
+
+def test_positions_left_out_give_every_positions_outputs_and_choices_need_their_axis():
+    """BERT's and ALBERT's pretraining models without masked_positions, and CrfTagger without word_positions, were
+    AttributeErrors on None (MaskedLM already gave every position's logits); MultipleChoice given [B, T] ids was
+    "not enough values to unpack"."""
+    from jaxlm.models import AlbertForPreTraining, BertForPreTraining
+    every = jnp.broadcast_to(jnp.arange(8), IDS.shape)
+    for module in (BertForPreTraining(tiny("bert-tiny")), AlbertForPreTraining(tiny("albert-base", embedding_size=16)),
+                   CrfTagger(tiny("bert-tiny"), 3)):
+        variables = module.init(jax.random.key(0), IDS, None, None, every)
+        whole, at_every = module.apply(variables, IDS), module.apply(variables, IDS, None, None, every)
+        assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), whole, at_every))
+    with pytest.raises(ValueError, match=r"^MultipleChoice reads input_ids \[batch, choices, length\], not shape "
+                                         r"\(2, 8\)"):
+        MultipleChoice(tiny("bert-tiny")).init(jax.random.key(0), IDS)
