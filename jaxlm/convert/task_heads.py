@@ -59,9 +59,12 @@ def _head_pooling(module: nn.Module) -> str:
     return getattr(module, "pooling", "")
 
 
-def task_params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig, head: str, num_labels: int = 2,
-                        pooling: str | None = None) -> dict:
-    """Our head's tree ({"encoder": ..., and the head's layers}) from a Hugging Face fine-tuned model's tensors."""
+def task_params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig, head: str,
+                        num_labels: int | None = None, pooling: str | None = None) -> dict:
+    """Our head's tree ({"encoder": ..., and the head's layers}) from a Hugging Face fine-tuned model's tensors;
+    `num_labels` defaults to the classes its classifier has."""
+    if num_labels is None:
+        num_labels = checkpoint_labels(tensors, head, _head_pooling(head_module(config, head, 2, pooling)))
     module = head_module(config, head, num_labels, pooling)
     entries = head_entries(head, _head_pooling(module))
     theirs = {entry.theirs for entry in entries}
@@ -70,6 +73,12 @@ def task_params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerCo
     layers = params_from_hf({k: v for k, v in tensors.items() if k in theirs}, config, {"head": entries},
                             head_shapes(module, head), f"{config.family} {head} head")
     return {"encoder": backbone["encoder"], **layers}
+
+
+def checkpoint_labels(tensors: Mapping[str, np.ndarray], head: str, pooling: str) -> int:
+    """The classes of a fine-tuned checkpoint's classifier (a torch Linear's output rows); 2 where it has none."""
+    weight = next((entry.theirs for entry in head_entries(head, pooling) if entry.ours == "classifier/kernel"), None)
+    return int(tensors[weight].shape[0]) if weight in tensors else 2
 
 
 def task_params_to_hf(params: Mapping, config: TransformerConfig, head: str, num_labels: int = 2,

@@ -39,13 +39,13 @@ HEAD_OF = {"BertForSequenceClassification": "sequence_classification",
 
 
 def bert(model_class: str, **fields):
-    """(transformers model, our config, its tensors, our head's params through jaxlm.convert.task_heads)
-    of a small random BERT with that head."""
+    """(transformers model, our config, its tensors, our head's params through jaxlm.convert.task_heads, which
+    reads the number of classes from the classifier) of a small random BERT with that head."""
     model = random_model(getattr(transformers, model_class),
                          transformers.BertConfig(**BERT, **fields, attn_implementation="eager"))
     config = hf.bert_config_from_hf(model.config.to_dict(), dtype="float32")
     tensors = torch_tensors(model)
-    params = task_heads.task_params_from_hf(tensors, config, HEAD_OF[model_class], fields.get("num_labels", 2))
+    params = task_heads.task_params_from_hf(tensors, config, HEAD_OF[model_class])  # the classes read from them
     return model, config, tensors, params
 
 
