@@ -234,6 +234,9 @@ class Attention(nn.Module):
     def _cached(self, k: jax.Array, v: jax.Array):
         """(all cached keys, values, mask of the slots each query may see); no mask on the sizing call."""
         sizing = not self.has_variable("cache", "cached_key")
+        if sizing and not self.is_mutable_collection("cache"):  # else flax's ScopeCollectionNotFound
+            raise ValueError("decode=True needs a KV cache: make one with init(..., decode=True), whose \"cache\" "
+                             "is then passed beside the parameters with mutable=[\"cache\"]")
         key_cache = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
         value_cache = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
         index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))

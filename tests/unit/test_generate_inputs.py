@@ -239,3 +239,11 @@ def test_rules_may_be_a_presets_name():
     mesh = jax.make_mesh((jax.device_count(), 1, 1), MESH_AXES)
     by_name = generate_causal(model, params, [[5, 6, 7]], max_new_tokens=3, mesh=mesh, rules="fsdp")
     np.testing.assert_array_equal(by_name.tokens, generate_causal(model, params, [[5, 6, 7]], max_new_tokens=3).tokens)
+
+
+def test_decoding_without_a_cache_says_how_to_make_one():
+    """It was flax's ScopeCollectionNotFound on "cached_key"."""
+    model, params = tiny_decoder()
+    with pytest.raises(ValueError, match=r"^decode=True needs a KV cache: make one with init\(\.\.\., decode=True\)"):
+        model.apply({"params": params}, jnp.zeros((1, 1), jnp.int32), positions=jnp.zeros((1, 1), jnp.int32),
+                    decode=True)
