@@ -15,6 +15,18 @@ def as_mask(mask: jax.Array | None) -> jax.Array | None:
     return None if mask is None else mask.astype(bool)
 
 
+def check_encoder_states(states, padding_mask, rows: int, width: int) -> None:
+    """ValueError unless `states` are [rows, Ts, width] and `padding_mask` (if any) [rows, Ts]: states of another
+    batch broadcast against the decoder's rows, and another width met the cross-attention's kernels."""
+    shape = tuple(jnp.shape(states))
+    if len(shape) != 3 or shape[0] != rows or shape[2] != width:
+        raise ValueError(f"encoder_states has shape {shape}; the decoder reads [batch, source length, hidden_size] = "
+                         f"[{rows}, Ts, {width}], as encode returns them for its {rows} rows")
+    if padding_mask is not None and tuple(jnp.shape(padding_mask)) != shape[:2]:
+        raise ValueError(f"padding_mask has shape {tuple(jnp.shape(padding_mask))} and encoder_states {shape}: give "
+                         "the encoder's mask, one per source token")
+
+
 class EncoderDecoder(nn.Module):
     """(source ids [B, Ts], decoder ids [B, Td]) -> logits [B, Td, V] in float32.
 
@@ -50,6 +62,7 @@ class EncoderDecoder(nn.Module):
         """
         check_token_inputs(decoder_input_ids, "decoder_input_ids", decoder_positions=decoder_positions,
                            decoder_padding_mask=None if decode else decoder_padding_mask)
+        check_encoder_states(encoder_states, padding_mask, jnp.shape(decoder_input_ids)[0], self.config.hidden_size)
         if decoder_positions is None:
             if decode and "cache" in self.variables:
                 raise ValueError("decode=True on an existing cache needs decoder_positions [batch, length]: "

@@ -247,3 +247,21 @@ def test_decoding_without_a_cache_says_how_to_make_one():
     with pytest.raises(ValueError, match=r"^decode=True needs a KV cache: make one with init\(\.\.\., decode=True\)"):
         model.apply({"params": params}, jnp.zeros((1, 1), jnp.int32), positions=jnp.zeros((1, 1), jnp.int32),
                     decode=True)
+
+
+def test_encoder_states_of_another_batch_or_width_are_named():
+    """States of batch 2 for decoder ids of batch 1 broadcast to two rows of logits; another width was flax's
+    ScopeParamShapeError from the cross-attention's key."""
+    t5 = T5ForConditionalGeneration(model_config("t5-small", head_size=16, **SIZES))
+    ids = jnp.zeros((2, 4), jnp.int32)
+    params = nn.unbox(t5.init(jax.random.key(0), ids, ids))["params"]
+    states = t5.apply({"params": params}, ids, method="encode")
+    assert t5.apply({"params": params}, ids, states, method="decode").shape == (2, 4, 100)
+    for given, decoder_ids, expected in [
+            (states, ids[:1], "encoder_states has shape (2, 4, 32); the decoder reads [batch, source length, "
+                              "hidden_size] = [1, Ts, 32], as encode returns them for its 1 rows"),
+            (states[..., :16], ids, "encoder_states has shape (2, 4, 16); the decoder reads")]:
+        with pytest.raises(ValueError, match="^" + re.escape(expected)):
+            t5.apply({"params": params}, decoder_ids, given, method="decode")
+    with pytest.raises(ValueError, match=re.escape("padding_mask has shape (2, 3) and encoder_states (2, 4, 32)")):
+        t5.apply({"params": params}, ids, states, jnp.ones((2, 3), bool), method="decode")
