@@ -1,6 +1,7 @@
 """Text generation on a KV cache: sampling, greedy and beam search for decoders and encoder-decoders."""
 from __future__ import annotations
 
+import functools
 import math
 import pathlib
 from typing import Callable, NamedTuple
@@ -403,14 +404,36 @@ def _needs_more_memory(rows: int, width: int, s: Settings, why: str) -> ValueErr
                       "beams")
 
 
-def _check_cache_fits(cache, rows: int, width: int, s: Settings, mesh, rules) -> None:
-    """A ValueError before anything compiles where the KV cache alone (`cache`: its shapes, every beam's rows)
-    outgrows a device, the batch split over the mesh's data axes (without a mesh, one device holds it all)."""
+@functools.lru_cache(maxsize=64)
+def _cache_bytes(model, signature, rows: int, width: int, new_tokens: int) -> int:
+    """Bytes of the KV cache that generating `new_tokens` after `rows` inputs of `width` tokens keeps (`rows`: every
+    beam's), from the shapes alone; once per shape, since tracing the model takes a large one most of a second.
+    `signature`: (tree, ShapeDtypeStructs) of the parameters, `_signature`'s."""
+    params = jax.tree.unflatten(*signature)
+    if families.get(model.config.family).generates == "causal":
+        cache = _causal_cache(model, params, rows, width + new_tokens)
+    else:
+        ids, mask = jax.ShapeDtypeStruct((rows, width), jnp.int32), jax.ShapeDtypeStruct((rows, width), bool)
+        states = jax.eval_shape(lambda p, i, m: model.apply({"params": p}, i, m, method="encode"), params, ids, mask)
+        cache = _seq2seq_cache(model, params, rows, new_tokens, states, mask)
+    return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(cache))
+
+
+def _signature(params) -> tuple:
+    """The parameters' tree and shapes, hashable."""
+    leaves, tree = jax.tree.flatten(params)
+    return tree, tuple(jax.ShapeDtypeStruct(jnp.shape(leaf), jnp.result_type(leaf)) for leaf in leaves)
+
+
+def _check_cache_fits(model, params, ids, s: Settings, mesh, rules) -> None:
+    """A ValueError before anything compiles where the KV cache alone (every beam's rows) outgrows a device, the
+    batch split over the mesh's data axes (without a mesh, one device holds it all)."""
     have = device_memory(sharing=1 if mesh is None else mesh.size)
     if have is None:
         return
     shards = 1 if mesh is None else batch_shards(*mesh_and_rules(mesh, rules))
-    need = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(cache)) / shards
+    rows, width = ids.shape
+    need = _cache_bytes(model, _signature(params), rows * s.num_beams, width, s.max_new_tokens) / shards
     if need > have[0]:
         raise _needs_more_memory(rows, width, s, f"the KV cache alone takes {need / 2**30:,.1f} GiB per device, more "
                                  f"than the {have[0] / 2**30:,.1f} GiB of {have[1]}")
@@ -464,8 +487,7 @@ def generate_causal(model, params, prompt_ids, prompt_mask=None, *, max_new_toke
     check_special_ids(config.vocab_size, eos_id=eos_id, pad_id=pad_id)
     ids, mask = left_pad(ids, mask, pad_id)
     s = Settings(max_new_tokens, float(temperature), top_k, float(top_p), num_beams, early_stopping)
-    cache = _causal_cache(model, params, ids.shape[0] * num_beams, ids.shape[1] + max_new_tokens)
-    _check_cache_fits(cache, ids.shape[0], ids.shape[1], s, mesh, rules)
+    _check_cache_fits(model, params, ids, s, mesh, rules)
     init = lambda: model.init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32))
     return _run(_causal_jit, model, params, [ids, mask], rng, _knobs(eos_id, pad_id, length_penalty), mesh, rules,
                 init, s=s)
@@ -495,9 +517,7 @@ def generate_seq2seq(model, params, input_ids, input_mask=None, *, max_new_token
     pad_id = config.pad_token_id if pad_id is None else pad_id
     check_special_ids(config.vocab_size, eos_id=eos_id, decoder_start_id=start, pad_id=pad_id)
     s = Settings(max_new_tokens, float(temperature), top_k, float(top_p), num_beams, early_stopping)
-    states = jax.eval_shape(lambda p: model.apply({"params": p}, ids, mask, method="encode"), params)
-    cache = _seq2seq_cache(model, params, ids.shape[0] * num_beams, max_new_tokens, states, mask)
-    _check_cache_fits(cache, ids.shape[0], ids.shape[1], s, mesh, rules)
+    _check_cache_fits(model, params, ids, s, mesh, rules)
     dummy = jnp.zeros((1, 1), jnp.int32)
     init = lambda: model.init(jax.random.key(0), dummy, dummy)
     return _run(_seq2seq_jit, model, params, [ids, mask], rng, _knobs(eos_id, pad_id, length_penalty), mesh, rules,
