@@ -138,9 +138,7 @@ def check_family(config: Mapping, model_type: str, family: str) -> None:
 def build_config(fields: dict, overrides: dict) -> TransformerConfig:
     """A validated TransformerConfig from converted fields, each of its field's type (64.0 is 64; null refused);
     `overrides` win."""
-    result = model_config(**{**typed_values(TransformerConfig(), fields, "model"), **overrides})
-    result.validate()
-    return result
+    return model_config(**{**typed_values(TransformerConfig(), fields, "model"), **overrides})
 
 
 def eos_id(config: Mapping, default=None):

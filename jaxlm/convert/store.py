@@ -322,7 +322,6 @@ def _stored_config(stored: dict, directory: pathlib.Path) -> tuple[TransformerCo
         return run.model, CheckpointTokenizer(resolve_vocab(run.data), run.data.lowercase, run.data.sentinels,
                                               families.get(run.model.family).layout, run.model.vocab_size, exact=True)
     config = model_config(**config_lib.typed_values(TransformerConfig(), stored["model"], "model"))
-    config.validate()
     tokenizer = directory / TOKENIZER_DIR
     if not tokenizer.is_dir():
         return config, None

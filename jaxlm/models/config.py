@@ -56,8 +56,28 @@ def check_special_ids(vocab_size: int, **ids) -> None:
                              f"{vocab_size}: ids 0 to {vocab_size - 1})")
 
 
+def typed_field(name: str, value, default):
+    """`value` for the field `name` as its default's type, or a ValueError for a value of another type (an int field
+    takes no float or bool, a float field an int, a text field only text): the networks failed deep inside, or took a
+    string "no" as true. A NumPy scalar (read from an array) counts as the Python value it holds."""
+    kind = type(default)
+    if isinstance(value, np.generic):
+        value = value.item()
+    fits = (isinstance(value, bool) if kind is bool else
+            isinstance(value, int) and not isinstance(value, bool) if kind is int else
+            isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else
+            isinstance(value, kind))
+    if not fits:
+        raise ValueError(f"model.{name}={value!r} must be {'an' if kind is int else 'a'} {kind.__name__}")
+    return float(value) if kind is float else value
+
+
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
+    """What a network is. Checked as it is built (`dataclasses.replace` included): each field of its default's type
+    and the rules of `validate` kept, so a module never meets a config it would fail inside or silently run as
+    another network (hidden_size=100 over 3 heads was a 99-wide attention)."""
+
     family: str = "bert"  # a name in jaxlm.families
     vocab_size: int = 30522
     hidden_size: int = 768
@@ -125,6 +145,11 @@ class TransformerConfig:
     # does not divide, as GPT-2's 50,257 = 29 x 1,733 never does). The extra rows are never looked up and
     # their logits are dropped, so every output equals the unpadded model's.
     vocab_multiple: int = 1
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            object.__setattr__(self, field.name, typed_field(field.name, getattr(self, field.name), field.default))
+        self.validate()
 
     @property
     def head_dim(self) -> int:

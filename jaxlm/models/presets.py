@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
 from jaxlm.models.config import TransformerConfig
 
 PRESETS: dict[str, TransformerConfig] = {
@@ -77,10 +75,8 @@ def model_config(preset: str | None = None, **overrides) -> TransformerConfig:
     # here, not at the top: jaxlm.families imports the model modules, which this package's __init__ imports
     from jaxlm.families import get as family, names
 
-    overrides = {key: checked_value(key, value, getattr(base, key)) for key, value in overrides.items()}
-    config = dataclasses.replace(base, **overrides)
+    config = dataclasses.replace(base, **overrides)  # typed and validated as it is built
     spec = family(config.family)
-    config.validate()
     if config.position_embedding not in spec.positions:  # another was ignored: no positions, or T5's bias alone
         raise ValueError(f"model.position_embedding={config.position_embedding!r}: the {config.family} family's "
                          f"network reads {' or '.join(map(repr, spec.positions))} positions only; choose "
@@ -90,19 +86,3 @@ def model_config(preset: str | None = None, **overrides) -> TransformerConfig:
                          f"{', '.join(names(factorised_embeddings=True))}; the {config.family} family's are "
                          "hidden_size wide: leave it at 0")
     return config
-
-
-def checked_value(key: str, value, default):
-    """`value` for a field as its default's type, or a ValueError for a value of another type (an int field takes
-    no float or bool, a float field an int, a text field only text): the networks failed deep inside, or took a
-    string "no" as true. A NumPy scalar (read from an array) counts as the Python value it holds."""
-    kind = type(default)
-    if isinstance(value, np.generic):
-        value = value.item()
-    fits = (isinstance(value, bool) if kind is bool else
-            isinstance(value, int) and not isinstance(value, bool) if kind is int else
-            isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else
-            isinstance(value, kind))
-    if not fits:
-        raise ValueError(f"model.{key}={value!r} must be {'an' if kind is int else 'a'} {kind.__name__}")
-    return float(value) if kind is float else value

@@ -18,7 +18,7 @@ from jaxlm.finetune.predict import predict
 from jaxlm.finetune.run import (POSITIVE_SETTINGS, SETTINGS_OR_ZERO, check_own_settings, check_settings,
                                prepare_run_dir)
 from jaxlm.finetune.tasks import TASKS
-from jaxlm.models.config import DROPOUTS, POSITIVE_SIZES, SIZES_OR_ZERO
+from jaxlm.models.config import DROPOUTS, POSITIVE_SIZES, SIZES_OR_ZERO, TransformerConfig
 from jaxlm.models.presets import PRESETS, model_config
 
 BERT_TINY = pathlib.Path(__file__).parents[2] / "configs" / "bert-tiny.yaml"
@@ -82,6 +82,25 @@ def test_model_config_takes_numpy_scalars_as_the_numbers_they_hold():
     assert (config.num_layers, config.tie_embeddings) == (3, False) and abs(config.layer_norm_eps - 1e-6) < 1e-12
     with pytest.raises(ValueError, match=r"^model.num_layers=2.5 must be an int$"):
         model_config("bert-tiny", num_layers=np.float64(2.5))
+
+
+@pytest.mark.parametrize(("build", "expected"), [
+    # BERT built from this one ran a 99-wide attention (3 heads of 33) under a 100-wide model
+    (lambda: TransformerConfig(vocab_size=100, hidden_size=100, num_heads=3),
+     "model.hidden_size=100 is not divisible by model.num_heads=3"),
+    (lambda: dataclasses.replace(model_config("llama-tiny"), dtype="fp32"),  # NumPy's "data type not understood"
+     "model.dtype='fp32'; choose one of ('float32', 'bfloat16', 'float16')"),
+    (lambda: dataclasses.replace(model_config("bert-tiny"), activation="silu"),  # a KeyError inside the network
+     "model.activation='silu'; choose one of ('gelu', 'gelu_tanh', 'relu', 'swiglu', 'geglu')"),
+    (lambda: TransformerConfig(hidden_size="128"), "model.hidden_size='128' must be an int"),
+])
+def test_a_config_built_directly_or_replaced_is_checked_as_it_is_built(build, expected):
+    """The library's own constructor and `dataclasses.replace` check as `model_config` does: a network never meets a
+    config it fails inside, or silently runs as another network."""
+    with pytest.raises(ValueError) as refused:
+        build()
+    assert str(refused.value) == expected
+    assert TransformerConfig(rope_theta=500000).rope_theta == 500000.0  # an int for a float field is its float
 
 
 def test_a_family_reads_only_its_kinds_of_positions():

@@ -17,7 +17,7 @@ from jaxlm.nn.embed import SMALL_TABLE, Embed
 def test_a_row_shared_by_many_tokens_gets_its_gradient_summed_in_float32(rows):
     """BERT's token types: two rows, each looked up by thousands of tokens. The gradient must be the float32
     sum of the (bfloat16) cotangents; summed in bfloat16, some elements were off by several times their size."""
-    config = TransformerConfig(vocab_size=2, hidden_size=64, dtype="bfloat16", param_dtype="float32")
+    config = TransformerConfig(vocab_size=2, hidden_size=64, num_heads=4, dtype="bfloat16", param_dtype="float32")
     embed = Embed(config, rows, ("segment", "embed"))
     ids = jax.random.bernoulli(jax.random.key(0), 0.3, (64, 128)).astype(jnp.int32)
     params = embed.init(jax.random.key(1), ids)
@@ -44,7 +44,7 @@ def test_an_id_outside_the_table_looks_up_nan_whichever_the_lookup(rows):
     """A segment id of 2 under type_vocab_size=2 looked up a zero row by the one-hot contraction, and training went
     on without a word, and the gather read id -1 as the last row; both give NaN now (the gather's fill), which the
     loss and the run's non-finite check report."""
-    config = TransformerConfig(vocab_size=2, hidden_size=8, dtype="float32", param_dtype="float32")
+    config = TransformerConfig(vocab_size=2, hidden_size=8, num_heads=2, dtype="float32", param_dtype="float32")
     embed = Embed(config, rows, ("segment", "embed"))
     ids = jnp.array([[0, 1, rows, -1]], jnp.int32)
     params = embed.init(jax.random.key(1), ids)
@@ -63,7 +63,7 @@ def test_a_masked_position_outside_the_row_gathers_nan():
 
 @pytest.mark.parametrize("rows", [2, SMALL_TABLE + 1])
 def test_only_a_large_table_is_looked_up_by_a_gather_whose_gradient_scatters(rows):
-    config = TransformerConfig(vocab_size=2, hidden_size=64, dtype="bfloat16", param_dtype="float32")
+    config = TransformerConfig(vocab_size=2, hidden_size=64, num_heads=4, dtype="bfloat16", param_dtype="float32")
     embed = Embed(config, rows, ("segment", "embed"))
     ids = jnp.zeros((8, 16), jnp.int32)
     params = embed.init(jax.random.key(1), ids)
