@@ -81,8 +81,11 @@ def llama_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
     return build_config(fields, overrides)
 
 
-def _token_ids(config: TransformerConfig) -> dict:
-    return {"eos_token_id": config.eos_token_id} if config.eos_token_id >= 0 else {}
+def _token_ids(config: TransformerConfig, bos_is_eos: bool = False) -> dict:
+    """The end-of-text id, None where the model has none: left out, transformers fills in its own default (GPT-2's
+    50256, Llama's 2), which a smaller vocabulary lacks. GPT-2 also begins text with that token."""
+    eos = config.eos_token_id if config.eos_token_id >= 0 else None
+    return {"eos_token_id": eos, **({"bos_token_id": eos} if bos_is_eos else {})}
 
 
 def gpt2_config_to_hf(config: TransformerConfig) -> dict:
@@ -95,7 +98,8 @@ def gpt2_config_to_hf(config: TransformerConfig) -> dict:
             "resid_pdrop": config.hidden_dropout, "embd_pdrop": config.hidden_dropout,
             "attn_pdrop": config.attention_dropout, "layer_norm_epsilon": config.layer_norm_eps,
             "initializer_range": config.initializer_range, "activation_function": "gelu_new",
-            "scale_attn_weights": True, "tie_word_embeddings": config.tie_embeddings, **_token_ids(config)}
+            "scale_attn_weights": True, "tie_word_embeddings": config.tie_embeddings,
+            **_token_ids(config, bos_is_eos=True)}
 
 
 def llama_config_to_hf(config: TransformerConfig) -> dict:

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from hf_models import DECODERS, GPT2, LLAMA, VOCAB, torch_tensors  # noqa: E402
+from jaxlm import families  # noqa: E402
 from jaxlm.convert import hf_decoder, registry  # noqa: E402
 from jaxlm.models import CausalLM, model_config  # noqa: E402
 from jaxlm.parallel.rules import rules_for  # noqa: E402
@@ -193,3 +194,20 @@ def test_an_import_with_padded_tables_gives_the_same_logits_and_exports_the_same
     assert len(tensors.keys() & source.keys()) > 10
     for tensor_name in tensors.keys() & source.keys():
         np.testing.assert_array_equal(tensors[tensor_name], source[tensor_name], err_msg=f"{name} {tensor_name}")
+
+
+@pytest.mark.parametrize("eos", [-1, 7])
+@pytest.mark.parametrize("preset", ["gpt2-small", "llama-tiny"])
+def test_an_exported_config_names_its_own_end_of_text_or_none(preset, eos, tmp_path, caplog):
+    """A 1000-token decoder without an end-of-text id was exported with none written, and transformers took its own
+    default (GPT-2's 50256, outside this vocabulary: a warning, and generation stopping on no token); GPT-2 begins
+    text with its end-of-text token too."""
+    import json
+    config = model_config(preset, vocab_size=1000, eos_token_id=eos)
+    hf_config = families.get(config.family).converter("config_to_hf")(config)
+    (tmp_path / "config.json").write_text(json.dumps(hf_config))
+    loaded = transformers.AutoConfig.from_pretrained(tmp_path)
+    expected = None if eos < 0 else eos
+    assert loaded.eos_token_id == expected and "outside" not in caplog.text and "within the vocabulary" not in caplog.text
+    if preset == "gpt2-small":
+        assert loaded.bos_token_id == expected
