@@ -25,7 +25,7 @@ from jaxlm import generate, interrupts
 from jaxlm.config import ConfigError
 from jaxlm.convert import registry, store
 from jaxlm.convert.names import flatten
-from jaxlm.corpora.models import PACKAGED_GGUF, PACKAGED_MODELS
+from jaxlm.corpora.models import PACKAGED_GGUF, PACKAGED_MODELS, local_or_packaged
 from jaxlm.corpora.text import check_writable, file_in_the_way
 from jaxlm.data.bench import bench_data, bench_split, format_data_table, median_rows
 from jaxlm.data.pipeline import check_workers, open_data
@@ -230,19 +230,9 @@ def _quiet_orbax() -> None:
     logging.set_verbosity(logging.ERROR)
 
 
-def _path_or_packaged(name: str, packaged: dict) -> pathlib.Path:
-    """The path `name`, or where nothing is there and it names a packaged model, that model's fetched files."""
-    path = pathlib.Path(name)
-    if path.exists() or path.is_symlink():
-        return path
-    if name not in packaged:
-        raise FileNotFoundError(f"{name}: no such file or directory, nor a packaged model ({', '.join(packaged)})")
-    return packaged[name]()
-
-
 def cmd_convert_from_hf(args) -> None:
     _quiet_orbax()
-    source = _path_or_packaged(args.hf_dir, PACKAGED_MODELS)
+    source = local_or_packaged(args.hf_dir, PACKAGED_MODELS)
     out = store.check_output(args.out, args.overwrite, source)
     config, params = registry.from_hf(source, scan_layers=args.scan_layers, vocab_multiple=args.vocab_multiple,
                                       dtype=args.dtype)
@@ -253,7 +243,7 @@ def cmd_convert_from_hf(args) -> None:
 
 def cmd_convert_from_gguf(args) -> None:
     _quiet_orbax()
-    source = _path_or_packaged(args.gguf, PACKAGED_GGUF)
+    source = local_or_packaged(args.gguf, PACKAGED_GGUF)
     out = store.check_output(args.out, args.overwrite, source)
     config, params, tokenizer_files = registry.from_gguf(source, scan_layers=args.scan_layers,
                                                          vocab_multiple=args.vocab_multiple, dtype=args.dtype)

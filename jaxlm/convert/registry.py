@@ -15,6 +15,7 @@ from jaxlm.convert import gguf
 from jaxlm.convert.hf import read_config, read_tensors
 from jaxlm.convert.layout import stack_layers, unstack_layers
 from jaxlm.convert.names import flatten, listed, plain, unflatten
+from jaxlm.corpora.models import PACKAGED_GGUF, PACKAGED_MODELS, local_or_packaged
 from jaxlm.data.settings import DataConfig
 from jaxlm.errors import first_line
 from jaxlm.models.config import TransformerConfig, check_vocab_multiple
@@ -59,7 +60,9 @@ def from_hf(model_dir, *, scan_layers: bool = False, vocab_multiple: int = 1,
     """(config, parameter tree) of a Hugging Face checkpoint directory; the config is checked before
     any tensor is read. With `scan_layers` the tree has the stacked (scan) layer layout; with `vocab_multiple`
     the token tables are padded (`padded_vocab`). A fine-tuned checkpoint (a task head) is refused, naming
-    `jaxlm.convert.task_heads`, which reads it."""
+    `jaxlm.convert.task_heads`, which reads it. `model_dir` may name a packaged model (`PACKAGED_MODELS`), as the
+    command's may."""
+    model_dir = local_or_packaged(model_dir, PACKAGED_MODELS)
     hf_config = read_config(model_dir)
     config = config_from_hf(model_dir, hf_config, **overrides)
     fine_tuned = [name for name in hf_config.get("architectures") or [] if str(name).endswith(TASK_HEADS)]
@@ -79,9 +82,10 @@ def from_hf(model_dir, *, scan_layers: bool = False, vocab_multiple: int = 1,
 def from_gguf(path, *, scan_layers: bool = False, vocab_multiple: int = 1,
               **overrides) -> tuple[TransformerConfig, dict, dict[str, str]]:
     """(config, parameter tree, tokenizer files by name) of a llama.cpp GGUF file, via jaxlm.convert.gguf; its
-    metadata and tokenizer are checked before any tensor is dequantised."""
+    metadata and tokenizer are checked before any tensor is dequantised. `path` may name a packaged model
+    (`PACKAGED_GGUF`)."""
     check_vocab_multiple(vocab_multiple, "--vocab-multiple")
-    reader = gguf.open_gguf(path)
+    reader = gguf.open_gguf(local_or_packaged(path, PACKAGED_GGUF))
     vocab_size = gguf.hf_llama_config(reader)["vocab_size"]
     tokenizer = gguf.gguf_tokenizer(reader)
     check_vocab_padding(vocab_size, vocab_multiple)

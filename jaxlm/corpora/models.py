@@ -105,6 +105,17 @@ PACKAGED_MODELS: dict[str, Callable[[], pathlib.Path]] = {"all-MiniLM-L6-v2": mi
 # packaged model name -> its fetched GGUF file (`jaxlm convert from-gguf NAME OUT`)
 PACKAGED_GGUF: dict[str, Callable[[], pathlib.Path]] = {"SmolLM2-135M-Instruct": smollm2_gguf_path}
 
+def local_or_packaged(name, packaged: dict[str, Callable[[], pathlib.Path]]) -> pathlib.Path:
+    """The path `name`, or where nothing is there and it names a packaged model (`PACKAGED_MODELS`,
+    `PACKAGED_GGUF`), that model's fetched files."""
+    path = pathlib.Path(name)
+    if path.exists() or path.is_symlink():
+        return path
+    if str(name) not in packaged:
+        raise FileNotFoundError(f"{name}: no such file or directory, nor a packaged model ({', '.join(packaged)})")
+    return packaged[str(name)]()
+
+
 # packaged tokenizer name -> the fetched file or directory it stands for
 PACKAGED_TOKENIZERS: dict[str, Callable[[], pathlib.Path]] = {
     "bert-base-uncased": bert_vocab_path,

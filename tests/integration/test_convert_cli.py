@@ -486,6 +486,20 @@ def test_a_source_that_is_a_file_or_a_misspelt_packaged_name_is_named_as_such(tm
     assert not (tmp_path / "out").exists()
 
 
+def test_the_library_converts_a_packaged_model_by_its_name_as_the_command_does(tmp_path, monkeypatch):
+    """`registry.from_hf("all-MiniLM-L6-v2")` looked for a directory of that name; the command resolved it."""
+    config, params = registry.from_hf("all-MiniLM-L6-v2", dtype="float32")
+    by_path, from_path = registry.from_hf(minilm_dir(), dtype="float32")
+    assert config == by_path and jax.tree.all(jax.tree.map(np.array_equal, params, from_path))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "all-MiniLM-L6-v2").mkdir()  # a directory of that name is the user's, and read as theirs
+    with pytest.raises(FileNotFoundError, match="no Hugging Face config.json at all-MiniLM-L6-v2/config.json"):
+        registry.from_hf("all-MiniLM-L6-v2")
+    with pytest.raises(FileNotFoundError, match=r"^smollm2: no such file or directory, nor a packaged model "
+                                                r"\(SmolLM2-135M-Instruct\)$"):
+        registry.from_gguf("smollm2")
+
+
 @pytest.mark.parametrize("option, value, expected", [
     ("--temperature", "nan", "temperature=nan must be a number >= 0"),  # once generated token 0 over and over
     ("--seed", str(10 ** 20), f"seed={10 ** 20} must lie in [0, 2**31)"),  # an OverflowError's traceback
