@@ -12,18 +12,20 @@ import threading
 import time
 import traceback
 
+import numpy as np
 from etils import epath
 from jax.experimental import multihost_utils
 
 HANG_EXIT = 75  # EX_TEMPFAIL: the job may be restarted
+REASON_BYTES = 256  # the longest reason for a stop the processes of a run tell each other
 TEST_HANG_ENV = "JAXLM_TEST_HANG_AT_STEP"  # a test hook: the step at which the loop sleeps forever
 
 
 def stop_status(reason: str) -> int:
     """The exit status of a run stopped before its last step with its checkpoint saved, by `StopRequests.reason`:
     never 0, which a scheduler (a Kubernetes Job, a restart loop) reads as a finished run. Ctrl-C 130 and SIGTERM
-    143, as any command stopped by them; the time limit EX_TEMPFAIL, as a hang: the same command continues. (With
-    several processes, those that joined another's stop say SIGTERM: JAX's preemption sync carries no reason.)"""
+    143, as any command stopped by them; the time limit EX_TEMPFAIL, as a hang: the same command continues. Every
+    process of a run gives the same reason, hence the same status (`agreed_reason`)."""
     if reason == "Ctrl-C":
         return 130
     if reason.startswith("train.time_limit_minutes"):
@@ -78,12 +80,25 @@ class StopRequests:
                 os.kill(os.getpid(), signal.SIGTERM)
 
     def reached(self, step: int) -> bool:
-        if self.multiprocess:
-            if multihost_utils.reached_preemption_sync_point(step):
-                self.reason = self.reason or "SIGTERM (a preemption notice)"
-                return True
+        if not self.multiprocess:
+            return self.reason is not None
+        if not multihost_utils.reached_preemption_sync_point(step):
             return False
-        return self.reason is not None
+        self.reason = agreed_reason(self.reason)  # every process is here, at this step
+        return True
+
+
+def agreed_reason(own: str | None) -> str:
+    """The reason for a stop every process of the run gives, collectively: that of the first process (by index) that
+    asked for the stop itself, else a SIGTERM from outside (a preemption notice, which JAX's handler took). JAX's
+    preemption sync tells the other processes only that there is a stop: they said SIGTERM, and exited 143 where the
+    asking one exited 75 for its time limit, which a scheduler reading each host's status took for two outcomes."""
+    text = np.zeros(REASON_BYTES, np.uint8)
+    own_bytes = (own or "").encode()[:REASON_BYTES]
+    text[:len(own_bytes)] = np.frombuffer(own_bytes, np.uint8)
+    every = np.asarray(multihost_utils.process_allgather(text))  # [processes, REASON_BYTES]
+    asked = [bytes(row).rstrip(b"\0").decode(errors="replace") for row in every if row.any()]
+    return asked[0] if asked else "SIGTERM (a preemption notice)"
 
 
 def check_step(step: int, metrics: dict, settings, batch_indices, message=print) -> None:

@@ -1,13 +1,16 @@
-"""2 processes x 4 devices train and checkpoint; the checkpoint restores in 1 process x 8 devices."""
+"""2 processes x 4 devices train and checkpoint; the checkpoint restores in 1 process x 8 devices. A stop one process
+asks for stops both with its reason."""
 import os
 import subprocess
+import sys
 
 import jax
 import numpy as np
 
-from conftest import ROOT, run_cli, xla_flags
+from conftest import ROOT, free_port, run_cli, xla_flags
 from jaxlm import config as config_lib
 from jaxlm.train import checkpoint
+from jaxlm.train.faults import HANG_EXIT
 from jaxlm.train.loop import build
 from jaxlm.train.metrics import read_jsonl
 
@@ -57,3 +60,33 @@ def test_two_processes_train_and_restore_on_one(tiny_config, tmp_path):
         np.testing.assert_array_equal(np.asarray(on_tp), np.asarray(on_dp), err_msg=name)
         np.testing.assert_allclose(np.asarray(on_tp), np.asarray(single), rtol=1e-4, atol=1e-6, err_msg=name)
     assert int(dp_state.step) == 6
+
+
+STOP_SCRIPT = """
+import sys, time
+import jax
+process, port = int(sys.argv[1]), sys.argv[2]
+jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process)
+from jaxlm.train.faults import StopRequests, stop_status
+with StopRequests(multiprocess=True, message=lambda _: None) as stop:
+    for step in range(1, 1000):
+        if process == 1 and step == 3:
+            stop.ask("train.time_limit_minutes=0.5")
+        time.sleep(0.02)
+        if stop.reached(step):
+            print(step, stop_status(stop.reason), stop.reason)
+            break
+"""
+
+
+def test_every_process_gives_the_stop_the_reason_of_the_one_that_asked():
+    """Process 1's time limit stops both processes at one step (JAX's preemption sync), and both give its reason and
+    exit status: process 0, told only that there was a stop, once said SIGTERM and exited 143 where 1 exited 75."""
+    port = free_port()
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(1))
+    processes = [subprocess.Popen([sys.executable, "-c", STOP_SCRIPT, str(index), str(port)], cwd=ROOT, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for index in (0, 1)]
+    said = [process.communicate(timeout=300) for process in processes]
+    assert all(process.returncode == 0 for process in processes), [err[-3000:] for _, err in said]
+    lines = [out.strip().splitlines()[-1].split(" ", 2) for out, _ in said]  # after Gloo's own lines
+    assert lines[0] == lines[1] and lines[0][1:] == [str(HANG_EXIT), "train.time_limit_minutes=0.5"], lines
