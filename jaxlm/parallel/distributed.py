@@ -84,6 +84,7 @@ def rendezvous(coordinator: str, num_processes: int, process_id: int, timeout_s:
     address, deadline = (host or "127.0.0.1", coordinator_port(coordinator) + 1), time.monotonic() + timeout_s
     where = f"distributed.init_timeout_s={timeout_s:g} s"
     if process_id == 0:
+        _check_coordinator_port(address[1] - 1)
         _gather(address, num_processes, deadline, where)
         return
     while True:
@@ -110,13 +111,28 @@ def rendezvous(coordinator: str, num_processes: int, process_id: int, timeout_s:
                           f"{where}; start every process (or check distributed.num_processes)")
 
 
+def _why(err: OSError) -> str:
+    """The system's reason alone ("Address already in use"): Python's bind adds the address it tried."""
+    return os.strerror(err.errno) if err.errno else str(err)
+
+
+def _check_coordinator_port(port: int) -> None:
+    """A ConfigError where process 0 cannot listen on the coordinator's port: JAX's service failed to start there with
+    a traceback ("Failed to start RPC server"), and the other processes waited for it until the launcher ended them."""
+    try:
+        socket.create_server(("", port)).close()
+    except OSError as err:
+        raise ConfigError(f"process 0 cannot listen on the coordinator's port {port}: {_why(err)}; choose "
+                          "another coordinator port (JAXLM_PORT for the launchers)") from None
+
+
 def _gather(address, num_processes: int, deadline: float, where: str) -> None:
     arrived: dict[int, socket.socket] = {}
     try:
         server = socket.create_server(("", address[1]))
     except OSError as err:
         raise ConfigError(f"process 0 cannot listen on port {address[1]} (the coordinator's port + 1) for the "
-                          f"start-up rendezvous: {err.strerror or err}; choose another coordinator port") from None
+                          f"start-up rendezvous: {_why(err)}; choose another coordinator port") from None
     with server:
         server.settimeout(0.2)
         while len(arrived) < num_processes - 1 and time.monotonic() < deadline:

@@ -79,6 +79,21 @@ def test_processes_that_never_start_are_named(config):
     assert code == 2 and "error: process 0 (the coordinator, 127.0.0.1:" in output and "did not answer" in output
 
 
+def test_a_coordinator_port_in_use_is_named_by_process_0(config):
+    """Another program on the coordinator's port: JAX's service failed there with a 23-line traceback ("Failed to
+    start RPC server"), and the other processes waited for it until the launcher ended them."""
+    import socket
+    with socket.create_server(("", 0)) as taken:
+        port = taken.getsockname()[1]
+        env = dict(os.environ, JAX_PLATFORMS="cpu", JAXLM_COORDINATOR=f"127.0.0.1:{port}", JAXLM_NUM_PROCESSES="2",
+                   JAXLM_PROCESS_ID="0", JAXLM_LOCAL_DEVICE_COUNT="4", XLA_FLAGS=xla_flags(None))
+        proc = subprocess.run([JAXLM, "preflight", str(config)], env=env, cwd=ROOT, capture_output=True, text=True,
+                              timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"jaxlm preflight: error: process 0 cannot listen on the coordinator's port {port}: Address already in use; "
+        "choose another coordinator port (JAXLM_PORT for the launchers)"], proc.stderr[-2000:]
+
+
 def test_a_coordinator_without_a_usable_port_and_a_cluster_that_is_not_there_are_named(config):
     """A port past 65534 was an OverflowError's traceback and one missing Python's int() message; with
     `distributed.enabled=true` and no cluster, JAX said "coordinator_address should be defined"."""
