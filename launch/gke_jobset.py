@@ -19,10 +19,13 @@ import itertools
 import math
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
 import yaml
+
+import check_config as config_check  # launch/check_config.py, beside this file
 
 # GKE's node label, the chips of one host and the sizes in a slice's topology, per TPU generation (multi-host slices)
 ACCELERATORS = {"v4": ("tpu-v4-podslice", 4, 3), "v5p": ("tpu-v5p-slice", 4, 3),
@@ -72,6 +75,9 @@ def check(args) -> None:
         raise ValueError(f"--name {args.name!r}: Kubernetes takes lower-case letters, digits and '-', starting with a "
                          f"letter, ending with a letter or digit, at most {limit} of them here (pod names {pattern} "
                          "must fit in 63)")
+    if args.apply and shutil.which("kubectl") is None:
+        raise ValueError("--apply pipes the manifest to kubectl, which is not on PATH: install it (gcloud components "
+                         "install kubectl), or leave --apply out and apply the printed manifest yourself")
     if not args.image.strip():
         raise ValueError("--image needs the image to run, e.g. REGISTRY/jaxlm:TAG (launch/Dockerfile)")
     if not args.config.strip():
@@ -113,13 +119,12 @@ def check_config(config: str, overrides: list[str]) -> None:
         raise ValueError(f"--config {config}: no such file in this checkout ({ROOT}), which the image is built from; "
                          "give its path from the checkout's root")
     try:
-        from jaxlm import config as config_lib
+        said = config_check.problem(path, overrides)
     except ImportError:  # run by a python without jaxlm installed: the image checks it at the start
+        print(config_check.unchecked_note("gke_jobset.py", config), file=sys.stderr)
         return
-    try:
-        config_lib.load(path, overrides)
-    except (config_lib.ConfigError, OSError, ValueError) as err:
-        raise ValueError(f"--config {config} with {' '.join(overrides) or 'no overrides'}: {err}") from None
+    if said is not None:
+        raise ValueError(f"--config {said.removeprefix(str(ROOT) + '/')}")
 
 
 def regroup(argv: list[str]) -> list[str]:

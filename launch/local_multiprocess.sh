@@ -9,8 +9,11 @@
 # ends the others (SIGTERM, then SIGKILL after JAXLM_GRACE_S, default 30): without it they cannot save, and waited
 # for it until JAX's heartbeat timeout. --dry-run prints the commands.
 set -euo pipefail
-dry_run=0
-if [ "${1-}" = --dry-run ]; then dry_run=1; shift; fi
+dry_run=0 words=()
+for word in "$@"; do  # --dry-run anywhere, as the other launchers take it: a trailing one started N trainings
+  if [ "$word" = --dry-run ]; then dry_run=1; else words+=("$word"); fi
+done
+set -- ${words[@]+"${words[@]}"}
 if [ $# -lt 2 ]; then
   echo "usage: $0 [--dry-run] N CONFIG [section.key=value ...]" >&2
   exit 2

@@ -77,6 +77,10 @@ workers read it)"
 the workers get the checkout's HEAD; git add and commit it"
   git -C "$here" diff --quiet HEAD -- "$config" 2> /dev/null || fail "config $config has uncommitted changes: the \
 workers would run HEAD's; commit them"
+  # the overrides as jaxlm reads them, with this checkout's jaxlm where it is installed: not after every worker's install
+  local_python=$here/.venv/bin/python
+  [ -x "$local_python" ] || local_python=python3
+  (cd "$here" && "$local_python" launch/check_config.py tpu_pod.sh "$@") || exit 2
 elif [ $# -gt 0 ]; then
   fail "$action takes no CONFIG or overrides, got '$1'"
 fi

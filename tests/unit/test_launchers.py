@@ -264,6 +264,9 @@ def test_a_queued_pod_waits_until_active_and_stop_sends_sigterm():
     (["--tpu", "a", "--zone", "z", "train", str(ROOT.parent / "bert-tiny.yaml")],
      f"config {ROOT.parent}/bert-tiny.yaml is outside this checkout ({ROOT}): the workers get only the checkout"),
     (["--tpu", "a", "--zone", "z", "train", "../main/configs/bert-tiny.yaml"], "without '..'"),
+    # read by each worker's jaxlm only, after the install
+    (["--dry-run", *POD, "run", "configs/bert-tiny.yaml", "train.steps=abc"],
+     "configs/bert-tiny.yaml with train.steps=abc: train.steps must be a number, got 'abc'"),
 ])
 def test_pod_launcher_bad_input(args, message):
     proc = launch("bash", "launch/tpu_pod.sh", *args)
@@ -304,7 +307,7 @@ def test_pod_launcher_trains_only_a_committed_config_from_the_checkout_root(tmp_
     checkout = tmp_path / "checkout"
     (checkout / "launch").mkdir(parents=True)
     (checkout / "configs").mkdir()
-    for name in ("tpu_pod.sh", "lib.sh"):
+    for name in ("tpu_pod.sh", "lib.sh", "check_config.py"):
         (checkout / "launch" / name).write_text((ROOT / "launch" / name).read_text())
     (checkout / "configs/a.yaml").write_text("model: {}\n")
     git = ["git", "-C", str(checkout), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
@@ -413,14 +416,16 @@ def test_a_failed_local_process_ends_the_others(tmp_path):
 
 
 def test_the_local_launcher_dry_run_prints_each_process(tmp_path):
-    """`--dry-run` was read as N (and a trailing one started N trainings, each refusing it)."""
-    proc = launch("bash", "launch/local_multiprocess.sh", "--dry-run", "2", "configs/bert-tiny.yaml", "a.b=c d",
-                  env={"JAXLM_PORT": "23456", "JAXLM_BIN": str(tmp_path / "absent")})
-    assert proc.returncode == 0, proc.stderr
-    assert [shlex.split(line) for line in proc.stdout.splitlines()] == [
-        ["env", "JAXLM_COORDINATOR=127.0.0.1:23456", "JAXLM_NUM_PROCESSES=2", f"JAXLM_PROCESS_ID={i}",
-         "JAXLM_LOCAL_DEVICE_COUNT=4", f"JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', 'cpu')}",
-         str(tmp_path / "absent"), "train", "configs/bert-tiny.yaml", "a.b=c d"] for i in range(2)]
+    """`--dry-run` was read as N, and a trailing one started N trainings, each refusing it: it may stand anywhere."""
+    for where in (0, 3):
+        args = ["2", "configs/bert-tiny.yaml", "a.b=c d"]
+        proc = launch("bash", "launch/local_multiprocess.sh", *args[:where], "--dry-run", *args[where:],
+                      env={"JAXLM_PORT": "23456", "JAXLM_BIN": str(tmp_path / "absent")})
+        assert proc.returncode == 0, proc.stderr
+        assert [shlex.split(line) for line in proc.stdout.splitlines()] == [
+            ["env", "JAXLM_COORDINATOR=127.0.0.1:23456", "JAXLM_NUM_PROCESSES=2", f"JAXLM_PROCESS_ID={i}",
+             "JAXLM_LOCAL_DEVICE_COUNT=4", f"JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', 'cpu')}",
+             str(tmp_path / "absent"), "train", "configs/bert-tiny.yaml", "a.b=c d"] for i in range(2)]
 
 
 def test_the_gke_jobset_has_one_pod_per_host_on_the_slice():
@@ -495,6 +500,24 @@ def test_the_gke_jobset_bad_input(args, message):
     proc = launch(sys.executable, "launch/gke_jobset.py", *args)
     assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1
     assert proc.stderr.startswith(f"gke_jobset.py: error: {message}")
+
+
+def test_a_gke_jobset_without_kubectl_or_jaxlm_says_so(tmp_path):
+    """--apply without kubectl was a FileNotFoundError's traceback; a python without jaxlm skipped the config's check
+    without a word."""
+    apply = launch(sys.executable, "launch/gke_jobset.py", "--name", "run", *JOBSET, "--apply",
+                   env={"PATH": str(tmp_path)})
+    assert apply.returncode == 2 and apply.stdout == "" and apply.stderr == (
+        "gke_jobset.py: error: --apply pipes the manifest to kubectl, which is not on PATH: install it (gcloud "
+        "components install kubectl), or leave --apply out and apply the printed manifest yourself\n")
+    (tmp_path / "jaxlm").mkdir()
+    (tmp_path / "jaxlm" / "__init__.py").write_text("raise ImportError('not installed here')\n")
+    unchecked = launch(sys.executable, "launch/gke_jobset.py", "--name", "run", *JOBSET, "--", "train.stepz=1",
+                       env={"PYTHONPATH": str(tmp_path)})
+    assert unchecked.returncode == 0 and yaml.safe_load(unchecked.stdout)["kind"] == "JobSet"
+    assert unchecked.stderr == ("gke_jobset.py: note: this python cannot import jaxlm, so configs/bert-large.yaml and "
+                                "its overrides are checked only as jaxlm starts on the workers (run the launcher from "
+                                "the checkout installed with `make install` to check them here)\n")
 
 
 def test_a_gke_jobset_mounts_buckets_for_the_prepared_data():
@@ -637,6 +660,12 @@ def test_the_slurm_script_outside_an_allocation_says_how_to_submit_it(slurm_env,
                                    "(or run it inside salloc)")
     missing = launch("bash", "launch/gpu_slurm.sbatch", "nowhere.yaml", env=slurm_env)
     assert missing.returncode == 2 and missing.stderr.strip() == "gpu_slurm.sbatch: error: config nowhere.yaml not found"
+    # every task said it, after the queue
+    mistyped = launch("bash", "launch/gpu_slurm.sbatch", "--dry-run", "configs/bert-large.yaml", "train.stepz=1",
+                      env=slurm_env)
+    assert mistyped.returncode == 2 and mistyped.stdout == "" and mistyped.stderr.startswith(
+        "gpu_slurm.sbatch: error: configs/bert-large.yaml with train.stepz=1: unknown key(s) train.stepz; valid keys in "
+        "train: ") and mistyped.stderr.count("\n") == 1
     # a login node's shell with SLURM's variables copied in: "scontrol: command not found" from the middle of the script
     bare = launch(shutil.which("bash"), "launch/gpu_slurm.sbatch", "--dry-run", "configs/bert-large.yaml",
                   env=slurm_env | {"PATH": str(tmp_path)})
