@@ -487,8 +487,8 @@ def parser() -> argparse.ArgumentParser:
     ev.set_defaults(handler=cmd_eval)
 
     command(commands, "finetune", cmd_finetune,
-            "fine-tune a head on a pretrained checkpoint (finetune section): dev metric every epoch, best checkpoint "
-            "kept, test metric at the end")
+            "fine-tune a head on a pretrained checkpoint (finetune section): dev metric every epoch (or "
+            "finetune.evals_per_epoch times), best checkpoint kept, test metric at the end")
     text = "a fine-tuned checkpoint's predictions for a file of records: one JSON line per record"
     pred = commands.add_parser("predict", help=text, description=text)
     pred.add_argument("checkpoint", help="a fine-tune's run directory or one of its checkpoints/<step> directories")

@@ -124,7 +124,7 @@ class FinetuneConfig:
     schedule: str = "linear"  # linear (warm-up, linear decay) or slanted_triangular (ULMFiT)
     metric: str = ""  # the dev metric that picks the best checkpoint; empty: the task's own
     early_stopping: int = 0  # stop after this many evaluations without a better dev metric; 0: never
-    evals_per_epoch: int = 1
+    evals_per_epoch: float = 1.0  # held-out evaluations an epoch; below 1 fewer (0.1: every tenth epoch)
     train_layers: int = -1  # -1: every layer; 0: the head only; k: the head and the last k layers
     layer_lr_decay: float = 1.0  # ULMFiT's discriminative rates: each layer down gets this factor
     unfreeze_every: float = 0.0  # ULMFiT's gradual unfreezing: one more layer group every N epochs

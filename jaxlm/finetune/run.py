@@ -184,7 +184,7 @@ def plan(config: RunConfig, source: Source) -> Plan:
         train=dataclasses.replace(config.train, global_batch=batch, steps=total, checkpoint_every=total,
                                   eval_every=total),
         optim=dataclasses.replace(config.optim, warmup_steps=int(settings.warmup_ratio * total)))
-    eval_every = max(1, steps_per_epoch // settings.evals_per_epoch)
+    eval_every = max(1, round(steps_per_epoch / settings.evals_per_epoch))
     return Plan(config, task, dataclasses.replace(ctx, settings=config.finetune), source, records, rows,
                 steps_per_epoch, eval_every, metric)
 
