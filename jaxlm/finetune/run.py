@@ -109,7 +109,7 @@ def check_settings(config: RunConfig) -> None:
         raise ConfigError(f"finetune.max_length={settings.max_length} exceeds the model's {positions} positions")
     for name in POSITIVE_SETTINGS:
         if getattr(settings, name) <= 0:
-            raise ConfigError(f"finetune.{name} must be positive, got {getattr(settings, name)}")
+            raise ConfigError(f"finetune.{name} must be positive, got {getattr(settings, name):g}")
     if settings.max_length < SHORTEST_MAX_LENGTH:
         raise ConfigError(f"finetune.max_length={settings.max_length} leaves no room for the special tokens and some "
                           f"text; give {SHORTEST_MAX_LENGTH} or more")
