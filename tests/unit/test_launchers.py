@@ -723,6 +723,13 @@ def test_slurm_switches_take_the_usual_true_words(slurm_env, value):
      "JAXLM_PORT=65535: give a port from 1 to 65534 (the next one is taken too)"),
     ({"JAXLM_EXPLICIT_COORDINATOR": "1", "JAXLM_PORT": "http"},
      "JAXLM_PORT=http: give a port from 1 to 65534 (the next one is taken too)"),
+    # the summary once read "coordinator gpu-01:abc", and every task failed in JAX
+    ({"JAX_COORDINATOR_PORT": "abc"}, "JAX_COORDINATOR_PORT=abc: give a port from 1 to 65535"),
+    ({"JAX_COORDINATOR_PORT": "99999"}, "JAX_COORDINATOR_PORT=99999: give a port from 1 to 65535"),
+    # one GPU of each node's eight trained, the others idle, without a word
+    ({"JAXLM_TASK_PER_GPU": "1", "SLURM_GPUS_ON_NODE": "8"},
+     "JAXLM_TASK_PER_GPU=1 with one task per node would drive 1 of each node's 8 GPUs: submit with "
+     "--ntasks-per-node=8 --gpus-per-task=1, or leave JAXLM_TASK_PER_GPU off (a task holds the node)"),
 ])
 def test_slurm_bad_settings(slurm_env, env, message):
     proc = launch("bash", "launch/gpu_slurm.sbatch", "configs/bert-large.yaml", env=slurm_env | env)
