@@ -11,8 +11,8 @@
 #   train    start `jaxlm train CONFIG` on every worker at once (--worker=all), in the background, joined by
 #            jax.distributed from the TPU VM's metadata (distributed.enabled=true)
 #   wait     until no worker runs jaxlm any more
-#   logs     copy each worker's log to logs/NAME/worker-N.log (every one that can be; exits 1 if one cannot); its
-#            last line says how jaxlm exited
+#   logs     copy each worker's log (every attempt, appended) to logs/NAME/worker-N.log (every one that can be;
+#            exits 1 if one cannot); its last line says how jaxlm exited
 #   stop     SIGTERM on every worker: each saves a checkpoint at the step they agree on and exits 143
 #   run      install, train, wait, logs: the whole job; exits 0 when every worker's jaxlm did, else with the
 #            first other status (75, 130, 143: stopped early); run it again after a fault and it resumes
@@ -158,14 +158,15 @@ train() {
   # jaxlm's distributed.enabled=auto looks for cluster variables, which a TPU VM does not set: JAX reads its workers
   # from the VM's metadata. Overrides after it win.
   command+=".venv/bin/jaxlm train $(quote "$1") distributed.enabled=true $(quote "${@:2}")"
-  # One log per worker, named by its TPU worker id (from the VM's metadata), ending with jaxlm's exit status. Only
+  # One log per worker, named by its TPU worker id (from the VM's metadata), each attempt appended (a resumed run
+  # keeps the log of the fault before), ending with jaxlm's exit status. Only
   # the sh that runs jaxlm goes to the background (a backgrounded list kept ssh's output open, so that `train`
   # returned when training ended); it reads the command from its environment, so that `stop` signals only jaxlm,
   # and outlives a SIGTERM to every process (its trap runs once jaxlm has ended; jaxlm starts with TERM's default).
   on_workers all "cd $remote_dir && mkdir -p ~/$logs_dir && id=\$(curl -s -H Metadata-Flavor:Google \
 http://metadata.google.internal/computeMetadata/v1/instance/attributes/agent-worker-number) \
 && { JAXLM_WORKER_COMMAND=$(quote "env ${command% }") nohup sh -c 'trap : TERM; \
-eval \"\$JAXLM_WORKER_COMMAND\"; echo \"$EXITED\$?\"' > ~/$logs_dir/worker-\$id.log 2>&1 < /dev/null & }"
+eval \"\$JAXLM_WORKER_COMMAND\"; echo \"$EXITED\$?\"' >> ~/$logs_dir/worker-\$id.log 2>&1 < /dev/null & }"
 }
 
 # The patterns read [.]venv so that they do not match the shell that runs them; `wait` waits for the sh that writes

@@ -86,19 +86,22 @@ def test_pod_train_returns_once_every_worker_has_started_and_its_log_ends_with_t
     """The whole `cd ... && nohup jaxlm ... &` list went to the background, keeping ssh's output open: `train`
     returned only when training ended. Here the worker's command runs in a local shell, read through a pipe.
     `stop`'s SIGTERM reaches jaxlm, not the shell that writes its status, which `wait` waits for and which a
-    SIGTERM of its own does not end before it has."""
+    SIGTERM of its own does not end before it has. The log of the attempt before is kept: it was overwritten."""
     (tmp_path / "jaxlm/.venv/bin").mkdir(parents=True)
     (tmp_path / "jaxlm/.venv/bin/jaxlm").write_text(f"#!/bin/sh\ntrap 'exit 143' TERM\necho {tmp_path}\n"
                                                     "while true; do sleep 0.1; done\n")
     (tmp_path / "jaxlm/.venv/bin/jaxlm").chmod(0o755)
     env = fake_programs(tmp_path / "bin", curl="echo 3") | {"HOME": str(tmp_path)}
+    log = tmp_path / "jaxlm-logs/worker-3.log"
+    log.parent.mkdir()
+    earlier = "the attempt before\ntpu_pod.sh: jaxlm train exited 143\n"
+    log.write_text(earlier)
     started = time.monotonic()
     worker = subprocess.run(f"bash -c {shlex.quote(remote_command('train', 'configs/bert-tiny.yaml'))} | cat",
                             shell=True, cwd=tmp_path, env=env, timeout=60)
-    log = tmp_path / "jaxlm-logs/worker-3.log"
     try:
         assert worker.returncode == 0 and time.monotonic() - started < 10
-        while not log.exists() or not log.read_text():
+        while log.read_text() == earlier:
             time.sleep(0.05)
         (jaxlm,) = pids(f"[.]venv/bin/jaxlm train configs/bert-tiny.yaml distributed.enabled=true$")
         (status_writer,) = pids("JAXLM_WORKER_[C]OMMAND") - pids("[.]venv/bin/jaxlm train")
@@ -107,7 +110,7 @@ def test_pod_train_returns_once_every_worker_has_started_and_its_log_ends_with_t
         deadline = time.monotonic() + 30
         while status_writer in pids("JAXLM_WORKER_[C]OMMAND") and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert log.read_text() == f"{tmp_path}\ntpu_pod.sh: jaxlm train exited 143\n"
+        assert log.read_text() == f"{earlier}{tmp_path}\ntpu_pod.sh: jaxlm train exited 143\n"
     finally:
         subprocess.run(["pkill", "-f", f"{tmp_path}/jaxlm/.venv/bin/jaxlm"], capture_output=True)
         subprocess.run(["pkill", "-f", "^/bin/sh .venv/bin/jaxlm train"], capture_output=True)
