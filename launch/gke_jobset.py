@@ -67,8 +67,10 @@ def hosts(args) -> int:
 def check(args) -> None:
     """Every option, before anything is written: a ValueError that names the option and what to give."""
     pods = hosts(args)
-    if not (1 <= args.slices <= INT32 and 0 <= args.max_restarts <= INT32):
-        raise ValueError(f"--slices must be 1 to {INT32} and --max-restarts 0 to {INT32} (Kubernetes' int32)")
+    if not 1 <= args.slices <= INT32:
+        raise ValueError(f"--slices {args.slices}: give 1 to {INT32} (Kubernetes' int32)")
+    if not 0 <= args.max_restarts <= INT32:
+        raise ValueError(f"--max-restarts {args.max_restarts}: give 0 to {INT32} (Kubernetes' int32)")
     pattern = POD_NAME.format(name="NAME", job=args.slices - 1, pod=pods - 1)
     limit = 63 - len(pattern) + len("NAME")
     if not NAME.fullmatch(args.name) or len(args.name) > limit:

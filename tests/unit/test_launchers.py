@@ -481,7 +481,9 @@ NAME_RULE = ("Kubernetes takes lower-case letters, digits and '-', starting with
     (["--name", "run", *JOBSET, "--topology", "2x2x2x2"],
      "--topology '2x2x2x2': a v5p slice's topology is 3 sizes joined by a lower-case x, like 4x4x4"),
     (["--name", "run", *JOBSET, "--slices", "99999999999999999999"],
-     "--slices must be 1 to 2147483647 and --max-restarts 0 to 2147483647 (Kubernetes' int32)"),
+     "--slices 99999999999999999999: give 1 to 2147483647 (Kubernetes' int32)"),
+    (["--name", "run", *JOBSET, "--slices", "0"], "--slices 0: give 1 to 2147483647"),  # one message named both
+    (["--name", "run", *JOBSET, "--max-restarts", "-1"], "--max-restarts -1: give 0 to 2147483647"),
     # the JobSet's own JAX_PLATFORMS=tpu came after it in the container's env, and won
     (["--name", "run", *JOBSET, "--env", "JAX_PLATFORMS=cpu"],
      "--env JAX_PLATFORMS: the JobSet sets JAX_PLATFORMS=tpu itself; leave it out"),
