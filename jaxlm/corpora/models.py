@@ -105,6 +105,7 @@ PACKAGED_MODELS: dict[str, Callable[[], pathlib.Path]] = {"all-MiniLM-L6-v2": mi
 # packaged model name -> its fetched GGUF file (`jaxlm convert from-gguf NAME OUT`)
 PACKAGED_GGUF: dict[str, Callable[[], pathlib.Path]] = {"SmolLM2-135M-Instruct": smollm2_gguf_path}
 
+
 def local_or_packaged(name, packaged: dict[str, Callable[[], pathlib.Path]]) -> pathlib.Path:
     """The path `name`, or where nothing is there and it names a packaged model (`PACKAGED_MODELS`,
     `PACKAGED_GGUF`), that model's fetched files."""
