@@ -13,13 +13,14 @@ from __future__ import annotations
 import sys
 
 
-def problem(config, overrides: list[str]) -> str | None:
-    """What jaxlm finds wrong with `config` and `overrides`, or None; an ImportError where jaxlm is not installed."""
+def problem(config, overrides: list[str], shown: str | None = None) -> str | None:
+    """What jaxlm finds wrong with `config` (named `shown` in the message) and `overrides`, or None; an ImportError
+    where jaxlm is not installed."""
     from jaxlm import config as config_lib
     try:
         config_lib.load(config, overrides)
     except (config_lib.ConfigError, OSError, ValueError) as err:
-        return f"{config} with {' '.join(overrides) or 'no overrides'}: {err}"
+        return f"{shown or config} with {' '.join(overrides) or 'no overrides'}: {err}"
     return None
 
 

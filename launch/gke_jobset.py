@@ -121,12 +121,12 @@ def check_config(config: str, overrides: list[str]) -> None:
         raise ValueError(f"--config {config}: no such file in this checkout ({ROOT}), which the image is built from; "
                          "give its path from the checkout's root")
     try:
-        said = config_check.problem(path, overrides)
+        said = config_check.problem(path, overrides, shown=config)
     except ImportError:  # run by a python without jaxlm installed: the image checks it at the start
         print(config_check.unchecked_note("gke_jobset.py", config), file=sys.stderr)
         return
     if said is not None:
-        raise ValueError(f"--config {said.removeprefix(str(ROOT) + '/')}")
+        raise ValueError(f"--config {said}")
 
 
 def regroup(argv: list[str]) -> list[str]:
