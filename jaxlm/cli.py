@@ -359,10 +359,14 @@ def cmd_compile(args) -> None:
 
 class _Parser(argparse.ArgumentParser):
     """argparse taking options only by their full names (`--over` is not `--overwrite`), in every subcommand:
-    a new option must not change what an old command line means."""
+    a new option must not change what an old command line means. Its errors are one line, which names the
+    command's --help in place of argparse's usage block."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` shows how to call it)\n")
 
 
 def parser() -> argparse.ArgumentParser:

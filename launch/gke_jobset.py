@@ -181,8 +181,15 @@ def manifest(args) -> dict:
                      "replicatedJobs": [{"name": "slice", "replicas": args.slices, "template": {"spec": job}}]}}
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    """argparse whose errors are one line, naming --help in place of its usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` shows how to call it)\n")
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrors(description=__doc__.splitlines()[0])
     parser.add_argument("--name", required=True)
     parser.add_argument("--image", required=True)
     parser.add_argument("--tpu", required=True, choices=sorted(ACCELERATORS))
@@ -203,7 +210,14 @@ def main(argv=None) -> int:
         print(f"gke_jobset.py: error: {err}", file=sys.stderr)
         return 2
     if not args.apply:
-        print(text, end="")
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except OSError as err:  # a full disk, a closed pipe
+            sys.stdout = None  # nothing left to flush at exit
+            print(f"gke_jobset.py: error: the manifest could not be written to standard output ({err.strerror})",
+                  file=sys.stderr)
+            return 1
         return 0
     return subprocess.run(["kubectl", "apply", "-f", "-"], input=text, text=True).returncode
 

@@ -500,6 +500,10 @@ NAME_RULE = ("Kubernetes takes lower-case letters, digits and '-', starting with
      "--mount 'my-bucket:mnt': give BUCKET:PATH, a Cloud Storage bucket's name and an absolute directory in the "
      "pods, e.g. my-bucket:/mnt/data"),
     (["--name", "run", *JOBSET, "--mount", "my-bucket:/mnt/data"], "--mount needs --service-account NAME: "),
+    # argparse's own errors: its usage block and then the error
+    ([], "the following arguments are required: --name, --image, --tpu, --topology, --config (`gke_jobset.py "
+         "--help` shows how to call it)"),
+    (["--name", "run", *JOBSET, "--slices", "two"], "argument --slices: invalid int value: 'two'"),
 ])
 def test_the_gke_jobset_bad_input(args, message):
     proc = launch(sys.executable, "launch/gke_jobset.py", *args)
@@ -523,6 +527,15 @@ def test_a_gke_jobset_without_kubectl_or_jaxlm_says_so(tmp_path):
     assert unchecked.stderr == ("gke_jobset.py: note: this python cannot import jaxlm, so configs/bert-large.yaml and "
                                 "its overrides are checked only as jaxlm starts on the workers (run the launcher from "
                                 "the checkout installed with `make install` to check them here)\n")
+
+
+def test_a_gke_jobset_that_cannot_print_says_so():
+    """A full disk under its standard output was a traceback, and one more at exit."""
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "launch/gke_jobset.py", "--name", "run", *JOBSET], cwd=ROOT,
+                              stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert proc.returncode == 1 and proc.stderr == (
+        "gke_jobset.py: error: the manifest could not be written to standard output (No space left on device)\n")
 
 
 def test_a_gke_jobset_mounts_buckets_for_the_prepared_data():
