@@ -34,7 +34,7 @@ need() {  # need OPTION WHAT WORD: an error unless WORD is OPTION's value (not m
   [[ -n $3 && $3 != -* ]] || fail "$1 needs a value: $1 $2"
 }
 
-tpu="" zone="" project="" queued=0 workers="" python=python3 dry_run=0 envs=() words=()
+given=$# tpu="" zone="" project="" queued=0 workers="" python=python3 dry_run=0 envs=() words=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --tpu) need "$1" NAME "${2-}"; tpu=$2; shift 2 ;;
@@ -51,11 +51,16 @@ while [ $# -gt 0 ]; do
     *) words+=("$1"); shift ;;
   esac
 done
-[ ${#words[@]} -ge 1 ] || usage
+[ "$given" -gt 0 ] || usage
+[ ${#words[@]} -ge 1 ] || fail "name an ACTION: install, train, wait, logs, stop or run (see --help)"
 set -- "${words[@]}"
 action=$1; shift
 [ -n "$tpu" ] || fail "--tpu NAME is required"
+# Cloud TPU's rule for a node's name; the name is also the directory of its logs (logs/NAME)
+[[ $tpu =~ ^[a-z]([-a-z0-9]*[a-z0-9])?$ ]] || fail "--tpu '$tpu': a TPU's name is lower-case letters, digits and \
+'-', starting with a letter and not ending with '-'"
 [ -n "$zone" ] || fail "--zone ZONE is required"
+[[ $zone =~ ^[a-z0-9-]+$ ]] || fail "--zone '$zone': a zone is lower-case letters, digits and '-', like us-east5-a"
 case "$action" in
   install|train|wait|logs|stop|run) ;;
   *) fail "unknown action '$action'; choose install, train, wait, logs, stop or run" ;;

@@ -256,6 +256,12 @@ def test_a_queued_pod_waits_until_active_and_stop_sends_sigterm():
     (["--tpu", "a", "--zone", "z", "--workers"], "--workers needs a value: --workers N"),
     (["--tpu", "a", "--zone", "z", "--project"], "--project needs a value: --project ID"),
     (["--tpu", "a", "--zone", "z", "--env"], "--env needs a value: --env KEY=VALUE"),
+    # options without an action printed the 27-line header; a name with a space or a slash reached gcloud and
+    # the logs' directory
+    (["--tpu", "a", "--zone", "z"], "name an ACTION: install, train, wait, logs, stop or run (see --help)"),
+    (["--tpu", "pod a", "--zone", "z", "stop"], "--tpu 'pod a': a TPU's name is lower-case letters, digits and '-'"),
+    (["--tpu", "../pod", "--zone", "z", "logs"], "--tpu '../pod': a TPU's name is lower-case letters"),
+    (["--tpu", "a", "--zone", "us east5", "stop"], "--zone 'us east5': a zone is lower-case letters, digits and '-'"),
     # once printed the install and train commands first
     (["--dry-run", "--tpu", "a", "--zone", "z", "run", "configs/bert-tiny.yaml"], "--dry-run needs --workers N"),
     (["--tpu", "a", "--zone", "z", "stop", "configs/bert-tiny.yaml"],
