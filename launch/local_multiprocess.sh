@@ -3,7 +3,8 @@
 #   launch/local_multiprocess.sh [--dry-run] N CONFIG [section.key=value ...]
 # Each process gets TOTAL_DEVICES / N simulated CPU devices (JAXLM_TOTAL_DEVICES, default 8) when
 # run on the CPU. JAXLM_COMMAND picks the subcommand (default: train); JAXLM_PORT the coordinator's port (default:
-# a random one from 20000). Exits non-zero if any fails.
+# a random one from 20000); JAXLM_BIN the jaxlm program (default: this checkout's .venv/bin/jaxlm). Exits non-zero
+# if any fails. A training's config and overrides are checked once, here, before any process starts.
 # SIGTERM or SIGINT to this script reaches every process as SIGTERM (each stops at one step, saves and exits 143);
 # it then waits for them all. A process that fails (a status other than 0, and a stopped run's 75, 130 and 143)
 # ends the others (SIGTERM, then SIGKILL after JAXLM_GRACE_S, default 30): without it they cannot save, and waited
@@ -45,6 +46,12 @@ grace=${JAXLM_GRACE_S:-30}
 [[ $grace =~ ^[0-9]+$ ]] || { echo "local_multiprocess.sh: error: JAXLM_GRACE_S=$grace: give whole seconds" >&2; exit 2; }
 grace=$((10#$grace))  # 08 is not octal
 jaxlm=${JAXLM_BIN:-$here/.venv/bin/jaxlm}
+if [[ ${JAXLM_COMMAND:-train} == train ]]; then  # a bad override was said once by each process
+  checker=$(dirname "$jaxlm")/python
+  [ -x "$checker" ] || checker=$here/.venv/bin/python
+  [ -x "$checker" ] || checker=python3
+  "$checker" "$here/launch/check_config.py" local_multiprocess.sh "$config" "$@" || exit 2
+fi
 pids=()
 for ((i = 0; i < count; i++)); do
   command=(env JAXLM_COORDINATOR=127.0.0.1:$port JAXLM_NUM_PROCESSES=$count JAXLM_PROCESS_ID=$i

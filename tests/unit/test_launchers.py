@@ -354,9 +354,12 @@ BERT = "configs/bert-tiny.yaml"
     ("2", BERT, {"JAXLM_PORT": "abc"}, "JAXLM_PORT=abc: give a port from 1 to 65534"),
     ("2", BERT, {"JAXLM_PORT": "65535"}, "JAXLM_PORT=65535: give a port"),
     ("2", "configs/nope.yaml", {}, "config configs/nope.yaml does not exist"),
+    # once by each process, as it started
+    ("2", f"{BERT} train.steps=abc", {}, f"{BERT} with train.steps=abc: train.steps must be a number"),
 ])
 def test_local_launcher_bad_input(count, config, env, message):
-    proc = launch("bash", "launch/local_multiprocess.sh", count, config, env={"JAXLM_TOTAL_DEVICES": "8", **env})
+    """`config` is the config and its overrides."""
+    proc = launch("bash", "launch/local_multiprocess.sh", count, *config.split(), env={"JAXLM_TOTAL_DEVICES": "8", **env})
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith("local_multiprocess.sh: error: ") and message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -427,14 +430,14 @@ def test_a_failed_local_process_ends_the_others(tmp_path):
 def test_the_local_launcher_dry_run_prints_each_process(tmp_path):
     """`--dry-run` was read as N, and a trailing one started N trainings, each refusing it: it may stand anywhere."""
     for where in (0, 3):
-        args = ["2", "configs/bert-tiny.yaml", "a.b=c d"]
+        args = ["2", "configs/bert-tiny.yaml", "train.run_dir=runs/a b"]
         proc = launch("bash", "launch/local_multiprocess.sh", *args[:where], "--dry-run", *args[where:],
                       env={"JAXLM_PORT": "23456", "JAXLM_BIN": str(tmp_path / "absent")})
         assert proc.returncode == 0, proc.stderr
         assert [shlex.split(line) for line in proc.stdout.splitlines()] == [
             ["env", "JAXLM_COORDINATOR=127.0.0.1:23456", "JAXLM_NUM_PROCESSES=2", f"JAXLM_PROCESS_ID={i}",
              "JAXLM_LOCAL_DEVICE_COUNT=4", f"JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', 'cpu')}",
-             str(tmp_path / "absent"), "train", "configs/bert-tiny.yaml", "a.b=c d"] for i in range(2)]
+             str(tmp_path / "absent"), "train", "configs/bert-tiny.yaml", "train.run_dir=runs/a b"] for i in range(2)]
 
 
 def test_the_gke_jobset_has_one_pod_per_host_on_the_slice():
