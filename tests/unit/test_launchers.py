@@ -2,6 +2,7 @@
 would run, word for word, and their one-line errors."""
 import itertools
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -769,3 +770,13 @@ def test_a_run_stopped_early_never_exits_0():
 
     assert [stop_status(reason) for reason in ("SIGTERM", "SIGTERM (a preemption notice)", "Ctrl-C",
                                                "train.time_limit_minutes=5")] == [143, 143, 130, 75]
+
+
+def test_the_launch_readme_shows_what_the_pod_dry_run_prints():
+    """launch/README.md's dry run of a TPU pod job, and what it prints, word for word."""
+    section = (ROOT / "launch/README.md").read_text().split("## A TPU pod, end to end", 1)[1]
+    commands_block, printed_block = re.findall(r"```(?:bash)?\n(.*?)```", section, re.S)[:2]
+    dry_run = next(line for line in commands_block.replace("\\\n", " ").splitlines() if "--dry-run" in line)
+    proc = launch("bash", *shlex.split(dry_run, comments=True))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == printed_block.replace("/path/to/jaxlm", str(ROOT))
