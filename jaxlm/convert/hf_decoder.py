@@ -77,15 +77,18 @@ def llama_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
         hidden_dropout=0.0, attention_dropout=config.get("attention_dropout", 0.0),
         layer_norm_eps=config.get("rms_norm_eps", 1e-6), initializer_range=config.get("initializer_range", 0.02),
         position_embedding="rope", rope_theta=_rope_theta(config), norm="rmsnorm", activation="swiglu",
-        use_bias=False, tie_embeddings=config.get("tie_word_embeddings", False), eos_token_id=eos_id(config))
+        use_bias=False, tie_embeddings=config.get("tie_word_embeddings", False), eos_token_id=eos_id(config),
+        bos_token_id=eos_id(config, key="bos_token_id"))
     return build_config(fields, overrides)
 
 
 def _token_ids(config: TransformerConfig, bos_is_eos: bool = False) -> dict:
-    """The end-of-text id, None where the model has none: left out, transformers fills in its own default (GPT-2's
-    50256, Llama's 2), which a smaller vocabulary lacks. GPT-2 also begins text with that token."""
+    """The ids of end and beginning of text, None where the model has none: left out, transformers fills in its own
+    defaults (GPT-2's 50256, Llama's 2 and 1), which a smaller vocabulary lacks or holds as other tokens. GPT-2
+    begins text with its end-of-text token."""
     eos = config.eos_token_id if config.eos_token_id >= 0 else None
-    return {"eos_token_id": eos, **({"bos_token_id": eos} if bos_is_eos else {})}
+    bos = eos if bos_is_eos else config.bos_token_id if config.bos_token_id >= 0 else None
+    return {"eos_token_id": eos, "bos_token_id": bos}
 
 
 def gpt2_config_to_hf(config: TransformerConfig) -> dict:

@@ -128,6 +128,9 @@ class TransformerConfig:
     num_decoder_layers: int = 0
     decoder_start_token_id: int = 0
     eos_token_id: int = -1
+    # The id that begins text in the model's own training (-1: none, as jaxlm's causal rows), written to config.json
+    # by to-hf: left out, transformers takes its default (Llama's 1), another token of this vocabulary.
+    bos_token_id: int = -1
     # Layers as one nn.scan over stacked parameters (leading "layers" axis) instead of layer_0..N-1,
     # and what each layer keeps for the backward pass: none (all), full (recompute all), dots.
     scan_layers: bool = False
@@ -212,7 +215,8 @@ class TransformerConfig:
             raise ValueError(f"model.relative_buckets={self.relative_buckets} and model.relative_max_distance="
                              f"{self.relative_max_distance}: T5's relative positions need 4 buckets or more and a "
                              "max distance above half the buckets (T5: 32 and 128)")
-        for name, lowest in (("pad_token_id", 0), ("decoder_start_token_id", 0), ("eos_token_id", -1)):
+        for name, lowest in (("pad_token_id", 0), ("decoder_start_token_id", 0), ("eos_token_id", -1),
+                             ("bos_token_id", -1)):
             if not lowest <= getattr(self, name) < self.vocab_size:  # an id beyond the table: NaN, not an error
                 raise ValueError(f"model.{name}={getattr(self, name)} must lie in [{lowest}, model.vocab_size="
                                  f"{self.vocab_size}), an id of the vocabulary" + (" (-1: none)" if lowest else ""))

@@ -209,5 +209,14 @@ def test_an_exported_config_names_its_own_end_of_text_or_none(preset, eos, tmp_p
     loaded = transformers.AutoConfig.from_pretrained(tmp_path)
     expected = None if eos < 0 else eos
     assert loaded.eos_token_id == expected and "outside" not in caplog.text and "within the vocabulary" not in caplog.text
-    if preset == "gpt2-small":
-        assert loaded.bos_token_id == expected
+    # GPT-2 begins text with its end-of-text token; our Llama rows begin with none (transformers' default was 1)
+    assert loaded.bos_token_id == (expected if preset == "gpt2-small" else None)
+
+
+def test_a_llama_keeps_its_beginning_of_text_id_from_hf_to_hf():
+    """A Llama converted from transformers and back lost its bos_token_id: transformers then took its default, 1."""
+    hf_config = {**LLAMA, "bos_token_id": 5, "eos_token_id": 6}
+    config = hf_decoder.llama_config_from_hf(hf_config)
+    assert (config.bos_token_id, config.eos_token_id) == (5, 6)
+    assert hf_decoder.llama_config_to_hf(config)["bos_token_id"] == 5
+    assert hf_decoder.llama_config_from_hf({**hf_config, "bos_token_id": None}).bos_token_id == -1

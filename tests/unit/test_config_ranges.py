@@ -41,8 +41,8 @@ def test_every_preset_is_valid(preset):
     # beyond the table: a converted T5 with decoder_start_token_id=99999 scored perplexity nan
     *((name, 30522, f"model.{name}=30522 must lie in [0, model.vocab_size=30522), an id of the vocabulary")
       for name in ("pad_token_id", "decoder_start_token_id")),
-    ("eos_token_id", -2, "model.eos_token_id=-2 must lie in [-1, model.vocab_size=30522), an id of the vocabulary "
-                         "(-1: none)"),
+    *((name, -2, f"model.{name}=-2 must lie in [-1, model.vocab_size=30522), an id of the vocabulary (-1: none)")
+      for name in ("eos_token_id", "bos_token_id")),
 ])
 def test_a_model_size_or_dropout_out_of_range_is_named(field, value, expected):
     # num_heads=0 once reached `hidden_size % num_heads` first: a ZeroDivisionError's traceback
