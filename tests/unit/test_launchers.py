@@ -104,7 +104,7 @@ def test_pod_train_returns_once_every_worker_has_started_and_its_log_ends_with_t
         assert worker.returncode == 0 and time.monotonic() - started < 10
         while log.read_text() == earlier:
             time.sleep(0.05)
-        (jaxlm,) = pids(f"[.]venv/bin/jaxlm train configs/bert-tiny.yaml distributed.enabled=true$")
+        (jaxlm,) = pids("[.]venv/bin/jaxlm train configs/bert-tiny.yaml distributed.enabled=true$")
         (status_writer,) = pids("JAXLM_WORKER_[C]OMMAND") - pids("[.]venv/bin/jaxlm train")
         os.kill(status_writer, signal.SIGTERM)  # as a SIGTERM to every process does: it writes the status after
         os.kill(jaxlm, signal.SIGTERM)  # what `stop` sends
