@@ -141,13 +141,13 @@ def build_config(fields: dict, overrides: dict) -> TransformerConfig:
     return model_config(**{**typed_values(TransformerConfig(), fields, "model"), **overrides})
 
 
-def eos_id(config: Mapping, default=None, key: str = "eos_token_id"):
-    """config.json's end-of-sequence id (or the id under `key`; the first, where it lists several; `default` where
-    it names none), or -1 where it has none; its type is `build_config`'s to check."""
-    eos = config.get(key, default)
-    if isinstance(eos, (list, tuple)):
-        eos = eos[0] if eos else None
-    return -1 if eos is None else eos
+def special_id(config: Mapping, key: str, default=None):
+    """config.json's special token id under `key` (eos_token_id, bos_token_id: the first, where it lists several;
+    `default` where it names none), or -1 where it has none; its type is `build_config`'s to check."""
+    found = config.get(key, default)
+    if isinstance(found, (list, tuple)):
+        found = found[0] if found else None
+    return -1 if found is None else found
 
 
 def read_config(model_dir) -> dict:

@@ -5,8 +5,8 @@ from typing import Mapping
 
 import numpy as np
 
-from jaxlm.convert.hf import (build_config, check_family, check_representable, eos_id, param_shapes, read_config,
-                              read_tensors)
+from jaxlm.convert.hf import (build_config, check_family, check_representable, param_shapes, read_config,
+                              read_tensors, special_id)
 from jaxlm.convert.names import (Entry, attention, dense, encoder_layer, norm, params_from_hf, params_to_hf,
                                  prefixed)
 from jaxlm.models.bart import BartForConditionalGeneration
@@ -70,7 +70,7 @@ def bart_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
         activation_dropout=config.get("activation_dropout", 0.0),
         layer_norm_eps=1e-5, initializer_range=config.get("init_std", 0.02), activation="gelu",
         tie_embeddings=True, pad_token_id=config.get("pad_token_id", 1),
-        eos_token_id=eos_id(config, 2), decoder_start_token_id=2 if start is None else start)
+        eos_token_id=special_id(config, "eos_token_id", 2), decoder_start_token_id=2 if start is None else start)
     return build_config(fields, overrides)
 
 

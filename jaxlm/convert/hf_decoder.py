@@ -11,8 +11,8 @@ from typing import Mapping
 
 import numpy as np
 
-from jaxlm.convert.hf import (build_config, check_family, check_representable, eos_id, param_shapes, read_config,
-                              read_tensors)
+from jaxlm.convert.hf import (build_config, check_family, check_representable, param_shapes, read_config,
+                              read_tensors, special_id)
 from jaxlm.convert.names import Entry, attention, dense, norm, params_from_hf, params_to_hf, prefixed
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.decoder import CausalLM
@@ -37,13 +37,13 @@ def gpt2_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
         raise ValueError("GPT-2 cross-attention is not supported")
     hidden = config.get("n_embd", 768)
     fields = dict(
-        family="gpt2", vocab_size=config.get("vocab_size", 50257), hidden_size=hidden, num_layers=config.get("n_layer", 12),
-        num_heads=config.get("n_head", 12), intermediate_size=config.get("n_inner") or 4 * hidden,
+        family="gpt2", vocab_size=config.get("vocab_size", 50257), hidden_size=hidden,
+        num_layers=config.get("n_layer", 12), num_heads=config.get("n_head", 12), intermediate_size=config.get("n_inner") or 4 * hidden,
         max_position_embeddings=config.get("n_positions", 1024), type_vocab_size=0,
         hidden_dropout=config.get("resid_pdrop", 0.1), attention_dropout=config.get("attn_pdrop", 0.1),
         layer_norm_eps=config.get("layer_norm_epsilon", 1e-5),
         initializer_range=config.get("initializer_range", 0.02), activation="gelu_tanh",
-        tie_embeddings=config.get("tie_word_embeddings", True), eos_token_id=eos_id(config))
+        tie_embeddings=config.get("tie_word_embeddings", True), eos_token_id=special_id(config, "eos_token_id"))
     return build_config(fields, overrides)
 
 
@@ -77,8 +77,8 @@ def llama_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
         hidden_dropout=0.0, attention_dropout=config.get("attention_dropout", 0.0),
         layer_norm_eps=config.get("rms_norm_eps", 1e-6), initializer_range=config.get("initializer_range", 0.02),
         position_embedding="rope", rope_theta=_rope_theta(config), norm="rmsnorm", activation="swiglu",
-        use_bias=False, tie_embeddings=config.get("tie_word_embeddings", False), eos_token_id=eos_id(config),
-        bos_token_id=eos_id(config, key="bos_token_id"))
+        use_bias=False, tie_embeddings=config.get("tie_word_embeddings", False),
+        eos_token_id=special_id(config, "eos_token_id"), bos_token_id=special_id(config, "bos_token_id"))
     return build_config(fields, overrides)
 
 

@@ -5,7 +5,7 @@ from typing import Mapping
 
 import numpy as np
 
-from jaxlm.convert.hf import build_config, check_family, check_representable, eos_id, param_shapes
+from jaxlm.convert.hf import build_config, check_family, check_representable, param_shapes, special_id
 from jaxlm.convert.names import Entry, attention, dense, fold_copies, params_from_hf, params_to_hf
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.t5 import T5ForConditionalGeneration
@@ -48,7 +48,7 @@ def t5_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
         relative_buckets=config.get("relative_attention_num_buckets", 32),
         relative_max_distance=config.get("relative_attention_max_distance", 128), norm="rmsnorm",
         activation=FEED_FORWARD[projection], use_bias=False, tie_embeddings=bool(tied), pad_token_id=pad,
-        eos_token_id=eos_id(config, 1), decoder_start_token_id=pad if start is None else start)
+        eos_token_id=special_id(config, "eos_token_id", 1), decoder_start_token_id=pad if start is None else start)
     return build_config(fields, overrides)
 
 
