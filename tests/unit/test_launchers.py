@@ -360,7 +360,8 @@ BERT = "configs/bert-tiny.yaml"
 ])
 def test_local_launcher_bad_input(count, config, env, message):
     """`config` is the config and its overrides."""
-    proc = launch("bash", "launch/local_multiprocess.sh", count, *config.split(), env={"JAXLM_TOTAL_DEVICES": "8", **env})
+    proc = launch("bash", "launch/local_multiprocess.sh", count, *config.split(),
+                  env={"JAXLM_TOTAL_DEVICES": "8", **env})
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith("local_multiprocess.sh: error: ") and message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -395,11 +396,14 @@ def test_ctrl_c_to_the_local_launchers_group_waits_for_the_saves(tmp_path):
     program.write_text('#!/usr/bin/env bash\ntrap \'sleep 1; echo "$JAXLM_PROCESS_ID saved" >> "$LOG"; exit 0\' '
                        'TERM INT\necho "$JAXLM_PROCESS_ID started" >> "$LOG"\nwhile true; do sleep 0.05; done\n')
     program.chmod(0o755)
-    launcher = subprocess.Popen(["bash", "launch/local_multiprocess.sh", "2", "configs/bert-tiny.yaml"], cwd=ROOT,
-                                env=dict(os.environ, JAXLM_BIN=str(program), LOG=str(log)), start_new_session=True,
-                                # as a terminal starts it: pytest-xdist's workers ignore SIGINT, and a shell keeps
-                                # a signal ignored at its start ignored, traps and all
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # with SIGINT's default action, as a terminal starts it: pytest-xdist's workers ignore SIGINT, and a shell keeps
+    # a signal ignored at its start ignored, traps and all (a python that restores it and becomes bash: a
+    # preexec_fn would fork this multithreaded process)
+    as_a_terminal = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                     "os.execvp('bash', ['bash', *sys.argv[1:]])")
+    launcher = subprocess.Popen([sys.executable, "-c", as_a_terminal, "launch/local_multiprocess.sh", "2",
+                                 "configs/bert-tiny.yaml"], cwd=ROOT, start_new_session=True,
+                                env=dict(os.environ, JAXLM_BIN=str(program), LOG=str(log)))
     deadline = time.time() + 30
     while (log.read_text().count("started") if log.exists() else 0) < 2 and time.time() < deadline:
         time.sleep(0.05)
