@@ -47,10 +47,7 @@ grace=${JAXLM_GRACE_S:-30}
 grace=$((10#$grace))  # 08 is not octal
 jaxlm=${JAXLM_BIN:-$here/.venv/bin/jaxlm}
 if [[ ${JAXLM_COMMAND:-train} == train ]]; then  # a bad override was said once by each process
-  checker=$(dirname "$jaxlm")/python
-  [ -x "$checker" ] || checker=$here/.venv/bin/python
-  [ -x "$checker" ] || checker=python3
-  "$checker" "$here/launch/check_config.py" local_multiprocess.sh "$config" "$@" || exit 2
+  "$(checking_python "$jaxlm")" "$here/launch/check_config.py" local_multiprocess.sh "$config" "$@" || exit 2
 fi
 pids=()
 for ((i = 0; i < count; i++)); do

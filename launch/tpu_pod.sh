@@ -66,6 +66,7 @@ case "$action" in
   *) fail "unknown action '$action'; choose install, train, wait, logs, stop or run" ;;
 esac
 here=$(cd "$(dirname "$0")/.." && pwd)
+source "$here/launch/lib.sh"
 if [[ $action == train || $action == run ]]; then
   [ $# -ge 1 ] || fail "$action needs a CONFIG (a path inside this checkout)"
   config=$1
@@ -83,9 +84,7 @@ the workers get the checkout's HEAD; git add and commit it"
   git -C "$here" diff --quiet HEAD -- "$config" 2> /dev/null || fail "config $config has uncommitted changes: the \
 workers would run HEAD's; commit them"
   # the overrides as jaxlm reads them, with this checkout's jaxlm where it is installed: not after every worker's install
-  local_python=$here/.venv/bin/python
-  [ -x "$local_python" ] || local_python=python3
-  (cd "$here" && "$local_python" launch/check_config.py tpu_pod.sh "$@") || exit 2
+  (cd "$here" && "$(checking_python)" launch/check_config.py tpu_pod.sh "$@") || exit 2
 elif [ $# -gt 0 ]; then
   fail "$action takes no CONFIG or overrides, got '$1'"
 fi
@@ -94,7 +93,6 @@ if [[ $dry_run == 1 && -z $workers && ($action == logs || $action == run) ]]; th
   fail "--dry-run needs --workers N (it asks gcloud nothing)"
 fi
 
-source "$here/launch/lib.sh"
 gcloud_tpu=(gcloud compute tpus tpu-vm)
 where=(--zone="$zone")
 [ -n "$project" ] && where+=(--project="$project")

@@ -150,6 +150,11 @@ def special_id(config: Mapping, key: str, default=None):
     return -1 if found is None else found
 
 
+def hf_id(token_id: int) -> int | None:
+    """A special token id as config.json writes it: our -1 (none) as null, which `special_id` reads back."""
+    return None if token_id < 0 else token_id
+
+
 def read_config(model_dir) -> dict:
     path = pathlib.Path(model_dir) / "config.json"
     if pathlib.Path(model_dir).is_file():

@@ -5,8 +5,8 @@ from typing import Mapping
 
 import numpy as np
 
-from jaxlm.convert.hf import (build_config, check_family, check_representable, param_shapes, read_config,
-                              read_tensors, special_id)
+from jaxlm.convert.hf import (build_config, check_family, check_representable, hf_id, param_shapes,
+                              read_config, read_tensors, special_id)
 from jaxlm.convert.names import (Entry, attention, dense, encoder_layer, norm, params_from_hf, params_to_hf,
                                  prefixed)
 from jaxlm.models.bart import BartForConditionalGeneration
@@ -77,7 +77,7 @@ def bart_config_from_hf(config: Mapping, **overrides) -> TransformerConfig:
 def bart_config_to_hf(config: TransformerConfig) -> dict:
     """A config.json dict for transformers' BartForConditionalGeneration."""
     check_representable(config, "BART", **REPRESENTABLE)
-    eos = None if config.eos_token_id < 0 else config.eos_token_id
+    eos = hf_id(config.eos_token_id)
     return {
         "architectures": [ARCHITECTURE], "model_type": "bart", "vocab_size": config.vocab_size,
         "d_model": config.hidden_size, "encoder_layers": config.num_layers, "decoder_layers": config.decoder_layers,

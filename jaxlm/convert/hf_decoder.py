@@ -11,8 +11,8 @@ from typing import Mapping
 
 import numpy as np
 
-from jaxlm.convert.hf import (build_config, check_family, check_representable, param_shapes, read_config,
-                              read_tensors, special_id)
+from jaxlm.convert.hf import (build_config, check_family, check_representable, hf_id, param_shapes,
+                              read_config, read_tensors, special_id)
 from jaxlm.convert.names import Entry, attention, dense, norm, params_from_hf, params_to_hf, prefixed
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.decoder import CausalLM
@@ -86,9 +86,8 @@ def _token_ids(config: TransformerConfig, bos_is_eos: bool = False) -> dict:
     """The ids of end and beginning of text, None where the model has none: left out, transformers fills in its own
     defaults (GPT-2's 50256, Llama's 2 and 1), which a smaller vocabulary lacks or holds as other tokens. GPT-2
     begins text with its end-of-text token."""
-    eos = config.eos_token_id if config.eos_token_id >= 0 else None
-    bos = eos if bos_is_eos else config.bos_token_id if config.bos_token_id >= 0 else None
-    return {"eos_token_id": eos, "bos_token_id": bos}
+    eos = hf_id(config.eos_token_id)
+    return {"eos_token_id": eos, "bos_token_id": eos if bos_is_eos else hf_id(config.bos_token_id)}
 
 
 def gpt2_config_to_hf(config: TransformerConfig) -> dict:

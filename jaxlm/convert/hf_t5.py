@@ -5,7 +5,7 @@ from typing import Mapping
 
 import numpy as np
 
-from jaxlm.convert.hf import build_config, check_family, check_representable, param_shapes, special_id
+from jaxlm.convert.hf import build_config, check_family, check_representable, hf_id, param_shapes, special_id
 from jaxlm.convert.names import Entry, attention, dense, fold_copies, params_from_hf, params_to_hf
 from jaxlm.models.config import TransformerConfig
 from jaxlm.models.t5 import T5ForConditionalGeneration
@@ -67,7 +67,7 @@ def t5_config_to_hf(config: TransformerConfig) -> dict:
         "initializer_factor": config.initializer_range,
         "feed_forward_proj": next(k for k, v in FEED_FORWARD.items() if v == config.activation),
         "is_encoder_decoder": True, "use_cache": True, "pad_token_id": config.pad_token_id,
-        "eos_token_id": None if config.eos_token_id < 0 else config.eos_token_id,
+        "eos_token_id": hf_id(config.eos_token_id),
         "decoder_start_token_id": config.decoder_start_token_id,
         "tie_word_embeddings": config.tie_embeddings,
     }
