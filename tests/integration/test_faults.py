@@ -52,12 +52,27 @@ def config(tmp_path, prepared_dir, name: str, optim=None, workers: int = 0, mesh
                                    "train": TRAIN | {"run_dir": str(tmp_path / name)} | train}, f"{name}.yaml")
 
 
-def start(config_path, log, env_extra=None, file_limit_kib: int = 0, command: str = "train") -> subprocess.Popen:
+# `jaxlm ARGS` whose checkpoint saves never commit: Orbax's hook between a save's last write and the rename of its
+# temporary directory (AsyncOptions.post_finalization_callback) waits there for ever, so that a test's poll, however
+# late on a loaded machine, finds the save in flight (a tiny model's save is over in a few milliseconds)
+SAVES_NEVER_COMMIT = """\
+import functools, sys, threading
+import orbax.checkpoint as ocp
+from jaxlm import cli
+ocp.CheckpointManagerOptions = functools.partial(
+    ocp.CheckpointManagerOptions, async_options=ocp.AsyncOptions(post_finalization_callback=threading.Event().wait))
+sys.exit(cli.main())
+"""
+
+
+def start(config_path, log, env_extra=None, file_limit_kib: int = 0, command: str = "train",
+          python: str | None = None) -> subprocess.Popen:
     """`jaxlm train CONFIG` (or another `command`) as a child on 8 simulated devices, its output in `log`; with
-    `file_limit_kib`, no file it writes may grow past that (bash's ulimit -f: RLIMIT_FSIZE)."""
+    `file_limit_kib`, no file it writes may grow past that (bash's ulimit -f: RLIMIT_FSIZE); with `python`, the
+    command runs through that code (which calls `cli.main`) in place of `python -m jaxlm.cli`."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(),
                **(env_extra or {}))
-    command = [sys.executable, "-m", "jaxlm.cli", command, str(config_path)]
+    command = [sys.executable, *(["-c", python] if python else ["-m", "jaxlm.cli"]), command, str(config_path)]
     if file_limit_kib:
         command = ["bash", "-c", f'ulimit -f {file_limit_kib} && exec "$@"', "bash", *command]
     # a process group of its own, so that a test can signal it whole as a terminal's Ctrl-C does
@@ -289,8 +304,9 @@ def test_a_stop_during_compilation_ends_the_command_saying_so_not_a_segfault(num
 
 def test_sigkill_during_a_step_a_save_and_an_evaluation_then_a_truncated_checkpoint(straight, prepared_dir,
                                                                                    tmp_path):
-    """Killed at random moments of each kind, then the newest checkpoint truncated: every restart resumes
-    from the newest checkpoint that restores, and the losses equal the uninterrupted run's step for step."""
+    """Killed in a step, in a save (written, its commit held back) and in an evaluation, then the newest
+    checkpoint truncated: every restart resumes from the newest checkpoint that restores, and the losses equal
+    the uninterrupted run's step for step."""
     rng = random.Random(0)
     path = config(tmp_path, prepared_dir, "killed", eval_every=25, eval_batches=40)
     run_dir = tmp_path / "killed"
@@ -303,7 +319,7 @@ def test_sigkill_during_a_step_a_save_and_an_evaluation_then_a_truncated_checkpo
 
     left_behind = []  # the temporary directories there before this run began
 
-    def in_a_save():  # a save of this run in flight: a new temporary directory of step 20
+    def in_a_save():  # a save of this run written and not yet committed: a new temporary directory of step 20
         return any(p.name.startswith("20.") and p not in left_behind for p in unfinished(checkpoints))
 
     def in_an_evaluation(pause=rng.uniform(0.0, 0.2)):  # the step-25 evaluation has begun, checkpoint 20 committed
@@ -315,7 +331,7 @@ def test_sigkill_during_a_step_a_save_and_an_evaluation_then_a_truncated_checkpo
     for moment in (in_a_step, in_a_save, in_an_evaluation):
         left_behind[:] = unfinished(checkpoints)
         with open(tmp_path / f"{moment.__name__}.log", "w") as log:
-            proc = start(path, log)
+            proc = start(path, log, python=SAVES_NEVER_COMMIT if moment is in_a_save else None)
             kill_when(proc, moment)
             assert proc.returncode == -signal.SIGKILL, f"the run ended before {moment.__name__}"
     assert "resumed from step 10" in (tmp_path / "in_a_save.log").read_text()
