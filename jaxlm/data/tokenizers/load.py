@@ -41,14 +41,14 @@ def load_tokenizer(spec, lowercase: bool = True, sentinels: int = 0):
     if path.name in BPE_PAIR_OF and path.is_file():
         raise ValueError(f"{path} is one file of a byte-level BPE pair; give the directory that holds both "
                          f"{' and '.join(BPE_PAIR_OF[path.name])}")
+    if not path.exists() and (path.suffix or "/" in str(spec)):
+        raise FileNotFoundError(f"tokenizer file not found: {path}; a tokenizer is {SPEC_FORMS}")
     if path.suffix == ".model":
         return SentencePieceTokenizer(path, sentinels=sentinels)
     if path.suffix == ".json":
         return RustTokenizer.from_file(path)
     if path.suffix == ".txt":
         return WordPieceTokenizer(path, lowercase=lowercase)
-    if not path.exists() and (path.suffix or "/" in str(spec)):
-        raise FileNotFoundError(f"tokenizer file not found: {path}; a tokenizer is {SPEC_FORMS}")
     raise ValueError(f"unknown tokenizer {str(spec)!r}; a tokenizer is {SPEC_FORMS}")
 
 
