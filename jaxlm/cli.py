@@ -28,7 +28,7 @@ from jaxlm.convert.names import flatten
 from jaxlm.corpora.models import PACKAGED_GGUF, PACKAGED_MODELS, local_or_packaged
 from jaxlm.corpora.text import check_writable, file_in_the_way
 from jaxlm.data.bench import bench_data, bench_split, format_data_table, median_rows
-from jaxlm.data.pipeline import check_workers, open_data
+from jaxlm.data.pipeline import check_workers, open_splits
 from jaxlm.data.prepare import already_prepared, prepare, preparation_settings
 from jaxlm.data.sources import model_tokenizer, resolve_corpus
 from jaxlm.data.tokenized import TokenizationFailed
@@ -126,7 +126,7 @@ def cmd_data_show(args) -> None:
     if args.n < 1:
         raise ConfigError(f"--n {args.n}: give the number of examples to print, 1 or more")
     config = _load(args)
-    tokenizer, train_data, valid = open_data(config)
+    tokenizer, train_data, valid = open_splits(config)  # examples, not batches: a split of any size
     data = valid if args.split == "valid" else train_data
     for record in data.show(args.n, tokenizer):
         print(json.dumps(record))
@@ -298,10 +298,16 @@ def cmd_eval(args) -> None:
     paths = [a for a in args.inputs if "=" not in a]
     overrides = [a for a in args.inputs if "=" in a]
     extra = config_lib.parse_overrides(overrides).get("distributed") or {}
+    watching = [f"--{name.replace('_', '-')}" for name in ("poll", "idle_timeout") if getattr(args, name) is not None]
+    if watching and not args.watch:  # was ignored, silently
+        raise ConfigError(f"{watching[0]} is read by --watch alone, which this evaluation does not use: add --watch "
+                          f"or remove {watching[0]}")
+    idle_timeout = sweep.IDLE_TIMEOUT if args.idle_timeout is None else args.idle_timeout
+    poll = sweep.POLL if args.poll is None else args.poll
     distributed.initialize(config_lib.section(config_lib.DistributedConfig, extra, "distributed"))
     plan = sweep.plan(paths, args.tasks or ["heldout"], args.select, args.out, overrides, args.batch_size,
-                      args.encoder_input, args.watch, args.idle_timeout, args.poll)
-    progress = sweep.run(plan, watch=args.watch, idle_timeout=args.idle_timeout, poll=args.poll)
+                      args.encoder_input, args.watch, idle_timeout, poll)
+    progress = sweep.run(plan, watch=args.watch, idle_timeout=idle_timeout, poll=poll)
     if jax.process_index() != 0:
         return
     print(sweep.summary(progress))
@@ -482,9 +488,10 @@ def parser() -> argparse.ArgumentParser:
                          "from each checkpoint) (default heldout)")
     ev.add_argument("--out", default="eval", help="output directory, never inside a run (default eval/)")
     ev.add_argument("--watch", action="store_true", help="keep evaluating new checkpoints until the run's final step")
-    ev.add_argument("--idle-timeout", type=float, default=1800.0,
-                    help="with --watch: stop after this many seconds without a new checkpoint (default 1800)")
-    ev.add_argument("--poll", type=float, default=2.0, help="with --watch: seconds between looks (default 2)")
+    ev.add_argument("--idle-timeout", type=float,  # None: not given, which the check of its use needs to see
+                    help=f"with --watch: stop after this many seconds without a new checkpoint (default "
+                         f"{sweep.IDLE_TIMEOUT:g})")
+    ev.add_argument("--poll", type=float, help=f"with --watch: seconds between looks (default {sweep.POLL:g})")
     ev.add_argument("--batch-size", type=int, default=32, help="ppl/choice: rows per batch (default 32)")
     ev.add_argument("--encoder-input", default="",
                     help="ppl on an encoder-decoder: the input each line is the target of (default empty)")

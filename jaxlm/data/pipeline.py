@@ -335,9 +335,9 @@ class PretrainingData:
         return rows
 
 
-def open_data(config: RunConfig) -> tuple[object, PretrainingData, PretrainingData]:
-    """(tokenizer, train split, held-out split) of a run, validated against the tokenizer and the model
-    before any compute."""
+def open_splits(config: RunConfig) -> tuple[object, PretrainingData, PretrainingData]:
+    """(tokenizer, train split, held-out split) of the prepared data, validated against the tokenizer and the
+    model before any compute."""
     tokenizer = model_tokenizer(config)
     splits = [PretrainingData(config.data.prepared_dir, split, seed=config.data.seed, family=config.model.family,
                               tokenizer_fingerprint=tokenizer.fingerprint(), vocab_size=tokenizer.vocab_size,
@@ -347,6 +347,12 @@ def open_data(config: RunConfig) -> tuple[object, PretrainingData, PretrainingDa
         raise ConfigError(f"the data in {config.data.prepared_dir} was prepared before byte-level BPE kept the space "
                           "between a document's sentences (GPT-2 read \"end.The\"); re-run `jaxlm prepare CONFIG "
                           "--overwrite`")
+    return tokenizer, *splits
+
+
+def open_data(config: RunConfig) -> tuple[object, PretrainingData, PretrainingData]:
+    """`open_splits`, each split checked to hold the batches that training reads from it."""
+    tokenizer, *splits = open_splits(config)
     if len(splits[0]) < config.train.global_batch:
         raise ConfigError(f"the train split has {len(splits[0])} examples, fewer than train.global_batch="
                           f"{config.train.global_batch}; use more text or a smaller batch")

@@ -11,8 +11,18 @@ import pathlib
 from jaxlm.corpora.download import write_atomic
 
 RESULTS = "results.jsonl"
+WRITTEN = (RESULTS, "results.csv", "curves.png")  # the files of every evaluation's --out
 # counts and baselines, which are records but not curves
 NOT_PLOTTED = ("tokens", "lines", "random_baseline")
+
+
+def check_results_files(out: pathlib.Path) -> None:
+    """Refuses an --out where a file the evaluation writes is a directory, or results.jsonl is not UTF-8 text."""
+    for name in WRITTEN:
+        if (out / name).is_dir():
+            raise ValueError(f"{out / name} is a directory where the evaluation writes its {name}: move it or "
+                             "choose another --out")
+    read_records(out)
 
 
 def read_records(out: pathlib.Path) -> list[dict]:
@@ -20,8 +30,13 @@ def read_records(out: pathlib.Path) -> list[dict]:
     path = out / RESULTS
     if not path.is_file():
         return []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text, so not the results of a `jaxlm eval`: move it or choose another "
+                         "--out") from None
     records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in text.splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:

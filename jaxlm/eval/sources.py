@@ -18,6 +18,8 @@ from jaxlm.convert import store
 from jaxlm.corpora.text import check_writable
 from jaxlm.data.sources import model_tokenizer
 from jaxlm.data.settings import DataConfig
+from jaxlm.errors import first_line
+from jaxlm.eval import results
 from jaxlm.models.presets import model_config
 from jaxlm.train import checkpoint
 
@@ -111,11 +113,13 @@ def _stored_config(directory: pathlib.Path, step: int, path: pathlib.Path) -> di
     try:
         stored = checkpoint.stored_config(mngr, step)
     except Exception as err:  # Orbax raises many kinds for an unreadable item
-        raise ValueError(f"{path}: the checkpoint at step {step} has no readable config ({err})") from None
+        raise ValueError(f"{path} is not a jaxlm checkpoint: step {step} has no readable config ({first_line(err)}); "
+                         f"{store.NOT_A_CHECKPOINT}") from None
     finally:
         mngr.close()
     if stored is None:
-        raise ValueError(f"{path}: the checkpoint at step {step} records no model config")
+        raise ValueError(f"{path} is not a jaxlm checkpoint: step {step} records no model config; "
+                         f"{store.NOT_A_CHECKPOINT}")
     return stored
 
 
@@ -230,3 +234,4 @@ def check_out(out: pathlib.Path, sources: list[Source]) -> None:
             raise ValueError(f"--out {out} lies inside {guarded}; the evaluator never writes into a run or "
                              "checkpoint directory: choose an --out outside it (default: eval/)")
     check_writable(out, f"--out {out}")
+    results.check_results_files(out)

@@ -188,12 +188,13 @@ def check_reuse(out: pathlib.Path, sources: list[Source], inputs: dict[str, str]
                              f"{results.RESULTS} to evaluate again")
 
 
-LONGEST_POLL = 86400
+POLL, LONGEST_POLL = 2.0, 86400  # --watch's seconds between looks: by default, at most
+IDLE_TIMEOUT = 1800.0  # --watch stops after this many seconds without a new checkpoint, by default
 
 
 def plan(paths: list[str], task_specs: list[str], select: str = "all", out: str = "eval",
          overrides: list[str] = (), batch_size: int = 32, encoder_input: str = "", watch: bool = False,
-         idle_timeout: float = 0.0, poll: float = 2.0) -> Plan:
+         idle_timeout: float = 0.0, poll: float = POLL) -> Plan:
     """Every input, task, selection and the output place checked; ValueError/ConfigError otherwise.
     When watching, a run that has no committed checkpoint yet is waited for up to `idle_timeout` s."""
     if not paths:
@@ -400,7 +401,7 @@ def agreed_done(plan_: Plan, current: list[dict]) -> set[tuple[str, int, str]]:
     return {(keys[a], b, names[c]) for a, b, c in zip(flat[::3], flat[1::3], flat[2::3])}
 
 
-def run(plan_: Plan, watch: bool = False, idle_timeout: float = 1800.0, poll: float = 2.0) -> Progress:
+def run(plan_: Plan, watch: bool = False, idle_timeout: float = IDLE_TIMEOUT, poll: float = POLL) -> Progress:
     """Evaluate what the plan selects that --out does not hold yet; with `watch`, keep evaluating new
     committed checkpoints until each run has written its final step or none came for `idle_timeout` s.
     (A multi-process evaluation starts `jax.distributed` before planning: see jaxlm.cli.)"""

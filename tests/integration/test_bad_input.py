@@ -315,6 +315,10 @@ def test_bench_refuses_the_options_of_its_other_mode(options, expected, capsys):
     (["eval", "run", "--watch", "--poll", "inf"], "jaxlm eval: error: --poll inf: give the seconds between looks"),
     (["eval", "run", "--watch", "--poll", "3e7"], "jaxlm eval: error: --poll 3e+07: give the seconds between looks"),
     (["eval", "run", "--watch", "--idle-timeout", "nan"], "jaxlm eval: error: --idle-timeout nan: give the seconds"),
+    # both were ignored without --watch, silently
+    (["eval", "run", "--poll", "5"], "jaxlm eval: error: --poll is read by --watch alone, which this evaluation does "
+                                     "not use: add --watch or remove --poll"),
+    (["eval", "run", "--idle-timeout", "3"], "jaxlm eval: error: --idle-timeout is read by --watch alone"),
     (["data", "show", "c.yaml", "--n", "-2"], "jaxlm data show: error: --n -2: give the number of examples"),
     (["compile", "configs/bert-tiny.yaml", "--num-slices", "0"],
      "jaxlm compile: error: --num-slices 0: give 1 to 1024 slices"),

@@ -10,7 +10,8 @@ from jaxlm.data.pipeline import open_data
 
 
 def test_data_show_prints_model_inputs(tiny_config):
-    proc = run_cli("data", "show", tiny_config(), "--n", "5", devices=1)
+    # a batch larger than either split, which training refuses: data show reads examples, not batches
+    proc = run_cli("data", "show", tiny_config(), "--n", "5", "train.global_batch=100000", devices=1)
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(records) == 5
     vocab = austen_vocab().read_text().splitlines()

@@ -186,8 +186,17 @@ def bad_cases(run_dir, tmp_path, minilm):
     another_run = shutil.copytree(run_dir, tmp_path / "another", ignore=shutil.ignore_patterns("compile-cache"))
     too_long = tmp_path / "long_choice.json"  # refused once the heldout step had compiled and --out was made
     too_long.write_text(json.dumps({"examples": [{"input": "Is it?", "target_scores": {"yes " * 100: 1, "no": 0}}]}))
+    (tmp_path / "a directory" / "results.jsonl").mkdir(parents=True)  # failed after the whole evaluation
+    (tmp_path / "binary").mkdir()
+    (tmp_path / "binary" / "results.jsonl").write_bytes(b"\xff\xfe{}\n")  # Python's codec error, unexplained
     return {
         "no checkpoint": ([tmp_path / "empty"], ["holds no committed checkpoint"]),
+        "results.jsonl a directory": ([run_dir, "--out", tmp_path / "a directory"],
+                                      [f"{tmp_path / 'a directory' / 'results.jsonl'} is a directory where the "
+                                       "evaluation writes its results.jsonl: move it or choose another --out"]),
+        "results.jsonl not text": ([run_dir, "--out", tmp_path / "binary"],
+                                   [f"{tmp_path / 'binary' / 'results.jsonl'} is not UTF-8 text, so not the results "
+                                    "of a `jaxlm eval`: move it or choose another --out"]),
         "selection matches none": ([run_dir, "--select", "every:7"],
                                    ["--select every:7 matches none", "5, 10, 15, 20"]),
         "a selected step missing": ([run_dir, "--select", "steps:10,7"],  # once evaluated step 10 alone, silently
@@ -223,7 +232,7 @@ def bad_cases(run_dir, tmp_path, minilm):
     }
 
 
-CASE_NAMES = ["no checkpoint", "selection matches none", "a selected step missing", "unknown task",
+CASE_NAMES = ["no checkpoint", "results.jsonl a directory", "results.jsonl not text", "selection matches none", "a selected step missing", "unknown task",
               "not BIG-bench JSON", "no way to score", "heldout of a converted checkpoint", "shape-changing override",
               "out inside the run", "out in another run", "prepared data overridden to nowhere",
               "out where nothing can be written", "bad selection", "lines without a token",

@@ -161,7 +161,8 @@ def test_a_tokenizer_that_is_not_the_models_is_refused(tmp_path, monkeypatch):
 
 def test_a_checkpoint_whose_config_records_no_model_is_refused_by_every_reader(tmp_path):
     """`convert to-hf`, `generate` and `embed` (the store) and `eval` and `predict` (the sources) read the same
-    config item and refuse one without a model config in a line that names the checkpoint."""
+    config item and refuse one without a model config, or a step without the item, in a line that names the
+    checkpoint and what is expected there."""
     mngr = checkpoint.manager(tmp_path / "run" / "checkpoints", keep=1, async_save=False)
     checkpoint.save(mngr, 1, {"params": params(1.0)}, {"step": 1}, {"train": {"steps": 1}})
     mngr.wait_until_finished()
@@ -170,8 +171,14 @@ def test_a_checkpoint_whose_config_records_no_model_is_refused_by_every_reader(t
         assert checkpoint.stored_config(opened, step) is None
     with pytest.raises(ValueError, match=r"run is not a jaxlm checkpoint: its config item has no model"):
         store.checkpoint_config(tmp_path / "run")
-    with pytest.raises(ValueError, match=r"run: the checkpoint at step 1 records no model config"):
+    with pytest.raises(ValueError, match=r"run is not a jaxlm checkpoint: step 1 records no model config; expected"):
         open_source(tmp_path / "run", [])
+    (tmp_path / "bare" / "checkpoints" / "1" / "state").mkdir(parents=True)  # a step without its config item
+    with pytest.raises(ValueError, match=r"bare is not a jaxlm checkpoint: step 1 has no config or state item"):
+        store.checkpoint_config(tmp_path / "bare")
+    with pytest.raises(ValueError, match=r"bare is not a jaxlm checkpoint: step 1 has no readable config \('Item "
+                                         r"\"config\" was not found.*; expected a directory written by"):
+        open_source(tmp_path / "bare", [])
 
 
 def test_eval_refuses_a_heldout_task_of_no_batches(tmp_path):
