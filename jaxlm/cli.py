@@ -234,6 +234,7 @@ def cmd_convert_from_hf(args) -> None:
     _quiet_orbax()
     source = local_or_packaged(args.hf_dir, PACKAGED_MODELS)
     out = store.check_output(args.out, args.overwrite, source)
+    store.check_tokenizer_files(source)
     config, params = registry.from_hf(source, scan_layers=args.scan_layers, vocab_multiple=args.vocab_multiple,
                                       dtype=args.dtype)
     store.save_converted(out, config, params, tokenizer_dir=source, source=f"hf:{source.resolve()}",

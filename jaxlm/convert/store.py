@@ -33,6 +33,7 @@ from jaxlm.train import checkpoint
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json",
                    "spiece.model", "vocab.json", "merges.txt", "encoder.json", "vocab.bpe")
 BINARY_TOKENIZER_FILES = ("spiece.model",)  # the rest of TOKENIZER_FILES are UTF-8 text
+READ_TOKENIZER_FILES = set(TOKENIZER_FILES) - {"tokenizer_config.json", "special_tokens_map.json"}  # the vocabularies
 TOKENIZER_DIR = "tokenizer"
 ROBERTA_TOKENS = {"<s>", "</s>", "<pad>", "<unk>", "<mask>"}
 MAX_REASON = 160  # characters of a library's reason for a damaged checkpoint
@@ -143,6 +144,13 @@ def tokenizer_sources(source) -> list[tuple[pathlib.Path, str]]:
     return named
 
 
+def check_tokenizer_files(source) -> None:
+    """A ValueError naming the tokenizer file of `source` that is not text, or that its loader cannot read (a
+    directory of weights alone has none to check)."""
+    if {name for _, name in tokenizer_sources(source)} & READ_TOKENIZER_FILES:
+        load_tokenizer(source)
+
+
 def copy_tokenizer(source, target, lowercase: bool = True) -> list[str]:
     """Copies whichever TOKENIZER_FILES `source` (a directory, or one tokenizer file) has into `target`, and returns
     their names there (see `tokenizer_sources`). One file takes the name a directory of its kind is read by
@@ -220,7 +228,7 @@ def save_converted(out_dir, config: TransformerConfig, params: Mapping, tokenize
         OUT/0/config     {"model": TransformerConfig as a dict, "source": where it came from}
         OUT/tokenizer/   whichever TOKENIZER_FILES `tokenizer_dir` has, and `tokenizer_files` (name -> text)
     """
-    tokenizer_sources(tokenizer_dir)  # a tokenizer file that is not text is refused before anything is written
+    check_tokenizer_files(tokenizer_dir)  # before anything is written
     with staged(out_dir, overwrite) as staging:
         mngr = checkpoint.manager(staging, keep=1, async_save=False)
         record = {"model": dataclasses.asdict(config), "source": str(source)}

@@ -359,8 +359,10 @@ def test_to_hf_on_something_that_is_not_a_jaxlm_checkpoint(tmp_path, capsys, con
     assert not (tmp_path / "out").exists()
 
 
-def test_from_hf_refuses_a_truncated_safetensors_file_and_a_binary_vocab(tmp_path, capsys, converted):
-    """Both named in one line, before anything is written: no output, no staging directory left beside it."""
+def test_from_hf_refuses_a_truncated_safetensors_file_and_a_binary_vocab(tmp_path, capsys, converted, monkeypatch):
+    """Each named in one line, before anything is written: no output, no staging directory left beside it. A
+    tokenizer.json its loader cannot read is refused before the weights are read (it was copied into the
+    checkpoint, and refused by the first command that read it)."""
     cut = shutil.copytree(converted["gpt2"][1], tmp_path / "cut")
     weights = cut / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:weights.stat().st_size // 2])
@@ -371,7 +373,12 @@ def test_from_hf_refuses_a_truncated_safetensors_file_and_a_binary_vocab(tmp_pat
     (binary / "vocab.txt").write_bytes(bytes(range(128, 256)) * 8)
     code, _, err = cli(capsys, "convert", "from-hf", binary, tmp_path / "out")
     assert_one_error(code, err, "convert from-hf", f"{binary / 'vocab.txt'}:1: not UTF-8", "save the file as UTF-8")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["binary", "cut"]
+    garbage = shutil.copytree(converted["bert"][1], tmp_path / "garbage")
+    (garbage / "tokenizer.json").write_text('{"not": "a tokenizer"}')
+    monkeypatch.setattr(registry, "from_hf", lambda *_, **__: pytest.fail("read the weights first"))
+    code, _, err = cli(capsys, "convert", "from-hf", garbage, tmp_path / "out")
+    assert_one_error(code, err, "convert from-hf", f"{garbage / 'tokenizer.json'} is not a tokenizers JSON file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["binary", "cut", "garbage"]
 
 
 def test_from_hf_of_a_pytorch_checkpoint_without_torch_says_to_install_it(tmp_path, capsys, converted, monkeypatch):
