@@ -99,10 +99,13 @@ def check_sampling(temperature: float, top_k: int, top_p: float, num_beams: int 
         raise ValueError(f"num_beams={num_beams} must be >= 1")
     if num_beams > 1 and temperature > 0:
         raise ValueError("beam search is deterministic here: pass temperature=0 with num_beams > 1")
-    if temperature == 0 and (top_k or top_p < 1):
-        raise ValueError(f"top_k={top_k} and top_p={top_p:g} narrow the tokens a sample is drawn from, and "
+    narrowing = {name: value for name, value, narrows in (("top_k", top_k, top_k > 0), ("top_p", f"{top_p:g}", top_p < 1))
+                 if narrows}
+    if temperature == 0 and narrowing:
+        settings = " and ".join(f"{name}={value}" for name, value in narrowing.items())
+        raise ValueError(f"{settings} narrow{'s' * (len(narrowing) == 1)} the tokens a sample is drawn from, and "
                          "temperature=0 draws none (greedy, or beam search): give a temperature above 0 to sample, "
-                         "or leave top_k and top_p out")
+                         f"or leave {' and '.join(narrowing)} out")
 
 
 # ---------------------------------------------------------------- decoding loops

@@ -71,11 +71,14 @@ def test_a_tiny_temperature_samples_the_best_token_and_one_float32_cannot_hold_i
             check_sampling(temperature, 0, 1.0)
 
 
-@pytest.mark.parametrize("top_k, top_p, num_beams", [(0, 0.5, 1), (5, 1.0, 1), (5, 1.0, 2)])
-def test_top_k_or_top_p_without_a_temperature_is_refused(top_k, top_p, num_beams):
-    """Greedy decoding and beam search draw nothing: the filters were ignored without a word."""
+@pytest.mark.parametrize("top_k, top_p, num_beams, named", [(0, 0.5, 1, "top_p=0.5 narrows"),
+                                                             (5, 1.0, 1, "top_k=5 narrows"),
+                                                             (5, 0.9, 2, "top_k=5 and top_p=0.9 narrow")])
+def test_top_k_or_top_p_without_a_temperature_is_refused(top_k, top_p, num_beams, named):
+    """Greedy decoding and beam search draw nothing: the filters were ignored without a word. The message names
+    the filters given (it named top_p=1, which narrows nothing)."""
     from jaxlm.generate import check_sampling
-    with pytest.raises(ValueError, match=rf"^top_k={top_k} and top_p={top_p:g} narrow the tokens a sample is drawn "
+    with pytest.raises(ValueError, match=rf"^{named} the tokens a sample is drawn "
                                          r"from, and temperature=0 draws none .*: give a temperature above 0"):
         check_sampling(0.0, top_k, top_p, num_beams)
     check_sampling(0.7, top_k, top_p)
