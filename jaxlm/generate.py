@@ -99,8 +99,8 @@ def check_sampling(temperature: float, top_k: int, top_p: float, num_beams: int 
         raise ValueError(f"num_beams={num_beams} must be >= 1")
     if num_beams > 1 and temperature > 0:
         raise ValueError("beam search is deterministic here: pass temperature=0 with num_beams > 1")
-    narrowing = {name: value for name, value, narrows in (("top_k", top_k, top_k > 0), ("top_p", f"{top_p:g}", top_p < 1))
-                 if narrows}
+    filters = (("top_k", top_k, top_k > 0), ("top_p", f"{top_p:g}", top_p < 1))
+    narrowing = {name: value for name, value, narrows in filters if narrows}
     if temperature == 0 and narrowing:
         settings = " and ".join(f"{name}={value}" for name, value in narrowing.items())
         raise ValueError(f"{settings} narrow{'s' * (len(narrowing) == 1)} the tokens a sample is drawn from, and "
