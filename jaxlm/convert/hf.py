@@ -209,7 +209,7 @@ def _read_torch_bin(path: pathlib.Path) -> dict[str, np.ndarray]:
     try:
         state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises many kinds (RuntimeError, UnpicklingError, EOFError) for a damaged file
-        if "Weights only load failed" in str(err):  # a sound file holding more than tensors
+        if "Unsupported global" in str(err):  # a sound file holding more than tensors (random bytes: "operand")
             raise ValueError(f"{path} holds objects besides tensors, which torch's safe loader (weights_only) "
                              "refuses; save its state_dict alone, or the model as model.safetensors") from None
         raise _unreadable_weights(path, "PyTorch checkpoint", err) from None

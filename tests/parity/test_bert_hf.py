@@ -1,6 +1,7 @@
 """Parity of jaxlm BERT with Hugging Face BERT (PyTorch, CPU, fp32) through jaxlm.convert.hf."""
 from __future__ import annotations
 
+import fractions
 import json
 
 import jax.numpy as jnp
@@ -206,8 +207,18 @@ def test_missing_checkpoint_names_what_was_looked_for(tmp_path):
 
 
 def test_pytorch_bin_checkpoint_is_read(small_hf, tmp_path):
+    """A file of tensors is read; one that also holds another object, or is no PyTorch file at all, is named (the
+    second was said to hold objects besides tensors)."""
     tensors = torch_tensors(small_hf)
     torch.save({k: torch.from_numpy(v) for k, v in tensors.items()}, tmp_path / "pytorch_model.bin")
     read = hf.read_tensors(tmp_path)
     assert set(read) == set(tensors)
     assert all(np.array_equal(read[k], tensors[k]) for k in tensors)
+    path = tmp_path / "pytorch_model.bin"
+    torch.save({"weight": torch.zeros(2), "a fraction": fractions.Fraction(1, 3)}, path)
+    with pytest.raises(ValueError, match=r"holds objects besides tensors, which torch's safe loader"):
+        hf.read_tensors(tmp_path)
+    path.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(ValueError, match=r"could not be read as a PyTorch checkpoint file \(.*; 1024 bytes\): it is "
+                                         r"truncated or damaged"):
+        hf.read_tensors(tmp_path)
