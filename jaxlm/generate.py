@@ -15,7 +15,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxlm import families
 from jaxlm.corpora.text import check_file, check_plain_text, utf8_lines
 from jaxlm.errors import first_line
-from jaxlm.convert.store import checkpoint_config, load_checkpoint
+from jaxlm.convert.store import checkpoint_config, load_checkpoint, no_tokenizer
 from jaxlm.models.config import check_ids, check_special_ids
 from jaxlm.parallel.mesh import batch_shards, mesh_and_rules
 from jaxlm.train.state import device_memory
@@ -581,7 +581,7 @@ def generate_from_checkpoint(checkpoint, prompts: list[str], *, max_new_tokens: 
                          f"{(2 ** 31 - 1) // config.vocab_size:,}")
     model = model_for(config)
     if checkpoint_tokenizer is None:
-        raise ValueError(f"{checkpoint} has no tokenizer to turn prompts into ids; convert it with one")
+        raise no_tokenizer(checkpoint, "the prompts cannot become ids")
     tokenizer = checkpoint_tokenizer.load()
     encoded = [list(tokenizer.encode(p, add_special_tokens=True)) for p in prompts]
     empty = next((index for index, e in enumerate(encoded) if not e), None)

@@ -150,7 +150,7 @@ def embed_file(ckpt, input_path, output=None, *, pooling: str = "mean", normaliz
     if max_length is not None and not 2 <= max_length <= limit:
         raise ValueError(f"--max-length {max_length} must lie in [2, {limit}], the model's positions")
     if checkpoint_tokenizer is None:
-        raise ValueError(f"{ckpt} has no tokenizer to read the sentences with")
+        raise store.no_tokenizer(ckpt, "the sentences cannot become ids")
     tokenizer = checkpoint_tokenizer.load()
     ids = [truncate(tokenizer.encode(s, add_special_tokens=True), max_length or min(256, limit)) for s in sentences]
     _, params, _ = store.load_checkpoint(ckpt)

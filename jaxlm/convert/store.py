@@ -144,6 +144,13 @@ def tokenizer_sources(source) -> list[tuple[pathlib.Path, str]]:
     return named
 
 
+def no_tokenizer(path, so: str) -> ValueError:
+    """What a command that reads text says of a converted checkpoint without a tokenizer, `so` what that stops."""
+    return ValueError(f"{path} has no {TOKENIZER_DIR}/ directory, so {so}: convert the model again from a directory "
+                      "that also holds its tokenizer files (tokenizer.json, vocab.txt, spiece.model, or vocab.json + "
+                      "merges.txt)")
+
+
 def check_tokenizer_files(source) -> None:
     """A ValueError naming the tokenizer file of `source` that is not text, or that its loader cannot read (a
     directory of weights alone has none to check)."""

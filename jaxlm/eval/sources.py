@@ -216,8 +216,7 @@ def source_tokenizer(source: Source):
         return model_tokenizer(source.config)
     directory = source.directory / store.TOKENIZER_DIR
     if not directory.is_dir():
-        raise ValueError(f"{source.path} has no tokenizer/ directory, so text cannot become ids; convert it with "
-                         "its tokenizer files")
+        raise store.no_tokenizer(source.path, "text cannot become ids")
     return store.CheckpointTokenizer(directory, layout=families.get(source.config.model.family).layout).load()
 
 

@@ -645,3 +645,21 @@ def test_ctrl_c_that_jax_garbage_collection_hook_swallows_still_keeps_the_earlie
         signal.signal(signal.SIGINT, previous)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert snapshot(out) == {pathlib.Path("keep.txt"): b"an earlier conversion"}
+
+
+def test_the_readers_of_text_say_how_to_give_a_converted_checkpoint_its_tokenizer(tmp_path, capsys, converted):
+    """A model converted from a directory of weights alone has no tokenizer: embed said only that, generate
+    "convert it with one"; each now names the files a conversion takes it from."""
+    encoder = shutil.copytree(converted["bert"][2], tmp_path / "bert")
+    shutil.rmtree(encoder / store.TOKENIZER_DIR)
+    decoder = converted["gpt2"][2]
+    assert not (decoder / store.TOKENIZER_DIR).exists()
+    (tmp_path / "lines.txt").write_text("a line of text\n")
+    fix = "convert the model again from a directory that also holds its tokenizer files (tokenizer.json, vocab.txt"
+    for command, args, stopped in [("embed", [encoder, "--input", tmp_path / "lines.txt", "--output",
+                                              tmp_path / "e.npy"], "the sentences cannot become ids"),
+                                   ("generate", [decoder, "--prompt", "Once"], "the prompts cannot become ids"),
+                                   ("eval", [decoder, "--tasks", f"ppl:{tmp_path / 'lines.txt'}", "--out",
+                                             tmp_path / "eval"], "text cannot become ids")]:
+        code, _, err = cli(capsys, command, *args)
+        assert_one_error(code, err, command, "has no tokenizer/ directory, so " + stopped, fix)
