@@ -26,6 +26,9 @@ def open_gguf(path):
     """A `gguf.GGUFReader` over `path`, after checking that the file is a little-endian GGUF of a version the
     reader reads; a file cut short or damaged is a ValueError that says so."""
     path = pathlib.Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory; give a llama.cpp .gguf model file (a Hugging Face model's "
+                                "directory converts with `jaxlm convert from-hf`)")
     if not path.is_file():
         raise FileNotFoundError(f"no GGUF file at {path}")
     with open(path, "rb") as f:
@@ -58,7 +61,8 @@ def metadata(reader, key: str, default=_REQUIRED):
     field = reader.fields.get(key)
     if field is None:
         if default is _REQUIRED:
-            raise ValueError(f"GGUF file lacks the metadata key {key!r}")
+            raise ValueError(f"GGUF file lacks the metadata key {key!r}: it was not written by llama.cpp's "
+                             "converter, or is damaged; convert the model again with llama.cpp")
         return default
     return field.contents()
 
@@ -305,6 +309,8 @@ def gguf_tokenizer(path_or_reader):
     """A Hugging Face `tokenizers.Tokenizer` built from the file's byte-level BPE vocabulary."""
     reader = _reader(path_or_reader)
     info = tokenizer_info(reader)
+    if info["model"] is None:
+        metadata(reader, "tokenizer.ggml.model")  # the error of a missing key
     if info["model"] != "gpt2":
         raise ValueError(f"GGUF tokenizer.ggml.model={info['model']!r} is not supported: jaxlm builds only "
                          "byte-level BPE ('gpt2') tokenizers from GGUF files")

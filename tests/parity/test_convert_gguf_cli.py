@@ -90,6 +90,10 @@ def test_from_gguf_says_a_file_is_not_gguf_without_naming_python(tmp_path, capsy
     assert capsys.readouterr().err.strip().splitlines() == [
         f"jaxlm convert from-gguf: error: {path} {NOT_GGUF.format(why=why)}"]
     assert not (tmp_path / "out").exists()
+    assert main(["convert", "from-gguf", str(tmp_path), str(tmp_path / "out")]) == 2  # was "no GGUF file at"
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"jaxlm convert from-gguf: error: {tmp_path} is a directory; give a llama.cpp .gguf model file (a Hugging Face "
+        "model's directory converts with `jaxlm convert from-hf`)"]
 
 
 def tiny_llama_gguf(path, tokenizer_model="gpt2", eos=1, vocab=50, heads=2):
@@ -104,7 +108,8 @@ def tiny_llama_gguf(path, tokenizer_model="gpt2", eos=1, vocab=50, heads=2):
                        (writer.add_token_list, [chr(ord("a") + i % 26) * (1 + i // 26) for i in range(vocab)]),
                        (writer.add_token_merges, ["a a"]), (writer.add_bos_token_id, 0),
                        (writer.add_eos_token_id, eos)):
-        add(value)
+        if value is not None:  # None: the key left out
+            add(value)
     shapes = {"token_embd.weight": (vocab, 8), "output_norm.weight": (8,), "blk.0.attn_norm.weight": (8,),
               **{f"blk.0.attn_{n}.weight": (8, 8) for n in ("q", "k", "v", "output")}, "blk.0.ffn_norm.weight": (8,),
               "blk.0.ffn_gate.weight": (16, 8), "blk.0.ffn_up.weight": (16, 8), "blk.0.ffn_down.weight": (8, 16)}
@@ -123,7 +128,9 @@ def tiny_llama_gguf(path, tokenizer_model="gpt2", eos=1, vocab=50, heads=2):
     ({}, ["--vocab-multiple", "100000000000"],  # was a MemoryError's traceback
      "--vocab-multiple=100000000000 is larger than the vocabulary it pads (50 tokens)"),
     ({"heads": 0}, [], "GGUF llama.attention.head_count=0 must be at least 1: the file is damaged"),  # was / by zero
-], ids=["sentencepiece", "eos-outside", "vocab-multiple", "no-heads"])
+    # was "tokenizer.ggml.model=None is not supported"
+    ({"tokenizer_model": None}, [], "GGUF file lacks the metadata key 'tokenizer.ggml.model'"),
+], ids=["sentencepiece", "eos-outside", "vocab-multiple", "no-heads", "no-tokenizer-model"])
 def test_from_gguf_refuses_its_tokenizer_and_settings_before_dequantising(tmp_path, capsys, monkeypatch, settings,
                                                                          options, says):
     """A SentencePiece GGUF (most Llama files) was refused only after every tensor was dequantised (a 7B model: 28 GB
@@ -135,6 +142,8 @@ def test_from_gguf_refuses_its_tokenizer_and_settings_before_dequantising(tmp_pa
     assert main(["convert", "from-gguf", str(path), str(tmp_path / "out"), *options]) == 2
     assert capsys.readouterr().err.splitlines() == [f"jaxlm convert from-gguf: error: {says}" + (
         "; download or convert it again" if "damaged" in says else
+        ": it was not written by llama.cpp's converter, or is damaged; convert the model again with llama.cpp"
+        if "lacks" in says else
         ": jaxlm builds only byte-level BPE ('gpt2') tokenizers from GGUF files" if "model=" in says else
         "; use a row multiple such as 64 or 128")]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.gguf"]
