@@ -191,6 +191,7 @@ def bad_cases(run_dir, tmp_path, minilm):
     (tmp_path / "binary" / "results.jsonl").write_bytes(b"\xff\xfe{}\n")  # Python's codec error, unexplained
     return {
         "no checkpoint": ([tmp_path / "empty"], ["holds no committed checkpoint"]),
+        "a file for a run": ([lines], [f"{lines} is a file; a checkpoint is a directory"]),  # was "no such directory"
         "results.jsonl a directory": ([run_dir, "--out", tmp_path / "a directory"],
                                       [f"{tmp_path / 'a directory' / 'results.jsonl'} is a directory where the "
                                        "evaluation writes its results.jsonl: move it or choose another --out"]),
@@ -232,7 +233,7 @@ def bad_cases(run_dir, tmp_path, minilm):
     }
 
 
-CASE_NAMES = ["no checkpoint", "results.jsonl a directory", "results.jsonl not text", "selection matches none", "a selected step missing", "unknown task",
+CASE_NAMES = ["no checkpoint", "a file for a run", "results.jsonl a directory", "results.jsonl not text", "selection matches none", "a selected step missing", "unknown task",
               "not BIG-bench JSON", "no way to score", "heldout of a converted checkpoint", "shape-changing override",
               "out inside the run", "out in another run", "prepared data overridden to nowhere",
               "out where nothing can be written", "bad selection", "lines without a token",

@@ -80,6 +80,9 @@ def test_an_explicit_step_wins_and_empty_or_missing_paths_are_refused(run_dir, t
     assert float(checkpoint.restore_params(run_dir, abstract(), step=10)["encoder"]["kernel"][0, 0]) == 10
     with pytest.raises(FileNotFoundError, match="no checkpoint directory at"):
         checkpoint.resolve(tmp_path / "absent")
+    (tmp_path / "afile").write_text("")  # was "no checkpoint directory at", as if nothing were there
+    with pytest.raises(NotADirectoryError, match="afile is a file; a checkpoint is a directory: a run's"):
+        checkpoint.resolve(tmp_path / "afile")
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="train.init_from=.*no checkpoint found there"):
         checkpoint.restore_params(tmp_path / "empty", abstract())
