@@ -108,7 +108,8 @@ def check_output_file(path: pathlib.Path, overwrite: bool, input_files: Sequence
     if blocked is not None:
         raise FileNotFoundError(f"--output {path}: directory {blocked} is a file")
     if not parent.is_dir() and not makes_parents:
-        raise FileNotFoundError(f"--output {path}: directory {parent} does not exist")
+        raise FileNotFoundError(f"--output {path}: directory {parent} does not exist; create it, or name a file in "
+                                "a directory that exists")
     check_writable(parent, f"--output {path}")
 
 

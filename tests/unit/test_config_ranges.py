@@ -436,6 +436,9 @@ def test_an_output_file_inside_a_file_is_named_as_such(tmp_path):
     with pytest.raises(FileNotFoundError, match=re.escape(f"directory {tmp_path / 'afile'} is a file")):
         check_output_file(tmp_path / "afile" / "p.jsonl", overwrite=False, makes_parents=True)
     check_output_file(tmp_path / "new" / "p.jsonl", overwrite=False, makes_parents=True)
+    with pytest.raises(FileNotFoundError, match=re.escape(f"directory {tmp_path / 'new'} does not exist; create it, "
+                                                          "or name a file in a directory that exists")):
+        check_output_file(tmp_path / "new" / "p.jsonl", overwrite=False)
 
 
 def test_an_output_where_nothing_can_be_written_is_refused_before_the_work():
