@@ -70,11 +70,14 @@ def _off_vm_host_named():
 
 
 MAX_SLICES = 1024
+TOPOLOGY_NAMES = "use a name like v5e:2x2, v5e:4x4, v5p:2x2x1, v4:2x2x1 or v6e:2x2, or for GPUs h100, h100:8"
 
 
 def topology_devices(topology: str = DEFAULT_TOPOLOGY, *, chips_per_host_bounds=None, num_slices: int = 1) -> list:
     """Compile-only devices for a TPU topology name such as "v5e:2x2", "v5p:2x2x1", "v6e:4x4", or a GPU one
     such as "h100", "h100:8" (one host's GPUs), "h100:2x8" (hosts x GPUs)."""
+    if not topology.strip():  # libtpu's words for it: "does not support extra create_options if no topology_name"
+        raise TopologyError(f"--topology is empty; {TOPOLOGY_NAMES}")
     if not 1 <= num_slices <= MAX_SLICES:  # libtpu made 400,000 devices for 100,000 (24 s); 2^31-1 aborted it
         raise TopologyError(f"--num-slices {num_slices}: give 1 to {MAX_SLICES} slices (a multislice job's TPU slices)")
     if gpu_targets.is_gpu(topology):
@@ -104,8 +107,7 @@ def topology_devices(topology: str = DEFAULT_TOPOLOGY, *, chips_per_host_bounds=
             raise TopologyError(f"--chips-per-host {shown} does not fit TPU topology {topology!r}: {text}; leave it "
                                 "out for libtpu's default, or give bounds the topology divides into") from err
         if "INVALID_ARGUMENT" in text or "invalid" in text.lower():
-            raise TopologyError(f"unknown or unsupported TPU topology {topology!r}: {text}. Use a name like "
-                                "v5e:2x2, v5e:4x4, v5p:2x2x1, v4:2x2x1 or v6e:2x2, or for GPUs h100, h100:8") from err
+            raise TopologyError(f"unknown or unsupported TPU topology {topology!r}: {text}; {TOPOLOGY_NAMES}") from err
         raise TopologyError(f"could not make TPU topology {topology!r} ({text}); is libtpu working? {INSTALL}") from err
 
 

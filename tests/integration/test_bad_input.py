@@ -320,6 +320,8 @@ def test_bench_refuses_the_options_of_its_other_mode(options, expected, capsys):
                                      "not use: add --watch or remove --poll"),
     (["eval", "run", "--idle-timeout", "3"], "jaxlm eval: error: --idle-timeout is read by --watch alone"),
     (["data", "show", "c.yaml", "--n", "-2"], "jaxlm data show: error: --n -2: give the number of examples"),
+    (["compile", "configs/bert-tiny.yaml", "--topology", " "],  # after a line of libtpu's words
+     "jaxlm compile: error: --topology is empty; use a name like v5e:2x2"),
     (["compile", "configs/bert-tiny.yaml", "--num-slices", "0"],
      "jaxlm compile: error: --num-slices 0: give 1 to 1024 slices"),
     (["compile", "configs/bert-tiny.yaml", "--num-slices", str(10 ** 20)],  # was named an unknown TPU topology
