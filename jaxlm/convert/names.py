@@ -187,7 +187,9 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig,
     if wrong:
         problems.append(f"{len(wrong)} with the wrong shape for the config: {listed(wrong)}")
     if problems:
-        raise ValueError(f"checkpoint does not fit jaxlm {model}: " + " | ".join(problems))
+        fix = ("; config.json does not describe these weights: convert the directory where the model was saved, its "
+               "config and weights together" if missing or wrong else "")
+        raise ValueError(f"checkpoint does not fit jaxlm {model}: " + " | ".join(problems) + fix)
     flat = {}
     for entry in entries:
         values = KINDS[entry.kind][0](np.asarray(tensors[entry.theirs], np.float32), config)

@@ -216,7 +216,8 @@ def test_bad_tensors_are_rejected_by_name(hf_model):
     with pytest.raises(ValueError, match=r"1 missing: " + re.escape(dropped)):
         hf_bart.bart_params_from_hf({k: v for k, v in tensors.items() if k != dropped}, config)
     wrong = "model.encoder.layers.1.fc1.weight"
-    with pytest.raises(ValueError, match=re.escape(wrong) + r".*expected \(128, 64\), got \(128, 32\)"):
+    with pytest.raises(ValueError, match=re.escape(wrong) + r".*expected \(128, 64\), got \(128, 32\); config.json "
+                                         r"does not describe these weights: convert the directory where the model"):
         hf_bart.bart_params_from_hf({**tensors, wrong: np.zeros((128, 32), np.float32)}, config)
     with pytest.raises(ValueError, match=r"unexpected.*classification_head\.dense\.weight"):
         hf_bart.bart_params_from_hf({**tensors, "classification_head.dense.weight": np.zeros((64, 64), np.float32)},
