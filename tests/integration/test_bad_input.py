@@ -570,7 +570,7 @@ def test_line_readers_refuse_json_lines_and_tokenizer_train_checks_before_it_rea
     """tokenizer train learnt a vocabulary of JSON syntax from a .jsonl file, embed embedded whole records and
     generate continued them;
     --vocab-size 0 and a file that is not UTF-8 were found after the whole corpus was read; embed --input
-    /dev/stdin wrote /dev/stdin.npy."""
+    /dev/stdin wrote /dev/stdin.npy; a file given twice was counted twice."""
     from jaxlm.cli import main
     records = tmp_path / "corpus.jsonl"
     records.write_text('{"text": "Emma Woodhouse, handsome, clever, and rich."}\n')
@@ -588,6 +588,8 @@ def test_line_readers_refuse_json_lines_and_tokenizer_train_checks_before_it_rea
              "--vocab-size 0 is too small: its 5 special tokens alone need as many"),
             (["tokenizer", "train", "--input", str(good), str(latin), "--vocab-size", "100", "--output", vocab],
              "latin.txt:1: not UTF-8"),
+            (["tokenizer", "train", "--input", str(good), str(tmp_path / "." / "good.txt"), "--vocab-size", "100",
+              "--output", vocab], f"--input {tmp_path / '.' / 'good.txt'} is given twice; name each file once"),
             (["embed", str(tmp_path), "--input", "/dev/stdin"], "--input /dev/stdin is not a file, so no .npy can lie "
                                                                 "beside it")):
         assert main(argv) == 2

@@ -53,9 +53,11 @@ def run(args) -> list[str]:
     output, inputs = Path(args.output), [Path(p) for p in args.input]
     check_output_file(output, args.overwrite, inputs, "an --input", makes_parents=True)
     check_vocab_name(output)
-    for path in inputs:
+    for index, path in enumerate(inputs):
         check_file(path, "input file", "give UTF-8 text files, one sentence per line")
         check_plain_text(path, "--input")
+        if path.resolve() in (earlier.resolve() for earlier in inputs[:index]):  # its words would count twice
+            raise ValueError(f"--input {path} is given twice; name each file once")
     if args.vocab_size <= len(SPECIAL_TOKENS):  # found after the whole corpus was read
         raise ValueError(f"--vocab-size {args.vocab_size} is too small: its {len(SPECIAL_TOKENS)} special tokens alone "
                          "need as many, and the alphabet more; give thousands (BERT's is 30522)")
