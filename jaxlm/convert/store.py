@@ -235,7 +235,7 @@ def save_converted(out_dir, config: TransformerConfig, params: Mapping, tokenize
         OUT/0/config     {"model": TransformerConfig as a dict, "source": where it came from}
         OUT/tokenizer/   whichever TOKENIZER_FILES `tokenizer_dir` has, and `tokenizer_files` (name -> text)
     """
-    check_tokenizer_files(tokenizer_dir)  # before anything is written
+    tokenizer_sources(tokenizer_dir)  # a tokenizer file that is not text is refused before anything is written
     with staged(out_dir, overwrite) as staging:
         mngr = checkpoint.manager(staging, keep=1, async_save=False)
         record = {"model": dataclasses.asdict(config), "source": str(source)}

@@ -17,12 +17,12 @@ NOT_PLOTTED = ("tokens", "lines", "random_baseline")
 
 
 def check_results_files(out: pathlib.Path) -> None:
-    """Refuses an --out where a file the evaluation writes is a directory, or results.jsonl is not UTF-8 text."""
+    """Refuses an --out where a file the evaluation writes is a directory (`read_records` checks results.jsonl's
+    text)."""
     for name in WRITTEN:
         if (out / name).is_dir():
             raise ValueError(f"{out / name} is a directory where the evaluation writes its {name}: move it or "
                              "choose another --out")
-    read_records(out)
 
 
 def read_records(out: pathlib.Path) -> list[dict]:

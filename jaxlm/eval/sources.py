@@ -146,9 +146,7 @@ def open_source(path: str | pathlib.Path, overrides: list[str], wait: float = 0.
 
 
 def _open_source(given: pathlib.Path, overrides: list[str]) -> Source:
-    if given.exists() and not given.is_dir():  # not worth waiting for, as a directory yet to come is
-        raise checkpoint.a_file_not_a_checkpoint(given)
-    if not given.is_dir():
+    if not given.exists():  # a run yet to start, which --watch waits for (checkpoint.resolve refuses a file)
         raise NoCheckpointYet(f"{given}: no such directory; give a run directory (train.run_dir), one of its "
                                 "checkpoints/<step> directories or a `jaxlm convert` output")
     directory, own = checkpoint.resolve(given)

@@ -150,17 +150,13 @@ def _set_aside(mngr: ocp.CheckpointManager, step: int, err: Exception, warn) -> 
     warn(f"checkpoint {step} cannot be restored ({reason}); moved to {target}; trying an older one")
 
 
-def a_file_not_a_checkpoint(path) -> NotADirectoryError:
-    return NotADirectoryError(f"{path} is a file; a checkpoint is a directory: a run's train.run_dir, one of its "
-                              "checkpoints/<step>, or the output of `jaxlm convert`")
-
-
 def resolve(path: epath.PathLike) -> tuple[epath.Path, int | None]:
     """(the Orbax manager directory, the step the path names or None) of a run directory, its
     `checkpoints/` directory, one `checkpoints/<step>` directory or a converted checkpoint."""
     path = run_path(path)
     if path.exists() and not path.is_dir():
-        raise a_file_not_a_checkpoint(path)
+        raise NotADirectoryError(f"{path} is a file; a checkpoint is a directory: a run's train.run_dir, one of its "
+                                 "checkpoints/<step>, or the output of `jaxlm convert`")
     if not path.is_dir():
         raise FileNotFoundError(f"no checkpoint directory at {path}")
     if path.name.isdigit() and (path / "state").is_dir():

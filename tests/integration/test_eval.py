@@ -233,7 +233,8 @@ def bad_cases(run_dir, tmp_path, minilm):
     }
 
 
-CASE_NAMES = ["no checkpoint", "a file for a run", "results.jsonl a directory", "results.jsonl not text", "selection matches none", "a selected step missing", "unknown task",
+CASE_NAMES = ["no checkpoint", "a file for a run", "results.jsonl a directory", "results.jsonl not text",
+              "selection matches none", "a selected step missing", "unknown task",
               "not BIG-bench JSON", "no way to score", "heldout of a converted checkpoint", "shape-changing override",
               "out inside the run", "out in another run", "prepared data overridden to nowhere",
               "out where nothing can be written", "bad selection", "lines without a token",

@@ -72,6 +72,7 @@ else:
 sys.exit(cli.main())
 """
 
+
 def start(config_path, log, env_extra=None, file_limit_kib: int = 0, command: str = "train",
           held_at: str | None = None) -> subprocess.Popen:
     """`jaxlm train CONFIG` (or another `command`) as a child on 8 simulated devices, its output in `log`; with
@@ -313,8 +314,8 @@ def test_a_stop_during_compilation_ends_the_command_saying_so_not_a_segfault(num
 def test_sigkill_during_a_step_a_save_and_an_evaluation_then_a_truncated_checkpoint(straight, prepared_dir,
                                                                                    tmp_path):
     """Killed in a step, in a save (written, its commit held back) and in an evaluation (held back before its
-    record), then the newest checkpoint truncated: every restart resumes from the newest checkpoint that restores, and the losses equal
-    the uninterrupted run's step for step."""
+    record), then the newest checkpoint truncated: every restart resumes from the newest checkpoint that
+    restores, and the losses equal the uninterrupted run's step for step."""
     rng = random.Random(0)
     path = config(tmp_path, prepared_dir, "killed", eval_every=25, eval_batches=40)
     run_dir = tmp_path / "killed"

@@ -399,7 +399,8 @@ def test_resolver_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="holds no tokenizer files"):
         load_tokenizer(tmp_path)
     for missing in ("vocab.txt", "spiece.model", "tokenizer.json"):  # each kind says what a tokenizer may be
-        with pytest.raises(FileNotFoundError, match=f"^tokenizer file not found: .*{missing}; a tokenizer is a packaged"):
+        with pytest.raises(FileNotFoundError, match=f"^tokenizer file not found: .*{missing}; a tokenizer is a "
+                                                    "packaged"):
             load_tokenizer(tmp_path / missing)
     for empty in ("", " "):  # the working directory, read as a tokenizer directory
         with pytest.raises(ValueError, match="^the tokenizer is empty; a tokenizer is a packaged name"):
